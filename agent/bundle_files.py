@@ -1,0 +1,13 @@
+"""The files of a support bundle (`bundle DIR` writes them, `check --from DIR` reads them)."""
+
+IPTABLES = "iptables-save.txt"
+IPSET = "ipset.txt"
+IPVSADM = "ipvsadm.txt"
+ROUTE_LOCAL = "route-local.txt"
+ADDR = "addr.txt"
+SYSCTL = "sysctl.txt"
+SERVICES = "services.json"
+NODE = "node.json"
+INGRESSES = "ingresses.json"
+
+ALL = (IPTABLES, IPSET, IPVSADM, ROUTE_LOCAL, ADDR, SYSCTL, SERVICES, NODE, INGRESSES)

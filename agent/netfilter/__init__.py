@@ -1,0 +1,1 @@
+"""Reading and walking iptables rules (both backends)."""

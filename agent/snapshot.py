@@ -1,0 +1,269 @@
+"""NodeSnapshot: everything the probes (or a saved bundle) learned about one node.
+
+Plain frozen dataclasses with a JSON round trip. A field that is ``None`` means
+"could not be read"; the reason is in ``unknowns``. An empty tuple means "read,
+and there was nothing".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+SNAPSHOT_SCHEMA = "loopback-agent/snapshot/v1"
+
+
+@dataclass(frozen=True)
+class Address:
+    """One IPv4/IPv6 address bound on an interface (`ip addr`)."""
+
+    ifname: str
+    address: str
+    prefixlen: int
+    scope: str = "global"  # "global" | "host" | "link" | "site"
+    link_up: bool = True  # interface administratively/operationally up
+
+
+@dataclass(frozen=True)
+class LocalRoute:
+    """One route of the `local` table (table 255), e.g. `local 10.0.0.5 dev kube-ipvs0 ...`."""
+
+    type: str  # "local" | "broadcast" | "anycast" | ...
+    dst: str  # an address or a prefix ("127.0.0.0/8")
+    dev: str | None
+    src: str | None
+    line: str  # the route as `ip route show table local` prints it, for evidence
+
+
+@dataclass(frozen=True)
+class IpSet:
+    """One ipset with its members in `ipset save` form, e.g. "10.0.0.5,tcp:80"."""
+
+    name: str
+    type: str  # "hash:ip,port", "bitmap:port", ...
+    members: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class IpvsRealServer:
+    address: str
+    port: int
+    forward: str = "Masq"  # "Masq" | "Route" | "Tunnel" | "Local"
+    weight: int = 1
+
+
+@dataclass(frozen=True)
+class IpvsVirtualServer:
+    protocol: str  # "TCP" | "UDP" | "SCTP"
+    address: str
+    port: int
+    scheduler: str = "rr"
+    real_servers: tuple[IpvsRealServer, ...] = ()
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One iptables rule as `iptables-save` prints it (without counters)."""
+
+    text: str  # "-A KUBE-SERVICES -d 10.0.0.5/32 -p tcp ... -j KUBE-EXT-X"
+    source: str = ""  # where it came from, "iptables-save.txt:123"
+
+
+@dataclass(frozen=True)
+class Chain:
+    name: str
+    policy: str | None = None  # "ACCEPT"/"DROP" for built-in chains, None for user chains
+    rules: tuple[Rule, ...] = ()
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str  # "nat", "filter", "mangle", "raw"
+    chains: tuple[Chain, ...] = ()
+
+    def chain(self, name: str) -> Chain | None:
+        for c in self.chains:
+            if c.name == name:
+                return c
+        return None
+
+
+@dataclass(frozen=True)
+class Netfilter:
+    """The iptables rules of the backend that holds kube-proxy's chains."""
+
+    backend: str  # "legacy" | "nft" | "unknown" (e.g. a saved file)
+    tables: tuple[Table, ...] = ()
+
+    def table(self, name: str) -> Table | None:
+        for t in self.tables:
+            if t.name == name:
+                return t
+        return None
+
+
+@dataclass(frozen=True)
+class KubeProxy:
+    """The kube-proxy process as seen through /proc (psutil)."""
+
+    pid: int | None = None
+    mode: str | None = None  # "ipvs" | "iptables" | "nftables" | None when not given
+    cluster_cidr: str | None = None
+    masquerade_all: bool | None = None
+    config_file: str | None = None
+    args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ServicePort:
+    port: int
+    protocol: str = "TCP"
+    node_port: int | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class LoadBalancerIngress:
+    ip: str | None = None
+    hostname: str | None = None
+    ip_mode: str | None = None  # "VIP" | "Proxy" | None (field absent)
+
+
+@dataclass(frozen=True)
+class Service:
+    namespace: str
+    name: str
+    type: str = "ClusterIP"
+    cluster_ip: str | None = None
+    external_ips: tuple[str, ...] = ()
+    lb_ingress: tuple[LoadBalancerIngress, ...] = ()
+    external_traffic_policy: str | None = None  # "Cluster" | "Local"
+    annotations: dict[str, str] = field(default_factory=dict)
+    ports: tuple[ServicePort, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class IngressBackend:
+    """An Ingress rule's backend service (for mapping an Ingress address to services)."""
+
+    service: str  # "ns/name"
+    port: int | None = None
+    port_name: str | None = None
+
+
+@dataclass(frozen=True)
+class Ingress:
+    namespace: str
+    name: str
+    ips: tuple[str, ...] = ()  # status.loadBalancer.ingress[].ip
+    tls: bool = False
+    backends: tuple[IngressBackend, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    pod_cidrs: tuple[str, ...] = ()
+    internal_ips: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """Something that could not be read, and why (shown to the user, kept in the verdict)."""
+
+    source: str  # "ipvs", "nat rules", "services.json", ...
+    reason: str
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    node: str | None = None
+    origin: str = "live"  # "live" | "bundle:DIR" | "snapshot:FILE"
+    addresses: tuple[Address, ...] | None = None
+    local_routes: tuple[LocalRoute, ...] | None = None
+    netfilter: Netfilter | None = None
+    ipsets: tuple[IpSet, ...] | None = None
+    ipvs: tuple[IpvsVirtualServer, ...] | None = None
+    sysctls: dict[str, str] | None = None  # "net.ipv4.conf.eth0.rp_filter" -> "1"
+    kube_proxy: KubeProxy | None = None
+    services: tuple[Service, ...] | None = None
+    ingresses: tuple[Ingress, ...] | None = None
+    node_info: NodeInfo | None = None
+    unknowns: tuple[Unknown, ...] = ()
+    schema: str = SNAPSHOT_SCHEMA
+
+    def ipset(self, name: str) -> IpSet | None:
+        for s in self.ipsets or ():
+            if s.name == name:
+                return s
+        return None
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(to_plain(self), indent=indent, sort_keys=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> NodeSnapshot:
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("schema") != SNAPSHOT_SCHEMA:
+            raise ValueError(f"not a {SNAPSHOT_SCHEMA} document")
+        return from_plain(cls, data)
+
+
+# --- generic JSON <-> dataclass conversion -------------------------------------------
+
+
+def to_plain(obj: Any) -> Any:
+    """Dataclasses -> dicts, tuples -> lists; other JSON types unchanged."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        return {str(k): to_plain(v) for k, v in obj.items()}
+    return obj
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def from_plain(tp: Any, value: Any) -> Any:
+    """Rebuild a value of type ``tp`` (a dataclass or a typing form) from plain JSON data."""
+    if value is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return from_plain(args[0], value) if len(args) == 1 else value
+    if origin is tuple:
+        (inner, *_rest) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ValueError(f"expected a list, got {type(value).__name__}")
+        return tuple(from_plain(inner, v) for v in value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"expected an object, got {type(value).__name__}")
+        return {str(k): str(v) for k, v in value.items()}
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ValueError(f"expected an object for {tp.__name__}")
+        hints = _HINTS.get(tp)
+        if hints is None:
+            hints = _HINTS[tp] = typing.get_type_hints(tp)
+        kwargs = {}
+        for f in dataclasses.fields(tp):
+            if f.name in value:
+                kwargs[f.name] = from_plain(hints[f.name], value[f.name])
+        return tp(**kwargs)
+    return value
