@@ -1,0 +1,90 @@
+"""diagnose(snapshot) -> Verdict: pure, the same for a live node, a bundle or a snapshot."""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+
+from agent import __version__
+from agent.diagnose.context import Context
+from agent.diagnose.lb_ip import discover
+from agent.diagnose.model import Finding, LbIpReport, Verdict, status_of
+from agent.diagnose.node_facts import build_facts, kube_proxy_mode
+from agent.diagnose.paths import PathFinder
+from agent.snapshot import NodeSnapshot
+
+_SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+def node_name(explicit: str | None, snap: NodeSnapshot | None, environ: dict[str, str]) -> str:
+    """--node-name, else NODE_NAME (downward API), else the snapshot's, else the hostname."""
+    return (explicit or environ.get("NODE_NAME") or (snap.node if snap else None)
+            or socket.gethostname())
+
+
+def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None) -> Verdict:
+    from agent.diagnose.rules import RULES
+
+    facts = build_facts(snap)
+    mode, mode_how = kube_proxy_mode(snap)
+    targets = discover(snap)
+    unknowns = [{"source": u.source, "reason": u.reason} for u in snap.unknowns]
+    ctx = Context(snap, facts, targets, PathFinder(facts), mode, mode_how, unknowns)
+    if not targets:
+        ctx.unknown("LB IPs", "no LoadBalancer, external or Ingress address found (no API "
+                    "objects, no KUBE-LOAD-BALANCER ipset, no 'loadbalancer IP' rules)")
+    findings: list[Finding] = []
+    for rule in RULES:
+        try:
+            findings.extend(rule(ctx))
+        except Exception as e:  # a bug in one rule must not hide the others' findings
+            ctx.unknown(f"rule {rule.__module__.rsplit('.', 1)[-1]}",
+                        f"internal error: {type(e).__name__}: {e}")
+    findings.sort(key=lambda f: (_SEVERITY_ORDER[f.severity], _ip_key(f.lb_ip), f.port or 0,
+                                 f.id))
+    lb_ips: dict[str, list] = {}
+    for t in targets:
+        lb_ips.setdefault(t.ip, []).append(t)
+    reports = tuple(
+        LbIpReport(
+            ip=ip,
+            ports=tuple(sorted({f"{t.protocol}/{t.port}" for t in ts})),
+            kind=ts[0].kind,
+            services=tuple(sorted({t.service for t in ts if t.service})),
+            learned_from=tuple(dict.fromkeys(s for t in ts for s in t.learned_from)),
+            local=facts.is_local(ip),
+        )
+        for ip, ts in lb_ips.items()
+    )
+    context = {
+        "origin": snap.origin,
+        "kube_proxy_mode_from": mode_how,
+        "node_ip": facts.node_ip,
+        "uplink": facts.uplink,
+        "pod_ip": facts.pod.pod_ip if facts.pod else None,
+        "pod_network": facts.pod.prefix if facts.pod else None,
+        "pod_interface": facts.pod.iface if facts.pod else None,
+        "iptables_backend": snap.netfilter.backend if snap.netfilter else None,
+        "assumed_rules": list(ctx.paths.notes),
+    }
+    now = now or dt.datetime.now(dt.timezone.utc)
+    return Verdict(
+        node=node,
+        time=now.isoformat(timespec="seconds").replace("+00:00", "Z"),
+        agent_version=__version__,
+        status=status_of(findings),
+        kube_proxy_mode=mode,
+        findings=tuple(findings),
+        unknowns=tuple(ctx.unknowns),
+        lb_ips=reports,
+        context=context,
+    )
+
+
+def _ip_key(ip: str | None) -> tuple[int, ...]:
+    if not ip:
+        return (0,)
+    try:
+        return tuple(int(x) for x in ip.split("."))
+    except ValueError:
+        return (999,)

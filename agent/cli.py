@@ -1,0 +1,278 @@
+"""Command line: `loopback-agent check | snapshot | bundle | schema`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import NoReturn
+
+from agent import __version__
+from agent.errors import InputError
+from agent.snapshot import NodeSnapshot
+
+# Exit codes (documented in --help and README). 0-2 are verdicts; >= 64 follow sysexits.h.
+EXIT_HEALTHY = 0
+EXIT_AT_RISK = 1
+EXIT_LOOPBACK = 2
+EXIT_USAGE = 64  # bad command line
+EXIT_DATAERR = 65  # input exists but cannot be used (bad snapshot JSON, no bundle files)
+EXIT_NOINPUT = 66  # --from DIR / --snapshot FILE does not exist or cannot be read
+EXIT_SOFTWARE = 70  # a bug in the agent
+EXIT_CANTCREAT = 73  # bundle DIR / -o FILE cannot be written
+
+EXIT_BY_STATUS = {"healthy": EXIT_HEALTHY, "at-risk": EXIT_AT_RISK, "loopback": EXIT_LOOPBACK}
+
+EPILOG = """\
+exit codes:
+  0   healthy: no CLB loopback exposure found
+  1   at risk: exposure found (see the findings)
+  2   loopback observed (with capture)
+  64  usage error (bad command line)
+  65  input unusable (not a snapshot document, no bundle file in DIR)
+  66  input missing (--from DIR or --snapshot FILE does not exist / is unreadable)
+  70  internal error (a bug: please report it with the bundle)
+  73  output cannot be written (bundle DIR, -o FILE)
+
+examples:
+  loopback-agent check                       # on the node (root, host network namespace)
+  loopback-agent check --json | jq .status
+  loopback-agent bundle /tmp/lb-bundle       # save what support needs
+  loopback-agent check --from /tmp/lb-bundle # same verdict from the saved files
+  loopback-agent snapshot > node.json && loopback-agent check --snapshot node.json
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="loopback-agent",
+        description="Finds out whether traffic through a cloud load balancer (CLB) loops back "
+                    "into this Kubernetes node and is dropped, says why and what to do. "
+                    "Read-only: it never changes iptables, routes, ipsets or sysctls.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"loopback-agent {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    def live_opts(sp: argparse.ArgumentParser) -> None:
+        g = sp.add_argument_group("live node options")
+        g.add_argument("--node-name", help="node name in the verdict (default: $NODE_NAME, "
+                       "then the hostname)")
+        g.add_argument("--no-kube-api", action="store_true",
+                       help="do not ask the Kubernetes API for Services, the Node, Ingresses")
+        g.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then "
+                       "$KUBECONFIG / ~/.kube/config)")
+        g.add_argument("--kube-json", metavar="DIR",
+                       help="read Services, the Node and Ingresses from saved kubectl JSON "
+                            "(services.json, node.json, ingresses.json in DIR) instead of "
+                            "the API: for nodes whose agent has no API access")
+        g.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
+                       help="timeout for each probe command and API call (default 5)")
+
+    c = sub.add_parser(
+        "check", help="diagnose this node (or a saved bundle / snapshot) and print a report",
+        description="Diagnose CLB loopback exposure. Without --from/--snapshot it reads the "
+                    "live node (run as root in the host network namespace).",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = c.add_mutually_exclusive_group()
+    src.add_argument("--from", dest="from_dir", metavar="DIR",
+                     help="read saved command outputs (iptables-save.txt, ipset.txt, "
+                          "ipvsadm.txt, route-local.txt, addr.txt, sysctl.txt, services.json, "
+                          "node.json, ingresses.json; any subset) instead of the live node")
+    src.add_argument("--snapshot", metavar="FILE",
+                     help="read a snapshot written by `loopback-agent snapshot` ('-' = stdin)")
+    c.add_argument("--json", action="store_true", help="print the verdict document (JSON)")
+    c.add_argument("-v", "--verbose", action="store_true",
+                   help="show the evidence of informational notes too")
+    live_opts(c)
+
+    s = sub.add_parser("snapshot", help="print the parsed node state as JSON",
+                       description="Print the node state the diagnosis works from, as JSON "
+                                   "(feed it back with `check --snapshot FILE`).")
+    s.add_argument("--from", dest="from_dir", metavar="DIR",
+                   help="build the snapshot from a saved bundle instead of the live node")
+    s.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    live_opts(s)
+
+    b = sub.add_parser("bundle", help="save the command outputs support needs into DIR",
+                       description="Write iptables-save.txt, ipset.txt, ipvsadm.txt, "
+                                   "route-local.txt, addr.txt, sysctl.txt and (when the "
+                                   "Kubernetes API is reachable) services.json, node.json, "
+                                   "ingresses.json into DIR. Read-only on the node.")
+    b.add_argument("directory", metavar="DIR")
+    live_opts(b)
+
+    sub.add_parser("schema", help="print the verdict JSON Schema")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.command == "check":
+            return _check(args)
+        if args.command == "snapshot":
+            return _snapshot(args)
+        if args.command == "bundle":
+            return _bundle(args)
+        if args.command == "schema":
+            sys.stdout.write(schema_text())
+            return 0
+    except _Exit as e:
+        print(f"loopback-agent: {e.message}", file=sys.stderr)
+        return e.code
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # a bug: say so plainly, with an exit code scripts can tell
+        print(f"loopback-agent: internal error: {type(e).__name__}: {e} (please report this "
+              "with the bundle)", file=sys.stderr)
+        if os.environ.get("LOOPBACK_AGENT_DEBUG"):
+            raise
+        return EXIT_SOFTWARE
+    return EXIT_USAGE
+
+
+class _Exit(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def schema_text() -> str:
+    return resources.files("agent").joinpath("schema/verdict-v1.json").read_text()
+
+
+def _probe_ctx(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from agent.probes.base import ProbeContext
+
+    return ProbeContext(node_name=_node(args, None), use_kube_api=not args.no_kube_api,
+                        kubeconfig=args.kubeconfig, timeout=args.timeout)
+
+
+def _node(args: argparse.Namespace, snap: NodeSnapshot | None) -> str:
+    from agent.diagnose import node_name
+
+    return node_name(getattr(args, "node_name", None), snap, dict(os.environ))
+
+
+def load_snapshot(args: argparse.Namespace) -> NodeSnapshot:
+    """The node state from --from DIR, --snapshot FILE, or the live node."""
+    if getattr(args, "from_dir", None):
+        from agent.bundle import load_bundle
+
+        d = Path(args.from_dir)
+        if not d.is_dir():
+            raise _Exit(EXIT_NOINPUT, f"{d}: no such directory")
+        try:
+            snap = load_bundle(d)
+        except InputError as e:
+            raise _Exit(EXIT_DATAERR, str(e)) from e
+        for u in snap.unknowns:
+            if u.reason != "not in bundle" and u.source != "kube-proxy":
+                print(f"loopback-agent: warning: {u.source}: {u.reason}", file=sys.stderr)
+        return snap
+    if getattr(args, "snapshot", None):
+        name = args.snapshot
+        try:
+            text = sys.stdin.read() if name == "-" else Path(name).read_text()
+        except OSError as e:
+            raise _Exit(EXIT_NOINPUT, f"{name}: {e.strerror or e}") from e
+        except UnicodeDecodeError as e:
+            raise _Exit(EXIT_DATAERR, f"{name}: not UTF-8 text ({e.reason})") from e
+        try:
+            snap = NodeSnapshot.from_json(text)
+        except json.JSONDecodeError as e:
+            raise _Exit(EXIT_DATAERR, f"{name}:{e.lineno}: not JSON: {e.msg}") from e
+        except (ValueError, TypeError) as e:
+            raise _Exit(EXIT_DATAERR, f"{name}: not a loopback-agent snapshot: {e}") from e
+        return snap
+    from agent.probes import collect_live
+
+    kube_dir = getattr(args, "kube_json", None)
+    if kube_dir and not Path(kube_dir).is_dir():
+        raise _Exit(EXIT_NOINPUT, f"{kube_dir}: no such directory")
+    if kube_dir:
+        args.no_kube_api = True
+    snap = collect_live(_probe_ctx(args))
+    return with_kube_json(snap, Path(kube_dir)) if kube_dir else snap
+
+
+def with_kube_json(snap: NodeSnapshot, directory: Path) -> NodeSnapshot:
+    """Replace the API objects of a live snapshot with saved kubectl JSON."""
+    from dataclasses import replace
+
+    from agent import bundle_files
+    from agent.bundle import load_bundle
+
+    names = (bundle_files.SERVICES, bundle_files.NODE, bundle_files.INGRESSES)
+    if not any((directory / n).exists() for n in names):
+        raise _Exit(EXIT_DATAERR, f"{directory}: none of {', '.join(names)}")
+    kube = load_bundle(directory)
+    unknowns = tuple(u for u in snap.unknowns if u.source != "kubernetes API")
+    unknowns += tuple(u for u in kube.unknowns if u.source in names)
+    return replace(snap, services=kube.services, node_info=kube.node_info,
+                   ingresses=kube.ingresses, unknowns=unknowns)
+
+
+def _check(args: argparse.Namespace) -> int:
+    from agent.diagnose import diagnose
+    from agent.report import render
+
+    snap = load_snapshot(args)
+    verdict = diagnose(snap, _node(args, snap)).to_dict()
+    if args.json:
+        sys.stdout.write(json.dumps(verdict, indent=2) + "\n")
+    else:
+        sys.stdout.write(render(verdict, verbose=args.verbose))
+    return EXIT_BY_STATUS[verdict["status"]]
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    snap = load_snapshot(args)
+    if snap.node is None:
+        from dataclasses import replace
+
+        snap = replace(snap, node=_node(args, snap))
+    text = snap.to_json() + "\n"
+    if args.output:
+        try:
+            Path(args.output).write_text(text)
+        except OSError as e:
+            raise _Exit(EXIT_CANTCREAT, f"{args.output}: {e.strerror or e}") from e
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _bundle(args: argparse.Namespace) -> int:
+    from agent.bundle_write import write_bundle
+
+    d = Path(args.directory)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _Exit(EXIT_CANTCREAT, f"{d}: {e.strerror or e}") from e
+    if not os.access(d, os.W_OK):
+        raise _Exit(EXIT_CANTCREAT, f"{d}: not writable")
+    results = write_bundle(d, _probe_ctx(args))
+    for name, status in results:
+        print(f"{name:<18} {status}", file=sys.stderr)
+    written = sum(1 for _, s in results if s == "written")
+    print(f"bundle: {written} files in {d} (check them with: loopback-agent check --from {d})",
+          file=sys.stderr)
+    return 0

@@ -1,0 +1,26 @@
+"""What every diagnosis rule gets: the snapshot and the facts derived from it once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent.diagnose.lb_ip import LbTarget
+from agent.diagnose.node_facts import NodeFacts
+from agent.diagnose.paths import PathFinder
+from agent.snapshot import NodeSnapshot
+
+
+@dataclass
+class Context:
+    snapshot: NodeSnapshot
+    facts: NodeFacts
+    targets: list[LbTarget]
+    paths: PathFinder
+    mode: str
+    mode_how: str
+    unknowns: list[dict[str, str]]
+
+    def unknown(self, source: str, reason: str) -> None:
+        item = {"source": source, "reason": reason}
+        if item not in self.unknowns:
+            self.unknowns.append(item)

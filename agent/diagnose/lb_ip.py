@@ -1,0 +1,189 @@
+"""Which LoadBalancer, external and Ingress addresses does this node know, on which ports,
+for which Service, and how did we learn it (API objects, ipsets, kube-proxy's rules)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from dataclasses import dataclass
+
+from agent.netfilter.rules import parse_rule
+from agent.snapshot import NodeSnapshot, Service
+
+# kube-proxy comments: "ns/svc:port loadbalancer IP", "ns/svc:port external IP"
+_KIND_BY_COMMENT = (("loadbalancer IP", "loadbalancer"), ("external IP", "external"))
+_SVC_IN_COMMENT = re.compile(r"^([a-z0-9][-a-z0-9.]*)/([a-z0-9][-a-z0-9.]*)(?::(\S*))?")
+_HASHED_CHAIN = re.compile(r"^KUBE-(SVC|EXT|SVL|FW|XLB)-([A-Z2-7]{16})$")
+
+
+@dataclass(frozen=True)
+class LbTarget:
+    ip: str
+    port: int
+    protocol: str  # "TCP" | "UDP" | "SCTP"
+    kind: str  # "loadbalancer" | "external" | "ingress"
+    service: str | None
+    learned_from: tuple[str, ...]
+    etp: str | None = None  # "Local" | "Cluster" when known
+    etp_how: str = ""
+    ip_mode: str | None = None
+    annotations: tuple[tuple[str, str], ...] = ()
+    ingress: str | None = None  # "ns/name" of the Ingress for kind "ingress"
+
+    @property
+    def key(self) -> tuple[str, int, str]:
+        return (self.ip, self.port, self.protocol)
+
+
+def chain_hash(service_port_name: str, protocol: str) -> str:
+    """kube-proxy's portProtoHash: base32(sha256(name + proto))[:16]."""
+    digest = hashlib.sha256((service_port_name + protocol.lower()).encode()).digest()
+    return base64.b32encode(digest).decode()[:16]
+
+
+def service_of_chains(snap: NodeSnapshot) -> dict[str, str]:
+    """Map KUBE-{SVC,EXT,SVL,FW,XLB}-<hash> chains to "ns/name", from the Service objects'
+    hashes (works without comments) and from rule comments."""
+    out: dict[str, str] = {}
+    for svc in snap.services or ():
+        for p in svc.ports:
+            # ServicePortName.String(): "ns/name:port", or "ns/name" for an unnamed port
+            h = chain_hash(f"{svc.key}:{p.name}" if p.name else svc.key, p.protocol)
+            for kind in ("SVC", "EXT", "SVL", "FW", "XLB"):
+                out[f"KUBE-{kind}-{h}"] = svc.key
+    return out
+
+
+def discover(snap: NodeSnapshot) -> list[LbTarget]:
+    found: dict[tuple[str, int, str], LbTarget] = {}
+
+    def add(t: LbTarget) -> None:
+        old = found.get(t.key)
+        if old is None:
+            found[t.key] = t
+            return
+        merged_from = tuple(dict.fromkeys(old.learned_from + t.learned_from))
+        found[t.key] = LbTarget(
+            t.ip, t.port, t.protocol,
+            kind=old.kind if old.kind != "ingress" or t.kind == "ingress" else t.kind,
+            service=old.service or t.service,
+            learned_from=merged_from,
+            etp=old.etp or t.etp, etp_how=old.etp_how or t.etp_how,
+            ip_mode=old.ip_mode or t.ip_mode,
+            annotations=old.annotations or t.annotations,
+            ingress=old.ingress or t.ingress,
+        )
+
+    by_key: dict[str, Service] = {}
+    for svc in snap.services or ():
+        by_key[svc.key] = svc
+        annotations = tuple(sorted(svc.annotations.items()))
+        for p in svc.ports:
+            if svc.type == "LoadBalancer":
+                for ing in svc.lb_ingress:
+                    if ing.ip:
+                        add(LbTarget(ing.ip, p.port, p.protocol, "loadbalancer", svc.key,
+                                     (f"Service {svc.key} status.loadBalancer.ingress",),
+                                     svc.external_traffic_policy,
+                                     "Service spec" if svc.external_traffic_policy else "",
+                                     ing.ip_mode, annotations))
+            for ip in svc.external_ips:
+                add(LbTarget(ip, p.port, p.protocol, "external", svc.key,
+                             (f"Service {svc.key} spec.externalIPs",),
+                             svc.external_traffic_policy,
+                             "Service spec" if svc.external_traffic_policy else "",
+                             None, annotations))
+
+    for ing in snap.ingresses or ():
+        backends = sorted({b.service for b in ing.backends})
+        service = backends[0] if len(backends) == 1 else None
+        ports = (80, 443) if ing.tls else (80,)
+        for ip in ing.ips:
+            for port in ports:
+                add(LbTarget(ip, port, "TCP", "ingress", service,
+                             (f"Ingress {ing.key} status.loadBalancer.ingress",),
+                             ingress=ing.key))
+
+    _from_ipsets(snap, add)
+    _from_rules(snap, add)
+    return sorted(found.values(), key=lambda t: (_ip_key(t.ip), t.port, t.protocol))
+
+
+def _from_ipsets(snap: NodeSnapshot, add) -> None:  # type: ignore[no-untyped-def]
+    """kube-proxy IPVS mode lists LB and external IPs as "ip,proto:port" in ipsets."""
+    local_sets = {}
+    for name in ("KUBE-LOAD-BALANCER-LOCAL", "KUBE-EXTERNAL-IP-LOCAL"):
+        s = snap.ipset(name)
+        local_sets[name] = set(s.members) if s else set()
+    for name, kind, local_name in (
+        ("KUBE-LOAD-BALANCER", "loadbalancer", "KUBE-LOAD-BALANCER-LOCAL"),
+        ("KUBE-EXTERNAL-IP", "external", "KUBE-EXTERNAL-IP-LOCAL"),
+    ):
+        s = snap.ipset(name)
+        if s is None:
+            continue
+        for m in s.members:
+            parsed = _ip_proto_port(m)
+            if parsed is None:
+                continue
+            ip, proto, port = parsed
+            is_local = m in local_sets[local_name]
+            add(LbTarget(ip, port, proto, kind, None, (f"ipset {name} entry {m}",),
+                         "Local" if is_local else "Cluster",
+                         f"ipset {local_name} {'lists' if is_local else 'does not list'} {m}"))
+
+
+def _from_rules(snap: NodeSnapshot, add) -> None:  # type: ignore[no-untyped-def]
+    """kube-proxy iptables mode: KUBE-SERVICES rules commented "... loadbalancer IP"."""
+    if snap.netfilter is None:
+        return
+    nat = snap.netfilter.table("nat")
+    if nat is None:
+        return
+    chain = nat.chain("KUBE-SERVICES")
+    if chain is None:
+        return
+    hashed = service_of_chains(snap)
+    for rule in chain.rules:
+        text = rule.text
+        if "loadbalancer IP" not in text and "external IP" not in text:
+            continue
+        r = parse_rule(rule)
+        if r.comment is None:
+            continue
+        kind = next((k for marker, k in _KIND_BY_COMMENT if r.comment.endswith(marker)), None)
+        if kind is None:
+            continue
+        ip = port = proto = None
+        for c in r.conds:
+            if c.kind == "dst" and not c.negate:
+                ip = c.args[0].removesuffix("/32")
+            elif c.kind == "proto" and not c.negate:
+                proto = c.args[0].upper()
+            elif c.kind.endswith("--dport") and not c.negate and c.args[0].isdigit():
+                port = int(c.args[0])
+        if ip is None or port is None or proto is None or "/" in ip:
+            continue
+        m = _SVC_IN_COMMENT.match(r.comment)
+        service = f"{m.group(1)}/{m.group(2)}" if m else hashed.get(r.target or "")
+        add(LbTarget(ip, port, proto, kind, service,
+                     (f"nat KUBE-SERVICES rule ({rule.source})" if rule.source
+                      else "nat KUBE-SERVICES rule",)))
+
+
+def _ip_proto_port(member: str) -> tuple[str, str, int] | None:
+    parts = member.split(",")
+    if len(parts) < 2 or ":" not in parts[1]:
+        return None
+    proto, _, port = parts[1].partition(":")
+    if not port.isdigit():
+        return None
+    return parts[0], proto.upper(), int(port)
+
+
+def _ip_key(ip: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in ip.split("."))
+    except ValueError:
+        return (999,)

@@ -1,0 +1,215 @@
+"""Facts derived from a snapshot that several rules need: which addresses are local,
+the uplink, the pod network of this node, ipsets as lookup tables, kube-proxy's mode."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+
+from agent.snapshot import Address, LocalRoute, NodeSnapshot
+
+KUBE_IPVS0 = "kube-ipvs0"
+_UPLINK_NAME = re.compile(r"^(eth|ens|enp|eno|enx|em|bond|eni)\d")
+_POD_BRIDGES = ("cni0", "cbr0", "kube-bridge", "cilium_host", "weave", "docker0")
+_NOT_PODS = {"lo", KUBE_IPVS0}
+
+
+@dataclass(frozen=True)
+class PodNetwork:
+    pod_ip: str
+    prefix: str
+    iface: str | None  # where pod packets enter the node (the pod bridge); None if unknown
+    how: str  # evidence: how we chose it
+
+
+@dataclass
+class NodeFacts:
+    snapshot: NodeSnapshot
+    local_ips: dict[str, LocalRoute] = field(default_factory=dict)
+    local_nets: list[tuple[ipaddress.IPv4Network, LocalRoute]] = field(default_factory=list)
+    broadcast: set[str] = field(default_factory=set)
+    uplink: str | None = None
+    node_ip: str | None = None
+    uplink_how: str = ""
+    pod: PodNetwork | None = None
+    pod_unknown: str = ""
+    _sets: dict[str, tuple[str, frozenset[str]]] = field(default_factory=dict)
+
+    # -- NodeView for the walker ----------------------------------------------------
+
+    def addr_type(self, addr: str) -> str | None:
+        if self.snapshot.local_routes is None and self.snapshot.addresses is None:
+            return None
+        if self.local_route(addr) is not None:
+            return "LOCAL"
+        if addr in self.broadcast:
+            return "BROADCAST"
+        if ipaddress.ip_address(addr).is_multicast:
+            return "MULTICAST"
+        return "UNICAST"
+
+    def ipset_members(self, name: str) -> tuple[str, frozenset[str]] | None:
+        if self.snapshot.ipsets is None:
+            return None
+        got = self._sets.get(name)
+        if got is None:
+            s = self.snapshot.ipset(name)
+            if s is None:
+                return None
+            got = self._sets[name] = (s.type, frozenset(s.members))
+        return got
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def local_route(self, addr: str) -> LocalRoute | None:
+        """The `local` table route that makes ``addr`` local, if any."""
+        r = self.local_ips.get(addr)
+        if r is not None:
+            return r
+        a = ipaddress.ip_address(addr)
+        for net, route in self.local_nets:
+            if a.version == net.version and a in net:
+                return route
+        return None
+
+    def is_local(self, addr: str) -> bool | None:
+        if self.snapshot.local_routes is None and self.snapshot.addresses is None:
+            return None
+        return self.local_route(addr) is not None
+
+    def addresses_of(self, addr: str) -> list[Address]:
+        return [a for a in self.snapshot.addresses or () if a.address == addr]
+
+
+def build_facts(snap: NodeSnapshot) -> NodeFacts:
+    f = NodeFacts(snap)
+    if snap.local_routes is not None:
+        for r in snap.local_routes:
+            if r.type == "local":
+                if "/" in r.dst:
+                    f.local_nets.append((ipaddress.ip_network(r.dst, strict=False), r))
+                else:
+                    f.local_ips[r.dst] = r
+            elif r.type == "broadcast":
+                f.broadcast.add(r.dst)
+    elif snap.addresses is not None:
+        # No local table: the kernel puts every bound address there, so derive it.
+        for a in snap.addresses:
+            if ":" in a.address:
+                continue
+            line = f"local {a.address} dev {a.ifname} (derived from addr.txt)"
+            f.local_ips[a.address] = LocalRoute("local", a.address, a.ifname, a.address, line)
+        f.local_nets.append((ipaddress.ip_network("127.0.0.0/8"),
+                             LocalRoute("local", "127.0.0.0/8", "lo", None,
+                                        "local 127.0.0.0/8 dev lo (assumed)")))
+    _find_uplink(f)
+    _find_pod_network(f)
+    return f
+
+
+def _v4_global(snap: NodeSnapshot) -> list[Address]:
+    return [a for a in snap.addresses or ()
+            if ":" not in a.address and a.scope == "global" and a.ifname not in _NOT_PODS]
+
+
+def _find_uplink(f: NodeFacts) -> None:
+    snap = f.snapshot
+    addrs = _v4_global(snap)
+    if snap.node_info and snap.node_info.internal_ips:
+        for a in addrs:
+            if a.address in snap.node_info.internal_ips:
+                f.uplink, f.node_ip = a.ifname, a.address
+                f.uplink_how = f"uplink {a.ifname}: holds the Node's InternalIP {a.address}"
+                return
+    named = sorted((a for a in addrs if _UPLINK_NAME.match(a.ifname)),
+                   key=lambda a: (a.ifname, a.address))
+    if named:
+        a = named[0]
+        f.uplink, f.node_ip = a.ifname, a.address
+        f.uplink_how = f"uplink {a.ifname} ({a.address}): first NIC-named interface"
+        return
+    rest = [a for a in addrs if a.ifname not in _POD_BRIDGES and a.prefixlen < 32]
+    if rest:
+        a = sorted(rest, key=lambda a: (a.ifname, a.address))[0]
+        f.uplink, f.node_ip = a.ifname, a.address
+        f.uplink_how = f"uplink {a.ifname} ({a.address}): first interface with a global address"
+
+
+def _find_pod_network(f: NodeFacts) -> None:
+    snap = f.snapshot
+    if snap.addresses is None and not (snap.node_info and snap.node_info.pod_cidrs):
+        f.pod_unknown = "no addresses and no Node podCIDR: cannot tell the pod network"
+        return
+    connected = [a for a in _v4_global(snap) if a.prefixlen < 32 and a.ifname != f.uplink]
+
+    def iface_for(net: ipaddress.IPv4Network) -> Address | None:
+        for a in connected:
+            if ipaddress.ip_address(a.address) in net:
+                return a
+        return None
+
+    cidrs: list[tuple[str, str]] = []
+    if snap.node_info:
+        cidrs += [(c, f"the Node's podCIDR {c}") for c in snap.node_info.pod_cidrs
+                  if ":" not in c]
+    if not cidrs and snap.kube_proxy and snap.kube_proxy.cluster_cidr:
+        for c in snap.kube_proxy.cluster_cidr.split(","):
+            net = ipaddress.ip_network(c.strip(), strict=False)
+            if net.version != 4:
+                continue
+            a = iface_for(net)
+            if a is not None:
+                sub = ipaddress.ip_network(f"{a.address}/{a.prefixlen}", strict=False)
+                cidrs.append((str(sub), f"{a.ifname}'s subnet {sub} inside kube-proxy's "
+                              f"--cluster-cidr {c.strip()}"))
+    if not cidrs:
+        order = {n: i for i, n in enumerate(_POD_BRIDGES)}
+        cands = sorted(connected, key=lambda a: (order.get(a.ifname, 50), a.ifname))
+        for a in cands:
+            if a.ifname == "docker0" and len(cands) > 1:
+                continue
+            sub = ipaddress.ip_network(f"{a.address}/{a.prefixlen}", strict=False)
+            cidrs.append((str(sub), f"the subnet {sub} of pod bridge {a.ifname}"))
+            break
+    if not cidrs:
+        f.pod_unknown = ("no pod network found (no Node podCIDR, no kube-proxy --cluster-cidr, "
+                         "no bridge subnet besides the uplink)")
+        return
+    prefix, how = cidrs[0]
+    net = ipaddress.ip_network(prefix, strict=False)
+    bridge = iface_for(net)
+    pod_ip = None
+    for host in net.hosts():
+        if f.local_route(str(host)) is None:
+            pod_ip = str(host)
+            break
+    if pod_ip is None:
+        f.pod_unknown = f"pod network {prefix} has no free address to stand for a pod"
+        return
+    f.pod = PodNetwork(pod_ip, prefix, bridge.ifname if bridge else None,
+                       f"pod {pod_ip} stands for the pods of this node ({how}"
+                       + (f", entering through {bridge.ifname})" if bridge else
+                          ", entry interface unknown)"))
+
+
+def kube_proxy_mode(snap: NodeSnapshot) -> tuple[str, str]:
+    """("ipvs" | "iptables" | "unknown", why)."""
+    kp = snap.kube_proxy
+    if kp and kp.mode in ("ipvs", "iptables"):
+        return kp.mode, f"kube-proxy --proxy-mode={kp.mode}"
+    if kp and kp.mode:
+        return "unknown", f"kube-proxy runs in mode {kp.mode!r}, which this agent does not read"
+    if snap.ipsets is not None and snap.ipset("KUBE-CLUSTER-IP") is not None:
+        return "ipvs", "ipset KUBE-CLUSTER-IP exists (kube-proxy IPVS mode)"
+    if snap.addresses is not None and any(a.ifname == KUBE_IPVS0 for a in snap.addresses):
+        return "ipvs", "interface kube-ipvs0 holds service addresses"
+    if snap.ipvs:
+        return "ipvs", "IPVS virtual servers exist"
+    if snap.netfilter is not None:
+        nat = snap.netfilter.table("nat")
+        if nat is not None and any(c.name.startswith("KUBE-SVC-") for c in nat.chains):
+            return "iptables", "nat table has KUBE-SVC-* chains (kube-proxy iptables mode)"
+        if nat is not None and nat.chain("KUBE-SERVICES") is not None:
+            return "iptables", "nat table has KUBE-SERVICES without IPVS ipsets"
+    return "unknown", "no kube-proxy process, no kube-ipvs0, no KUBE-* chains or ipsets"

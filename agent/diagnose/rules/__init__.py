@@ -1,0 +1,18 @@
+"""Diagnosis rules: one module per concern, each registered once here.
+
+A rule is ``check(ctx: Context) -> list[Finding]``: pure, reads only the context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from agent.diagnose.context import Context
+from agent.diagnose.model import Finding
+from agent.diagnose.rules import etp_local, lb_ip_local, pod_to_lb
+
+RULES: tuple[Callable[[Context], list[Finding]], ...] = (
+    lb_ip_local.check,
+    pod_to_lb.check,
+    etp_local.check,
+)

@@ -1,0 +1,45 @@
+"""Evidence lines several rules share."""
+
+from __future__ import annotations
+
+from agent.diagnose.context import Context
+
+
+def sysctl(ctx: Context, iface: str | None, name: str) -> str | None:
+    s = ctx.snapshot.sysctls
+    if s is None or iface is None:
+        return None
+    return s.get(f"net.ipv4.conf.{iface.replace('.', '/')}.{name}")
+
+
+def sysctl_evidence(ctx: Context) -> list[str]:
+    """accept_local / rp_filter / log_martians on the uplink, as the kernel applies them
+    (rp_filter takes the max of 'all' and the interface; accept_local and log_martians
+    the OR for log_martians, the interface value for accept_local)."""
+    up = ctx.facts.uplink
+    if ctx.snapshot.sysctls is None or up is None:
+        return []
+    al = sysctl(ctx, up, "accept_local")
+    rp_if, rp_all = sysctl(ctx, up, "rp_filter"), sysctl(ctx, "all", "rp_filter")
+    lm_if, lm_all = sysctl(ctx, up, "log_martians"), sysctl(ctx, "all", "log_martians")
+    out = []
+    if al is not None:
+        out.append(f"sysctl net.ipv4.conf.{up}.accept_local = {al}"
+                   + (" (martian-source drop applies)" if al == "0" else
+                      " (accepted, but replies to a local address go to lo: no handshake)"))
+    if rp_if is not None or rp_all is not None:
+        eff = max(int(rp_if or 0), int(rp_all or 0))
+        out.append(f"sysctl rp_filter: {up}={rp_if}, all={rp_all} -> effective {eff}")
+    if lm_if is not None or lm_all is not None:
+        on = (lm_if == "1") or (lm_all == "1")
+        out.append(f"sysctl log_martians: {up}={lm_if}, all={lm_all} -> "
+                   + ("drops are logged as 'martian source'" if on else "drops are not logged"))
+    return out
+
+
+def rp_filter_effective(ctx: Context) -> int | None:
+    up = ctx.facts.uplink
+    rp_if, rp_all = sysctl(ctx, up, "rp_filter"), sysctl(ctx, "all", "rp_filter")
+    if rp_if is None and rp_all is None:
+        return None
+    return max(int(rp_if or 0), int(rp_all or 0))

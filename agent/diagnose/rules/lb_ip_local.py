@@ -1,0 +1,55 @@
+"""lb-ip-local: an LB/external IP is a local address here, so the load balancer's health
+checks (sourced from its VIP) and anything else sourced from the VIP die as martians."""
+
+from __future__ import annotations
+
+from agent.diagnose.context import Context
+from agent.diagnose.lb_ip import LbTarget
+from agent.diagnose.model import Finding
+from agent.diagnose.remedies import PREVENT_LOOPBACK, for_lb_ip_local
+from agent.diagnose.rules.common import sysctl_evidence
+
+ID = "lb-ip-local"
+
+
+def check(ctx: Context) -> list[Finding]:
+    if ctx.facts.is_local("127.0.0.1") is None:
+        ctx.unknown(ID, "local addresses unknown (no route-local.txt and no addr.txt)")
+        return []
+    by_ip: dict[str, list[LbTarget]] = {}
+    for t in ctx.targets:
+        by_ip.setdefault(t.ip, []).append(t)
+    out = []
+    for ip, targets in by_ip.items():
+        route = ctx.facts.local_route(ip)
+        if route is None:
+            continue
+        t = next((x for x in targets if x.service), targets[0])
+        ports = sorted({(x.protocol, x.port) for x in targets})
+        evidence = [f"local table: {route.line}"]
+        for a in ctx.facts.addresses_of(ip):
+            state = "" if a.link_up else " (interface DOWN: it only holds addresses)"
+            evidence.append(f"address {a.address}/{a.prefixlen} on {a.ifname}{state}")
+        evidence += [f"learned from {src}" for x in targets for src in x.learned_from]
+        evidence += sysctl_evidence(ctx)
+        prevent = any(k == PREVENT_LOOPBACK and v.lower() == "true"
+                      for x in targets for k, v in x.annotations)
+        dev = route.dev or "an interface"
+        if prevent:
+            severity = "info"
+            summary = (f"LB IP {ip} is bound on {dev} on purpose ({PREVENT_LOOPBACK}); "
+                       "health checks must come from 100.64.0.0/10, not from the VIP")
+            remedy = ("None if the CLB health-checks from 100.64.0.0/10; otherwise upgrade "
+                      "the CLB/kube-proxy pairing that the annotation needs.")
+        else:
+            severity = "critical"
+            summary = (f"LB IP {ip} is a local address on this node (on {dev}): the load "
+                       f"balancer's health checks and any packet sourced from {ip} that "
+                       "arrives here are dropped as martian source")
+            remedy = for_lb_ip_local(t, ctx.mode)
+        out.append(Finding(
+            ID, severity, summary, lb_ip=ip,
+            port=ports[0][1] if len(ports) == 1 else None,
+            protocol=ports[0][0] if len(ports) == 1 else None,
+            service=t.service, evidence=tuple(dict.fromkeys(evidence)), remedy=remedy))
+    return out

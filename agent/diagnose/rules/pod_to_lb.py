@@ -1,0 +1,67 @@
+"""pod-to-lb-*: follow a pod's SYN to each LB IP:port through the real nat rules."""
+
+from __future__ import annotations
+
+from agent.diagnose.context import Context
+from agent.diagnose.model import Finding
+from agent.diagnose.remedies import for_not_masqueraded
+from agent.diagnose.rules.common import rp_filter_effective
+
+NOT_MASQUERADED = "pod-to-lb-not-masqueraded"
+CAPTURED = "pod-to-lb-captured"
+MASQUERADED = "pod-to-lb-masqueraded"
+DROPPED = "pod-to-lb-dropped"
+UNDETERMINED = "pod-to-lb-undetermined"
+
+
+def check(ctx: Context) -> list[Finding]:
+    out = []
+    for t in ctx.targets:
+        o = ctx.paths.pod_to_lb(t)
+        what = f"{t.ip}:{t.port}/{t.protocol}"
+        if t.kind == "ingress" and t.ingress:
+            what += f" (Ingress {t.ingress})"
+        common = {"lb_ip": t.ip, "port": t.port, "protocol": t.protocol, "service": t.service}
+        ev = list(o.evidence)
+        if t.etp:
+            ev.append(f"externalTrafficPolicy={t.etp} ({t.etp_how or 'from the Service'})")
+        if o.kind == "not-masqueraded":
+            rp = rp_filter_effective(ctx)
+            if rp is not None:
+                ev.append("if the load balancer sends it back to this node: " + (
+                    "rp_filter drops the SYN (reverse path is the pod bridge)" if rp == 1 else
+                    "the SYN-ACK goes straight to the pod, bypassing the load balancer, "
+                    "and the pod resets it"))
+            bound = ctx.facts.is_local(t.ip) is True
+            out.append(Finding(
+                NOT_MASQUERADED, "critical",
+                f"Pods of this node reaching {what} leave with their own address: the load "
+                "balancer may pick this node as real server and the connection loops back "
+                "and fails (4 s retries on layer 7, resets or timeouts on layer 4)",
+                evidence=tuple(ev), remedy=for_not_masqueraded(t, ctx.mode, bound), **common))
+        elif o.kind == "captured":
+            out.append(Finding(CAPTURED, "info",
+                               f"Pods reaching {what} are served inside the node: {o.how}",
+                               evidence=tuple(ev), remedy=None, **common))
+        elif o.kind == "masqueraded":
+            out.append(Finding(MASQUERADED, "info",
+                               f"Pods reaching {what} go through the load balancer but "
+                               "with the node's address: no loop",
+                               evidence=tuple(ev), remedy=None, **common))
+        elif o.kind == "dropped":
+            out.append(Finding(DROPPED, "info",
+                               f"Pods of this node cannot reach {what}: the node drops the "
+                               f"packet ({o.how}); not a loopback",
+                               evidence=tuple(ev),
+                               remedy="Check why the rule named in the evidence drops it.",
+                               **common))
+        else:
+            ctx.unknown(f"nat walk {what}", o.how)
+            out.append(Finding(UNDETERMINED, "warning",
+                               f"Could not decide whether pods reaching {what} loop back: "
+                               f"{o.how}",
+                               evidence=tuple(ev),
+                               remedy="Send `loopback-agent bundle DIR` output to support; "
+                                      "the evidence names what could not be evaluated.",
+                               **common))
+    return out

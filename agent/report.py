@@ -1,0 +1,101 @@
+"""The human-readable report of a verdict (what an SRE reads at 3 a.m.)."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+_STATUS_LINE = {
+    "healthy": "HEALTHY: no CLB loopback exposure found",
+    "at-risk": "AT RISK: this node is exposed to CLB loopback",
+    "loopback": "LOOPBACK OBSERVED: traffic through the load balancer loops back and fails",
+}
+_MARK = {"critical": "CRITICAL", "warning": "WARNING", "info": "info"}
+
+
+def render(v: dict[str, Any], verbose: bool = False, width: int = 100) -> str:
+    out: list[str] = []
+    ctx = v.get("context", {})
+
+    def wrap(text: str, indent: str) -> list[str]:
+        return textwrap.wrap(text, width=width, initial_indent=indent,
+                             subsequent_indent=indent + "  ", break_long_words=False,
+                             break_on_hyphens=False) or [indent]
+
+    out.append(f"loopback-agent {v['agent_version']}  node {v['node']}  {v['time']}  "
+               f"({ctx.get('origin', 'live')})")
+    out.append(_STATUS_LINE.get(v["status"], v["status"]))
+    out.append(f"kube-proxy mode: {v['kube_proxy_mode']}"
+               + (f" ({ctx['kube_proxy_mode_from']})" if ctx.get("kube_proxy_mode_from") else ""))
+    node_bits = []
+    if ctx.get("uplink"):
+        node_bits.append(f"uplink {ctx['uplink']} {ctx.get('node_ip') or ''}".rstrip())
+    if ctx.get("pod_network"):
+        node_bits.append(f"pods {ctx['pod_network']} via {ctx.get('pod_interface') or '?'}")
+    if ctx.get("iptables_backend"):
+        node_bits.append(f"iptables backend {ctx['iptables_backend']}")
+    if node_bits:
+        out.append("node: " + "; ".join(node_bits))
+    out.append("")
+
+    lb_ips = v.get("lb_ips", [])
+    out.append(f"LoadBalancer / external / Ingress IPs known here: {len(lb_ips)}")
+    by_ip: dict[str, list[dict[str, Any]]] = {}
+    for f in v["findings"]:
+        if f.get("lb_ip"):
+            by_ip.setdefault(f["lb_ip"], []).append(f)
+    for r in lb_ips:
+        worst = by_ip.get(r["ip"], [])
+        tag = "exposed" if any(f["severity"] != "info" for f in worst) else "ok"
+        svc = ",".join(r.get("services", [])) or "service unknown"
+        local = {True: "bound locally", False: "not local", None: "local?"}[r.get("local")]
+        out.append(f"  {r['ip']:<16} {' '.join(r['ports']):<14} {r['kind']:<12} "
+                   f"{svc:<28} {local:<13} {tag}")
+    out.append("")
+
+    problems = [f for f in v["findings"] if f["severity"] != "info"]
+    infos = [f for f in v["findings"] if f["severity"] == "info"]
+    if problems:
+        out.append(f"Findings ({len(problems)}):")
+        for f in problems:
+            out.extend(_finding(f, wrap, evidence=True))
+    else:
+        out.append("Findings: none that put this node at risk.")
+    if infos:
+        out.append("")
+        out.append(f"Notes ({len(infos)}):")
+        for f in infos:
+            out.extend(_finding(f, wrap, evidence=verbose))
+    if v["unknowns"]:
+        out.append("")
+        out.append(f"Could not read or decide ({len(v['unknowns'])}):")
+        for u in v["unknowns"]:
+            out.extend(wrap(f"- {u['source']}: {u['reason']}", "  "))
+    assumed = ctx.get("assumed_rules") or []
+    if assumed:
+        out.append("")
+        out.append("Assumed (not in the dump):")
+        for a in assumed:
+            out.extend(wrap(f"- {a}", "  "))
+    if infos and not verbose:
+        out.append("")
+        out.append("(--verbose shows the evidence of the notes; --json prints the verdict.)")
+    return "\n".join(out) + "\n"
+
+
+def _finding(f: dict[str, Any], wrap, evidence: bool) -> list[str]:  # type: ignore[no-untyped-def]
+    where = f["lb_ip"] or ""
+    if f.get("port"):
+        where += f":{f['port']}/{f.get('protocol') or ''}"
+    head = f"[{_MARK[f['severity']]}] {f['id']}  {where}"
+    if f.get("service"):
+        head += f"  ({f['service']})"
+    lines = ["", "  " + head]
+    lines += wrap(f["summary"], "    ")
+    if evidence and f["evidence"]:
+        lines.append("    Evidence:")
+        for e in f["evidence"]:
+            lines += wrap(f"- {e}", "      ")
+    if f.get("remedy"):
+        lines += wrap(f"Remedy: {f['remedy']}", "    ")
+    return lines

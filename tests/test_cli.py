@@ -1,0 +1,227 @@
+"""The command line on saved bundles: exit codes, bad input, the verdict contract."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from agent.cli import schema_text
+
+DATA = Path(__file__).parent / "data" / "bundles"
+TKE = DATA / "tke-etp-local"
+
+
+def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agent", *args], capture_output=True,
+                          text=True, input=stdin, timeout=300)
+
+
+def copy_bundle(tmp_path: Path, src: Path = TKE) -> Path:
+    d = tmp_path / "bundle"
+    shutil.copytree(src, d)
+    return d
+
+
+def test_from_bundle_reports_the_loop_and_exits_1() -> None:
+    r = run("check", "--from", str(TKE), "--json", "--node-name", "n1")
+    assert r.returncode == 1, r.stderr
+    v = json.loads(r.stdout)
+    jsonschema.validate(v, json.loads(schema_text()))
+    assert v["node"] == "n1" and v["status"] == "at-risk" and v["kube_proxy_mode"] == "ipvs"
+    by_id = {(f["id"], f["lb_ip"]) for f in v["findings"]}
+    assert ("pod-to-lb-not-masqueraded", "10.0.1.100") in by_id
+    assert ("pod-to-lb-masqueraded", "10.0.1.101") in by_id
+    loop = next(f for f in v["findings"] if f["id"] == "pod-to-lb-not-masqueraded")
+    assert loop["service"] == "default/web" and loop["port"] == 80
+    assert any("KUBE-LOAD-BALANCER-LOCAL dst,dst -j RETURN" in e for e in loop["evidence"])
+    assert any("IP-MASQ-AGENT -d 10.0.0.0/8" in e for e in loop["evidence"])
+    assert "prevent-loopback" in loop["remedy"]
+    sources = {u["source"] for u in v["unknowns"]}
+    assert {"ipvsadm.txt", "node.json", "ingresses.json"} <= sources
+
+
+def test_human_report_names_status_ips_and_remedy() -> None:
+    r = run("check", "--from", str(TKE))
+    assert r.returncode == 1
+    out = r.stdout
+    assert "AT RISK" in out and "kube-proxy mode: ipvs" in out
+    assert "10.0.1.100" in out and "10.0.1.101" in out
+    assert "Remedy:" in out and "Could not read" in out
+
+
+def test_node_name_from_environment(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "agent", "check", "--from", str(TKE), "--json"],
+                       capture_output=True, text=True,
+                       env={"NODE_NAME": "from-downward-api", "PATH": "/usr/bin:/bin"})
+    assert json.loads(r.stdout)["node"] == "from-downward-api"
+
+
+def test_cluster_policy_instead_is_healthy(tmp_path: Path) -> None:
+    d = copy_bundle(tmp_path)
+    ipset = (d / "ipset.txt").read_text().replace(
+        "add KUBE-LOAD-BALANCER-LOCAL 10.0.1.100,tcp:80 comment \"default/web:http\"\n", "")
+    (d / "ipset.txt").write_text(ipset)
+    r = run("check", "--from", str(d), "--json")
+    assert r.returncode == 0, r.stdout
+    v = json.loads(r.stdout)
+    assert v["status"] == "healthy"
+    assert {f["id"] for f in v["findings"]} == {"pod-to-lb-masqueraded"}
+
+
+def test_kube_proxy_restore_input_gives_the_same_verdict(tmp_path: Path) -> None:
+    """kube-proxy's own restore input: no header, no /32, --or-mark, no built-in jumps."""
+    d = copy_bundle(tmp_path)
+    lines = []
+    for line in (d / "iptables-save.txt").read_text().splitlines():
+        if line.startswith("#") or line.startswith(":") and "ACCEPT" in line:
+            continue
+        if line.startswith(("-A PREROUTING", "-A OUTPUT", "-A POSTROUTING -m comment "
+                                                           "--comment \"kubernetes")):
+            continue
+        lines.append(line.replace("--set-xmark 0x4000/0x4000", "--or-mark 0x4000"))
+    # ip-masq-agent's jump is not kube-proxy's: it stays, in a built-in chain kube-proxy
+    # never declares
+    (d / "iptables-save.txt").write_text("\n".join(lines) + "\n")
+    r = run("check", "--from", str(d), "--json")
+    assert r.returncode == 1, r.stderr
+    v = json.loads(r.stdout)
+    assert any("assumed" in a for a in v["context"]["assumed_rules"])
+    assert ("pod-to-lb-not-masqueraded", "10.0.1.100") in {(f["id"], f["lb_ip"])
+                                                           for f in v["findings"]}
+
+
+def test_missing_directory_is_exit_66() -> None:
+    r = run("check", "--from", "/nonexistent/bundle")
+    assert r.returncode == 66
+    assert "/nonexistent/bundle" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_directory_without_bundle_files_is_exit_65(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("hello")
+    r = run("check", "--from", str(tmp_path))
+    assert r.returncode == 65
+    assert "no bundle files" in r.stderr
+
+
+def test_usage_error_is_exit_64() -> None:
+    r = run("check", "--bogus")
+    assert r.returncode == 64
+    r = run()
+    assert r.returncode == 64
+
+
+def test_help_teaches_exit_codes_and_examples() -> None:
+    r = run("check", "--help")
+    assert r.returncode == 0
+    for text in ("--from", "--snapshot", "--json", "exit codes", "64", "bundle"):
+        assert text in r.stdout
+
+
+@pytest.mark.parametrize("garbage", [
+    "this is not iptables-save output\n",
+    "*nat\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -j KUBE-SERVICES\n",  # truncated
+    "\x00\x01\x02binary",
+])
+def test_garbage_rules_file_is_an_unknown_naming_file_and_line(tmp_path: Path,
+                                                               garbage: str) -> None:
+    d = copy_bundle(tmp_path)
+    (d / "iptables-save.txt").write_text(garbage)
+    r = run("check", "--from", str(d), "--json")
+    assert "Traceback" not in r.stderr
+    assert r.returncode in (0, 1)
+    v = json.loads(r.stdout)
+    reasons = [u["reason"] for u in v["unknowns"] if u["source"] == "iptables-save.txt"]
+    assert reasons and reasons[0].startswith("iptables-save.txt:")
+    assert "iptables-save.txt:" in r.stderr  # the warning names the file and line
+    # without rules the walk cannot decide: that is not "healthy"
+    assert v["status"] == "at-risk"
+    assert {f["id"] for f in v["findings"]} == {"pod-to-lb-undetermined"}
+
+
+def test_every_file_garbage_still_gives_a_verdict(tmp_path: Path) -> None:
+    d = copy_bundle(tmp_path)
+    for f in d.iterdir():
+        f.write_bytes(b"\xff\xfe garbage \x00\n" * 3)
+    r = run("check", "--from", str(d), "--json")
+    assert "Traceback" not in r.stderr
+    v = json.loads(r.stdout)
+    assert len(v["unknowns"]) >= 8
+
+
+def test_unknown_match_in_the_path_is_named_not_guessed(tmp_path: Path) -> None:
+    d = copy_bundle(tmp_path)
+    text = (d / "iptables-save.txt").read_text().replace(
+        "-A KUBE-SERVICES -m comment --comment \"Kubernetes service lb portal\"",
+        "-A KUBE-SERVICES -m u32 --u32 \"0>>22&0x3C@12>>26&0x3C@0=0\" -j RETURN\n"
+        "-A KUBE-SERVICES -m comment --comment \"Kubernetes service lb portal\"")
+    (d / "iptables-save.txt").write_text(text)
+    r = run("check", "--from", str(d), "--json")
+    assert r.returncode == 1
+    v = json.loads(r.stdout)
+    und = [f for f in v["findings"] if f["id"] == "pod-to-lb-undetermined"]
+    assert und and "u32" in und[0]["summary"] and "iptables-save.txt:" in und[0]["summary"]
+
+
+def test_bad_snapshot_file_names_file_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "node.json"
+    bad.write_text('{\n  "schema": "loopback-agent/snapshot/v1",\n  oops\n}')
+    r = run("check", "--snapshot", str(bad))
+    assert r.returncode == 65
+    assert f"{bad}:3" in r.stderr
+    other = tmp_path / "other.json"
+    other.write_text('{"schema": "something/else"}')
+    assert run("check", "--snapshot", str(other)).returncode == 65
+    assert run("check", "--snapshot", str(tmp_path / "missing.json")).returncode == 66
+
+
+def test_snapshot_round_trip_from_bundle(tmp_path: Path) -> None:
+    snap = run("snapshot", "--from", str(TKE))
+    assert snap.returncode == 0, snap.stderr
+    (tmp_path / "s.json").write_text(snap.stdout)
+    a = run("check", "--snapshot", str(tmp_path / "s.json"), "--json", "--node-name", "x")
+    b = run("check", "--from", str(TKE), "--json", "--node-name", "x")
+    va, vb = json.loads(a.stdout), json.loads(b.stdout)
+    for v in (va, vb):
+        v.pop("time")
+    assert va == vb and a.returncode == b.returncode == 1
+    # and from stdin
+    c = run("check", "--snapshot", "-", "--json", "--node-name", "x", stdin=snap.stdout)
+    vc = json.loads(c.stdout)
+    vc.pop("time")
+    assert vc == va
+
+
+def test_hundred_thousand_rules(tmp_path: Path) -> None:
+    d = copy_bundle(tmp_path)
+    text = (d / "iptables-save.txt").read_text()
+    extra = [":KUBE-SVC-FILLER - [0:0]"]
+    for i in range(100_000):
+        extra.append(f"-A KUBE-SERVICES -d 10.{100 + i // 65536}.{i // 256 % 256}.{i % 256}/32 "
+                     f"-p tcp -m comment --comment \"ns/s{i}:http cluster IP\" -m tcp "
+                     f"--dport 80 -j KUBE-SVC-FILLER")
+    text = text.replace(":KUBE-SERVICES - [0:0]", ":KUBE-SERVICES - [0:0]\n" + extra[0])
+    text = text.replace("COMMIT", "\n".join(extra[1:]) + "\nCOMMIT", 1)
+    (d / "iptables-save.txt").write_text(text)
+    t0 = time.monotonic()
+    r = run("check", "--from", str(d), "--json")
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 1, r.stderr
+    v = json.loads(r.stdout)
+    assert ("pod-to-lb-not-masqueraded", "10.0.1.100") in {(f["id"], f["lb_ip"])
+                                                           for f in v["findings"]}
+    print(f"check --from with 100k rules: {elapsed:.2f}s")
+
+
+def test_schema_command_prints_the_contract() -> None:
+    r = run("schema")
+    assert r.returncode == 0
+    schema = json.loads(r.stdout)
+    assert schema["properties"]["schema"]["const"] == "loopback-agent/verdict/v1"
+    jsonschema.Draft202012Validator.check_schema(schema)

@@ -1,0 +1,210 @@
+"""The rule walker on hand-written rule sets (iptables semantics, no Kubernetes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from agent.netfilter.rules import parse_rule, tokenize
+from agent.netfilter.save_format import parse_iptables_save
+from agent.netfilter.walk import Packet, TableWalker
+from agent.snapshot import Rule
+
+
+@dataclass
+class View:
+    local: set[str] = field(default_factory=set)
+    sets: dict[str, tuple[str, frozenset[str]]] = field(default_factory=dict)
+
+    def addr_type(self, addr: str) -> str | None:
+        return "LOCAL" if addr in self.local else "UNICAST"
+
+    def ipset_members(self, name: str) -> tuple[str, frozenset[str]] | None:
+        return self.sets.get(name)
+
+
+def nat(body: str, view: View | None = None) -> TableWalker:
+    nf = parse_iptables_save("*nat\n" + body.strip() + "\nCOMMIT\n", source="t.txt")
+    table = nf.table("nat")
+    assert table is not None
+    return TableWalker(table, view or View())
+
+
+POD = Packet(src="172.16.1.2", dst="10.0.1.100", dport=80, in_iface="cni0")
+
+
+def test_tokenize_keeps_quoted_comment_with_escaped_quote() -> None:
+    toks = tokenize(r'-A X -m comment --comment "a \"b\" c" -j RETURN')
+    assert toks == ["-A", "X", "-m", "comment", "--comment", 'a "b" c', "-j", "RETURN"]
+
+
+def test_parse_rule_negations_and_target_options() -> None:
+    r = parse_rule(Rule('-A P ! -s 10.0.0.0/8 -m set ! --match-set S dst,dst '
+                        '-m addrtype ! --dst-type LOCAL -j MARK --set-xmark 0x4000/0x4000'))
+    assert [(c.kind, c.negate, c.args) for c in r.conds] == [
+        ("src", True, ("10.0.0.0/8",)),
+        ("set--match-set", True, ("S", "dst,dst")),
+        ("addrtype--dst-type", True, ("LOCAL",)),
+    ]
+    assert r.target == "MARK" and r.target_opts == {"--set-xmark": "0x4000/0x4000"}
+
+
+def test_jump_return_mark_and_policy() -> None:
+    w = nat("""
+:PREROUTING ACCEPT [0:0]
+:A - [0:0]
+:M - [0:0]
+-A PREROUTING -j A
+-A A -d 10.0.1.100/32 -p tcp -m tcp --dport 80 -j M
+-A A -m mark --mark 0x4000/0x4000 -j RETURN
+-A A -j DNAT --to-destination 1.1.1.1:1
+-A M -j MARK --set-xmark 0x4000/0x4000
+""")
+    (res,) = w.walk("PREROUTING", POD)
+    assert res.verdict == "ACCEPT"
+    assert res.packet.mark == 0x4000
+    assert [s.action for s in res.steps][-1] == "ACCEPT"
+    # another port: not marked, so the DNAT applies
+    (res2,) = w.walk("PREROUTING", Packet("172.16.1.2", "10.0.1.100", dport=81, in_iface="cni0"))
+    assert res2.verdict == "DNAT" and res2.packet.dst == "1.1.1.1" and res2.packet.dport == 1
+
+
+def test_goto_returns_to_the_caller_of_the_calling_chain() -> None:
+    w = nat("""
+:PREROUTING ACCEPT [0:0]
+:A - [0:0]
+:G - [0:0]
+-A PREROUTING -j A
+-A PREROUTING -j DNAT --to-destination 2.2.2.2
+-A A -g G
+-A A -j DNAT --to-destination 9.9.9.9
+-A G -j RETURN
+""")
+    (res,) = w.walk("PREROUTING", POD)
+    # RETURN from G (reached by goto) returns from A to PREROUTING, skipping A's DNAT
+    assert res.verdict == "DNAT" and res.packet.dst == "2.2.2.2"
+
+
+def test_statistic_forks_into_every_endpoint() -> None:
+    w = nat("""
+:PREROUTING ACCEPT [0:0]
+-A PREROUTING -m statistic --mode random --probability 0.33 -j DNAT --to-destination 1.0.0.1:80
+-A PREROUTING -m statistic --mode random --probability 0.5 -j DNAT --to-destination 1.0.0.2:80
+-A PREROUTING -j DNAT --to-destination 1.0.0.3:80
+""")
+    results = w.walk("PREROUTING", POD)
+    assert sorted(r.packet.dst for r in results) == ["1.0.0.1", "1.0.0.2", "1.0.0.3"]
+    assert all(r.verdict == "DNAT" for r in results)
+
+
+def test_unknown_match_names_the_rule_and_is_not_guessed() -> None:
+    w = nat("""
+:PREROUTING ACCEPT [0:0]
+-A PREROUTING -m physdev --physdev-in veth1 -j DNAT --to-destination 1.0.0.1
+""")
+    (res,) = w.walk("PREROUTING", POD)
+    assert res.verdict == "UNKNOWN"
+    assert "physdev" in res.detail and "t.txt:3" in res.detail
+
+
+def test_a_false_condition_beats_an_unknown_one() -> None:
+    w = nat("""
+:PREROUTING ACCEPT [0:0]
+-A PREROUTING -p udp -m physdev --physdev-in veth1 -j DROP
+""")
+    (res,) = w.walk("PREROUTING", POD)
+    assert res.verdict == "ACCEPT"
+
+
+@pytest.mark.parametrize(("spec", "port", "hit"), [
+    ("80,443", 80, True), ("8000:9000", 8080, True), ("8000:9000", 80, False),
+    ("30000:32767", 30080, True),
+])
+def test_multiport(spec: str, port: int, hit: bool) -> None:
+    w = nat(f"""
+:PREROUTING ACCEPT [0:0]
+-A PREROUTING -p tcp -m multiport --dports {spec} -j DROP
+""")
+    (res,) = w.walk("PREROUTING", Packet("1.1.1.1", "2.2.2.2", dport=port))
+    assert (res.verdict == "DROP") is hit
+
+
+def test_ipset_dimensions_and_nomatch() -> None:
+    view = View(sets={
+        "LB": ("hash:ip,port", frozenset({"10.0.1.100,tcp:80"})),
+        "NETS": ("hash:net", frozenset({"10.0.0.0/8", "10.0.1.0/24 nomatch"})),
+        "LOOP": ("hash:ip,port,ip", frozenset({"10.0.1.100,tcp:80,172.16.1.2"})),
+        "NP": ("bitmap:port", frozenset({"30080"})),
+    })
+    w = nat("""
+:PREROUTING ACCEPT [0:0]
+-A PREROUTING -m set --match-set LOOP dst,dst,src -j DNAT --to-destination 3.3.3.3
+-A PREROUTING -m set --match-set NETS dst -j DNAT --to-destination 2.2.2.2
+-A PREROUTING -m set --match-set LB dst,dst -j DNAT --to-destination 1.1.1.1
+-A PREROUTING -m set --match-set NP dst -j DNAT --to-destination 4.4.4.4
+""", view)
+    assert w.walk("PREROUTING", POD)[0].packet.dst == "3.3.3.3"
+    other = Packet("172.16.1.3", "10.0.1.100", dport=80, in_iface="cni0")
+    # 10.0.1.100 is inside the nomatch 10.0.1.0/24, so NETS does not match; LB does
+    assert w.walk("PREROUTING", other)[0].packet.dst == "1.1.1.1"
+    assert w.walk("PREROUTING", Packet("1.1.1.1", "10.2.0.1", dport=1))[0].packet.dst == "2.2.2.2"
+    assert w.walk("PREROUTING", Packet("1.1.1.1", "192.0.2.1", dport=30080))[0].packet.dst == \
+        "4.4.4.4"
+
+
+def test_missing_ipset_is_unknown() -> None:
+    w = nat("""
+:PREROUTING ACCEPT [0:0]
+-A PREROUTING -m set --match-set NOPE dst,dst -j DROP
+""")
+    (res,) = w.walk("PREROUTING", POD)
+    assert res.verdict == "UNKNOWN" and "NOPE" in res.detail
+
+
+def test_mark_arithmetic_or_and_xor_and_set_mark() -> None:
+    w = nat("""
+:PREROUTING ACCEPT [0:0]
+-A PREROUTING -j MARK --or-mark 0x4000
+-A PREROUTING -j MARK --xor-mark 0x1
+-A PREROUTING -j MARK --and-mark 0x4001
+-A PREROUTING -j MARK --set-mark 0x8000/0x8000
+-A PREROUTING -m mark --mark 0xc001 -j DROP
+""")
+    (res,) = w.walk("PREROUTING", POD)
+    assert res.verdict == "DROP"
+
+
+def test_interface_wildcards_and_addrtype() -> None:
+    view = View(local={"10.0.0.10"})
+    w = nat("""
+:PREROUTING ACCEPT [0:0]
+-A PREROUTING -i cni+ -m addrtype --dst-type LOCAL -j DNAT --to-destination 5.5.5.5
+-A PREROUTING ! -i cni+ -j DROP
+""", view)
+    local = Packet("172.16.1.2", "10.0.0.10", dport=30080, in_iface="cni0")
+    assert w.walk("PREROUTING", local)[0].verdict == "DNAT"
+    assert w.walk("PREROUTING", POD)[0].verdict == "ACCEPT"
+    assert w.walk("PREROUTING", Packet("1.1.1.1", "2.2.2.2", in_iface="eth0"))[0].verdict == "DROP"
+
+
+def test_jump_loop_is_reported_not_hung() -> None:
+    w = nat("""
+:PREROUTING ACCEPT [0:0]
+:A - [0:0]
+:B - [0:0]
+-A PREROUTING -j A
+-A A -j B
+-A B -j A
+""")
+    (res,) = w.walk("PREROUTING", POD)
+    assert res.verdict == "UNKNOWN" and "nested jumps" in res.detail
+
+
+def test_undefined_target_is_unknown() -> None:
+    w = nat("""
+:PREROUTING ACCEPT [0:0]
+-A PREROUTING -j KUBE-NOT-THERE
+""")
+    (res,) = w.walk("PREROUTING", POD)
+    assert res.verdict == "UNKNOWN" and "KUBE-NOT-THERE" in res.detail
