@@ -1,0 +1,206 @@
+"""Read IPVS virtual servers from `ipvsadm -Ln` or `ipvsadm -S -n` output.
+
+Firewall-mark services (FWM / ``-f``) are skipped: kube-proxy does not create them, and
+they carry no address to compare with the node's addresses. Addresses must be numeric;
+without ``-n`` ipvsadm prints host and service names that cannot be resolved offline.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+
+from agent.errors import InputError
+from agent.snapshot import IpvsRealServer, IpvsVirtualServer
+
+_LIST_PROTOCOLS = {"TCP": "TCP", "UDP": "UDP", "SCTP": "SCTP"}
+_SAVE_PROTOCOLS = {
+    "-t": "TCP", "--tcp-service": "TCP",
+    "-u": "UDP", "--udp-service": "UDP",
+    "--sctp-service": "SCTP",
+}
+_SAVE_FWMARK = {"-f", "--fwmark-service"}
+_SAVE_FORWARD = {
+    "-m": "Masq", "--masquerading": "Masq",
+    "-g": "Route", "--gatewaying": "Route",
+    "-i": "Tunnel", "--ipip": "Tunnel",
+}
+_FORWARD_NAMES = {"Masq", "Route", "Tunnel", "Local", "Bypass"}
+_SERVICE_LINE = re.compile(r"^(TCP|UDP|SCTP|FWM)\s+(\S+)\s+(\S+)(?:\s.*)?$")
+_REAL_LINE = re.compile(r"^->\s+(\S+)\s+(\S+)\s+([0-9]+)(?:\s.*)?$")
+_SCHEDULER = re.compile(r"^[a-z][a-z0-9_-]*$")
+# ipvsadm's default scheduler when -A has no -s (`ipvsadm -S` always prints one).
+_DEFAULT_SCHEDULER = "wlc"
+
+
+@dataclass
+class _Service:
+    protocol: str
+    address: str
+    port: int
+    scheduler: str
+    reals: list[IpvsRealServer] = field(default_factory=list)
+
+
+def parse_ipvsadm(text: str, source: str = "ipvsadm.txt") -> tuple[IpvsVirtualServer, ...]:
+    """Parse `ipvsadm -Ln` or `ipvsadm -S -n`; a table with only its headers is empty."""
+    services: dict[tuple[str, str, int], _Service] = {}
+    current: _Service | None = None
+    in_fwmark = False  # real servers of a skipped FWM service are skipped too
+    for lineno, raw in enumerate(text.split("\n"), 1):
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("-"):
+            if line.startswith("->"):
+                if line.split()[1:2] == ["RemoteAddress:Port"]:
+                    continue  # the column header
+                if in_fwmark:
+                    continue
+                if current is None:
+                    raise InputError(source, lineno,
+                                     "real server line before any virtual server line")
+                current.reals.append(_list_real(line, source, lineno))
+                continue
+            _save_line(line, services, source, lineno)
+            continue
+        if line.startswith("IP Virtual Server version") or line.startswith("Prot "):
+            continue  # headers are optional: `ipvsadm -Ln | tail -n +4` is fine too
+        m = _SERVICE_LINE.match(line)
+        if not m:
+            raise InputError(source, lineno,
+                             f"not an `ipvsadm -Ln` or `ipvsadm -S -n` line: {_short(line)!r}")
+        prot, addrport, scheduler = m.groups()
+        if prot == "FWM":
+            in_fwmark, current = True, None
+            continue
+        in_fwmark = False
+        address, port = _addr_port(addrport, source, lineno)
+        _check_scheduler(scheduler, source, lineno)
+        key = (_LIST_PROTOCOLS[prot], address, port)
+        current = services.setdefault(key, _Service(*key, scheduler))
+    return tuple(
+        IpvsVirtualServer(s.protocol, s.address, s.port, s.scheduler,
+                          tuple(sorted(s.reals, key=lambda r: (r.address, r.port))))
+        for _, s in sorted(services.items(), key=lambda kv: kv[0])
+    )
+
+
+def _list_real(line: str, source: str, lineno: int) -> IpvsRealServer:
+    m = _REAL_LINE.match(line)
+    if not m:
+        raise InputError(source, lineno, f"bad real server line {_short(line)!r}")
+    addrport, forward, weight = m.groups()
+    if forward not in _FORWARD_NAMES:
+        raise InputError(source, lineno, f"unknown forwarding method {_short(forward)!r}")
+    address, port = _addr_port(addrport, source, lineno)
+    return IpvsRealServer(address, port, forward, int(weight))
+
+
+def _save_line(line: str, services: dict[tuple[str, str, int], _Service],
+               source: str, lineno: int) -> None:
+    tokens = line.split()
+    command = tokens[0]
+    if command not in ("-A", "--add-service", "-a", "--add-server"):
+        raise InputError(source, lineno,
+                         f"expected an `ipvsadm -S` line ('-A ...' or '-a ...'), "
+                         f"got {_short(line)!r}")
+    protocol: str | None = None
+    service: str | None = None
+    fwmark = False
+    scheduler = _DEFAULT_SCHEDULER
+    real: str | None = None
+    forward = "Route"  # ipvsadm's default forwarding method is direct routing
+    weight = 1
+    i = 1
+    while i < len(tokens):
+        opt = tokens[i]
+        arg = tokens[i + 1] if i + 1 < len(tokens) else None
+        takes_arg = True
+        if opt in _SAVE_PROTOCOLS:
+            protocol, service = _SAVE_PROTOCOLS[opt], arg
+        elif opt in _SAVE_FWMARK:
+            fwmark = True
+        elif opt in ("-s", "--scheduler"):
+            scheduler = arg or ""
+            _check_scheduler(scheduler, source, lineno)
+        elif opt in ("-r", "--real-server"):
+            real = arg
+        elif opt in ("-w", "--weight"):
+            if arg is None or not (arg.isascii() and arg.isdigit()):
+                raise InputError(source, lineno, f"bad weight {arg!r}")
+            weight = int(arg)
+        elif opt in _SAVE_FORWARD:
+            forward = _SAVE_FORWARD[opt]
+            takes_arg = False
+        elif opt.startswith("-"):
+            # Other options (-p TIMEOUT, -M MASK, -o, --pe NAME, -b FLAGS, -x/-y, tunnel
+            # settings) do not matter here. Skip a following non-option word as their value.
+            takes_arg = arg is not None and not arg.startswith("-")
+        else:
+            raise InputError(source, lineno, f"unexpected word {_short(opt)!r}")
+        if takes_arg:
+            if arg is None:
+                raise InputError(source, lineno, f"option {opt} needs a value")
+            i += 1
+        i += 1
+    if fwmark:
+        return
+    if protocol is None or service is None:
+        raise InputError(source, lineno, "no service address (-t, -u or --sctp-service)")
+    address, port = _addr_port(service, source, lineno)
+    key = (protocol, address, port)
+    if command in ("-A", "--add-service"):
+        if real is not None:
+            raise InputError(source, lineno, "-A (add service) with a real server -r")
+        svc = services.setdefault(key, _Service(*key, scheduler))
+        svc.scheduler = scheduler
+        return
+    if real is None:
+        raise InputError(source, lineno, "-a (add real server) without -r")
+    svc = services.get(key)
+    if svc is None:
+        raise InputError(source, lineno,
+                         f"real server for {protocol} {service} before that service's -A line")
+    raddr, rport = _addr_port(real, source, lineno, default_port=port)
+    svc.reals.append(IpvsRealServer(raddr, rport, forward, weight))
+
+
+def _addr_port(text: str, source: str, lineno: int,
+               default_port: int | None = None) -> tuple[str, int]:
+    """"10.0.0.5:80" / "[fd00::1]:80" -> (address, port), both checked."""
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep:
+            raise InputError(source, lineno, f"bad address {_short(text)!r}")
+        port_text = rest[1:] if rest.startswith(":") else None
+        if rest and port_text is None:
+            raise InputError(source, lineno, f"bad address {_short(text)!r}")
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    else:
+        host, port_text = text, None  # a bare address (only valid for -r)
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        raise InputError(source, lineno,
+                         f"{_short(host)!r} is not a numeric address "
+                         "(use `ipvsadm -Ln` / `ipvsadm -S -n`)") from None
+    if port_text is None:
+        if default_port is None:
+            raise InputError(source, lineno, f"address {_short(text)!r} has no port")
+        return str(address), default_port
+    if not port_text.isdigit() or not port_text.isascii() or int(port_text) > 65535:
+        raise InputError(source, lineno,
+                         f"{_short(port_text)!r} is not a numeric port (use -n)")
+    return str(address), int(port_text)
+
+
+def _check_scheduler(name: str, source: str, lineno: int) -> None:
+    if not _SCHEDULER.match(name):
+        raise InputError(source, lineno, f"bad scheduler name {_short(name)!r}")
+
+
+def _short(text: str, n: int = 80) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."

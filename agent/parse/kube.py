@@ -1,0 +1,311 @@
+"""Read Services, the Node and Ingresses from `kubectl get ... -o json` documents.
+
+Only the fields the loop-back diagnosis needs are read. JSON shape errors name the file
+and the path inside the document ("items[3].spec.ports[0].port"); the line is not known
+once the JSON is decoded, so it is given only for syntax errors.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agent.errors import InputError
+from agent.snapshot import (
+    Ingress,
+    IngressBackend,
+    LoadBalancerIngress,
+    NodeInfo,
+    Service,
+    ServicePort,
+)
+
+
+def load_json(text: str, source: str) -> dict[str, Any]:
+    """Decode a JSON object; syntax errors become InputError with their line."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(source, e.lineno, f"bad JSON: {e.msg}") from None
+    except (ValueError, RecursionError) as e:
+        # Too deeply nested, or an integer too long to convert.
+        raise InputError(source, None, f"bad JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise InputError(source, 1, f"expected a JSON object, got a {_json_type(data)}")
+    return data
+
+
+def parse_services(doc: dict[str, Any], source: str = "services.json") -> tuple[Service, ...]:
+    """A Service List (`kubectl get svc -A -o json`) or a single Service object."""
+    services = [_service(item, path, source)
+                for item, path in _items(doc, "Service", source)]
+    return tuple(sorted(services, key=lambda s: s.key))
+
+
+def parse_node(doc: dict[str, Any], source: str = "node.json") -> NodeInfo:
+    """A Node object (`kubectl get node NAME -o json`), or a List holding exactly one."""
+    items = _items(doc, "Node", source)
+    if len(items) != 1:
+        raise InputError(source, None, f"expected one Node, found {len(items)}")
+    node, path = items[0]
+    name = _req_str(node, "metadata", "name", path=path, source=source)
+    spec = _obj(node, "spec", path, source)
+    cidrs = _str_list(spec, "podCIDRs", f"{path}spec.", source)
+    if not cidrs:
+        # Older clusters and single-stack nodes may only fill the singular field.
+        single = _opt_str(spec, "podCIDR", f"{path}spec.", source)
+        cidrs = (single,) if single else ()
+    status = _obj(node, "status", path, source)
+    ips = []
+    for i, addr in enumerate(_list(status, "addresses", f"{path}status.", source)):
+        where = f"{path}status.addresses[{i}]."
+        if not isinstance(addr, dict):
+            raise InputError(source, None, f"{where[:-1]}: expected an object")
+        if _opt_str(addr, "type", where, source) == "InternalIP":
+            ip = _opt_str(addr, "address", where, source)
+            if ip:
+                ips.append(ip)
+    return NodeInfo(name, cidrs, tuple(ips))
+
+
+def parse_ingresses(doc: dict[str, Any],
+                    source: str = "ingresses.json") -> tuple[Ingress, ...]:
+    """An Ingress List (`kubectl get ingress -A -o json`) or a single Ingress object."""
+    ingresses = [_ingress(item, path, source)
+                 for item, path in _items(doc, "Ingress", source)]
+    return tuple(sorted(ingresses, key=lambda i: i.key))
+
+
+# --- objects ----------------------------------------------------------------------------
+
+
+def _service(item: dict[str, Any], path: str, source: str) -> Service:
+    namespace, name = _ns_name(item, path, source)
+    meta = _obj(item, "metadata", path, source)
+    spec = _obj(item, "spec", path, source)
+    sp = f"{path}spec."
+    cluster_ip = _opt_str(spec, "clusterIP", sp, source)
+    if cluster_ip in ("", "None"):
+        cluster_ip = None  # headless Service: there is no virtual IP to bind or route
+    raw_annotations = meta.get("annotations") or {}
+    if not isinstance(raw_annotations, dict):
+        raise InputError(source, None, f"{path}metadata.annotations: expected an object")
+    # Only string values are real annotations; anything else is a malformed object,
+    # skipped rather than fatal since annotations are hints, not evidence.
+    annotations = {k: v for k, v in raw_annotations.items()
+                   if isinstance(k, str) and isinstance(v, str)}
+    ports = []
+    for i, port in enumerate(_list(spec, "ports", sp, source)):
+        where = f"{sp}ports[{i}]."
+        if not isinstance(port, dict):
+            raise InputError(source, None, f"{where[:-1]}: expected an object")
+        ports.append(ServicePort(
+            port=_req_int(port, "port", where, source),
+            protocol=_opt_str(port, "protocol", where, source) or "TCP",
+            node_port=_opt_int(port, "nodePort", where, source),
+            name=_opt_str(port, "name", where, source) or None,
+        ))
+    status = _obj(item, "status", path, source)
+    lb = _obj(status, "loadBalancer", f"{path}status.", source)
+    lb_ingress = []
+    for i, ing in enumerate(_list(lb, "ingress", f"{path}status.loadBalancer.", source)):
+        where = f"{path}status.loadBalancer.ingress[{i}]."
+        if not isinstance(ing, dict):
+            raise InputError(source, None, f"{where[:-1]}: expected an object")
+        lb_ingress.append(LoadBalancerIngress(
+            ip=_opt_str(ing, "ip", where, source) or None,
+            hostname=_opt_str(ing, "hostname", where, source) or None,
+            ip_mode=_opt_str(ing, "ipMode", where, source) or None,
+        ))
+    return Service(
+        namespace=namespace,
+        name=name,
+        type=_opt_str(spec, "type", sp, source) or "ClusterIP",
+        cluster_ip=cluster_ip,
+        external_ips=_str_list(spec, "externalIPs", sp, source),
+        lb_ingress=tuple(lb_ingress),
+        external_traffic_policy=_opt_str(spec, "externalTrafficPolicy", sp, source) or None,
+        annotations=annotations,
+        ports=tuple(ports),
+    )
+
+
+def _ingress(item: dict[str, Any], path: str, source: str) -> Ingress:
+    namespace, name = _ns_name(item, path, source)
+    spec = _obj(item, "spec", path, source)
+    sp = f"{path}spec."
+    backends: set[IngressBackend] = set()
+    default = spec.get("defaultBackend", spec.get("backend"))  # "backend": pre-v1 API
+    if default is not None:
+        _add_backend(backends, default, namespace, f"{sp}defaultBackend", source)
+    for r, rule in enumerate(_list(spec, "rules", sp, source)):
+        where = f"{sp}rules[{r}]"
+        if not isinstance(rule, dict):
+            raise InputError(source, None, f"{where}: expected an object")
+        http = _obj(rule, "http", f"{where}.", source)
+        for p, hpath in enumerate(_list(http, "paths", f"{where}.http.", source)):
+            pwhere = f"{where}.http.paths[{p}]"
+            if not isinstance(hpath, dict):
+                raise InputError(source, None, f"{pwhere}: expected an object")
+            if "backend" in hpath:
+                _add_backend(backends, hpath["backend"], namespace, f"{pwhere}.backend",
+                             source)
+    status = _obj(item, "status", path, source)
+    lb = _obj(status, "loadBalancer", f"{path}status.", source)
+    ips = []
+    for i, ing in enumerate(_list(lb, "ingress", f"{path}status.loadBalancer.", source)):
+        where = f"{path}status.loadBalancer.ingress[{i}]."
+        if not isinstance(ing, dict):
+            raise InputError(source, None, f"{where[:-1]}: expected an object")
+        ip = _opt_str(ing, "ip", where, source)
+        if ip:
+            ips.append(ip)
+    return Ingress(
+        namespace=namespace,
+        name=name,
+        ips=tuple(ips),
+        tls=bool(spec.get("tls")),
+        backends=tuple(sorted(backends, key=lambda b: (b.service, b.port or -1,
+                                                       b.port_name or ""))),
+    )
+
+
+def _add_backend(out: set[IngressBackend], backend: Any, namespace: str, where: str,
+                 source: str) -> None:
+    if not isinstance(backend, dict):
+        raise InputError(source, None, f"{where}: expected an object")
+    svc = backend.get("service")
+    if svc is not None:  # networking.k8s.io/v1
+        if not isinstance(svc, dict):
+            raise InputError(source, None, f"{where}.service: expected an object")
+        name = _req_str(svc, "name", path=f"{where}.service.", source=source)
+        port = _obj(svc, "port", f"{where}.service.", source)
+        out.add(IngressBackend(f"{namespace}/{name}",
+                               _opt_int(port, "number", f"{where}.service.port.", source),
+                               _opt_str(port, "name", f"{where}.service.port.", source)
+                               or None))
+        return
+    if "serviceName" in backend:  # extensions/v1beta1: serviceName + servicePort
+        name = _req_str(backend, "serviceName", path=f"{where}.", source=source)
+        sport = backend.get("servicePort")
+        if isinstance(sport, int) and not isinstance(sport, bool):
+            out.add(IngressBackend(f"{namespace}/{name}", sport, None))
+        elif isinstance(sport, str) or sport is None:
+            out.add(IngressBackend(f"{namespace}/{name}", None, sport or None))
+        else:
+            raise InputError(source, None, f"{where}.servicePort: expected a number or name")
+    # A resource backend (spec.rules[].http.paths[].backend.resource) is no Service.
+
+
+# --- document shape helpers -------------------------------------------------------------
+
+
+def _items(doc: Any, kind: str, source: str) -> list[tuple[dict[str, Any], str]]:
+    """The objects of a List (with their path for messages), or the single object."""
+    if not isinstance(doc, dict):
+        raise InputError(source, None, f"expected a JSON object, got a {_json_type(doc)}")
+    doc_kind = doc.get("kind")
+    if isinstance(doc_kind, str) and doc_kind.endswith("List") \
+            and doc_kind not in ("List", f"{kind}List"):
+        # Items of a typed list (PodList, ...) need not repeat their kind: check here.
+        raise InputError(source, None, f"expected a {kind}List or List, got a {_short(doc_kind)}")
+    if "items" in doc or doc_kind in ("List", f"{kind}List"):
+        items = doc.get("items")
+        if items is None:
+            items = []  # kubectl omits "items" when there are none
+        if not isinstance(items, list):
+            raise InputError(source, None, "items: expected a list")
+        out = []
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise InputError(source, None, f"items[{i}]: expected an object")
+            item_kind = item.get("kind")
+            if item_kind is not None and item_kind != kind:
+                raise InputError(source, None,
+                                 f"items[{i}]: expected a {kind}, got a {_short(item_kind)}")
+            out.append((item, f"items[{i}]."))
+        return out
+    if doc_kind != kind:
+        raise InputError(source, None,
+                         f"expected a {kind} or a List of them, got kind "
+                         f"{_short(doc_kind) if doc_kind is not None else 'missing'}")
+    return [(doc, "")]
+
+
+def _ns_name(item: dict[str, Any], path: str, source: str) -> tuple[str, str]:
+    meta = _obj(item, "metadata", path, source)
+    name = _req_str(meta, "name", path=f"{path}metadata.", source=source)
+    # Cluster-scoped reads and hand-trimmed files may leave namespace out.
+    namespace = _opt_str(meta, "namespace", f"{path}metadata.", source) or "default"
+    return namespace, name
+
+
+def _obj(parent: dict[str, Any], key: str, path: str, source: str) -> dict[str, Any]:
+    value = parent.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InputError(source, None, f"{path}{key}: expected an object")
+    return value
+
+
+def _list(parent: dict[str, Any], key: str, path: str, source: str) -> list[Any]:
+    value = parent.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InputError(source, None, f"{path}{key}: expected a list")
+    return value
+
+
+def _str_list(parent: dict[str, Any], key: str, path: str, source: str) -> tuple[str, ...]:
+    values = _list(parent, key, path, source)
+    for i, v in enumerate(values):
+        if not isinstance(v, str):
+            raise InputError(source, None, f"{path}{key}[{i}]: expected a string")
+    return tuple(values)
+
+
+def _opt_str(parent: dict[str, Any], key: str, path: str, source: str) -> str | None:
+    value = parent.get(key)
+    if value is not None and not isinstance(value, str):
+        raise InputError(source, None, f"{path}{key}: expected a string")
+    return value
+
+
+def _req_str(parent: dict[str, Any], *keys: str, path: str, source: str) -> str:
+    """A non-empty string at parent[keys[0]][keys[1]]..."""
+    value: Any = parent
+    for key in keys[:-1]:
+        value = _obj(value, key, path, source)
+        path = f"{path}{key}."
+    result = _opt_str(value, keys[-1], path, source)
+    if not result:
+        raise InputError(source, None, f"{path}{keys[-1]}: missing")
+    return result
+
+
+def _opt_int(parent: dict[str, Any], key: str, path: str, source: str) -> int | None:
+    value = parent.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InputError(source, None, f"{path}{key}: expected an integer")
+    return value
+
+
+def _req_int(parent: dict[str, Any], key: str, path: str, source: str) -> int:
+    value = _opt_int(parent, key, path, source)
+    if value is None:
+        raise InputError(source, None, f"{path}{key}: missing")
+    return value
+
+
+def _json_type(value: Any) -> str:
+    return {list: "list", str: "string", bool: "boolean", int: "number",
+            float: "number"}.get(type(value), "null")
+
+
+def _short(value: Any, n: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= n else text[: n - 3] + "..."

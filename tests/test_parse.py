@@ -1,0 +1,512 @@
+"""Parsers of node-tool and kubectl output (agent.parse).
+
+The ipset, ip addr/route and sysctl samples in tests/data/parse/ are real output, made
+by tests/data/parse/generate.sh inside a throwaway network namespace. The ipvsadm
+samples are hand-written: the kernel the samples were made on has no IP_VS, so ipvsadm
+cannot list anything there.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.errors import InputError
+from agent.parse import (
+    load_json,
+    parse_addresses,
+    parse_ingresses,
+    parse_ipsets,
+    parse_ipvsadm,
+    parse_local_routes,
+    parse_node,
+    parse_services,
+    parse_sysctls,
+)
+from agent.snapshot import (
+    Address,
+    IngressBackend,
+    IpSet,
+    IpvsRealServer,
+    IpvsVirtualServer,
+    LoadBalancerIngress,
+    ServicePort,
+)
+
+DATA = Path(__file__).parent / "data" / "parse"
+
+
+def sample(name: str) -> str:
+    return (DATA / name).read_text(encoding="utf-8")
+
+
+def raises_at(source: str, line: int | None) -> Any:
+    """pytest.raises for an InputError whose text starts with SOURCE:LINE: ."""
+    where = f"{source}:{line}: " if line is not None else f"{source}: "
+    return pytest.raises(InputError, match="^" + where.replace(".", r"\."))
+
+
+# --- ipset ---------------------------------------------------------------------------------
+
+
+def test_ipset_save_and_list_agree() -> None:
+    saved = parse_ipsets(sample("ipset-save.txt"))
+    listed = parse_ipsets(sample("ipset-list.txt"))
+    assert saved == listed
+    assert [s.name for s in saved] == sorted(s.name for s in saved)
+
+
+def test_ipset_members_canonical() -> None:
+    sets = {s.name: s for s in parse_ipsets(sample("ipset-list.txt"))}
+    assert sets["KUBE-CLUSTER-IP"] == IpSet(
+        "KUBE-CLUSTER-IP", "hash:ip,port",
+        ("10.96.0.1,tcp:443", "10.96.0.10,tcp:53", "10.96.0.10,udp:53"))
+    assert sets["KUBE-LOAD-BALANCER-LOCAL"].members == ("203.0.113.10,tcp:80",)
+    # bitmap:port members are printed as bare port numbers by both save and list.
+    assert sets["KUBE-NODE-PORT-TCP"] == IpSet("KUBE-NODE-PORT-TCP", "bitmap:port",
+                                                ("30080", "31443"))
+    assert sets["KUBE-LOOP-BACK"].members == ("10.244.1.5,tcp:8080,10.244.1.5",)
+    assert sets["KUBE-LOAD-BALANCER-SOURCE-CIDR"].members == (
+        "203.0.113.10,tcp:80,198.51.100.0/24",)
+    assert sets["KUBE-NET"].members == ("10.0.0.0/8 nomatch", "10.244.0.0/16")
+    # timeout / counters / comment are dropped, nomatch is kept wherever it appears.
+    assert sets["TEST-IPS"].members == ("10.0.0.7", "10.0.0.8")
+    assert sets["TEST-NOMATCH-OPTS"].members == ("192.0.2.0/24 nomatch",)
+    assert sets["TEST-EMPTY"] == IpSet("TEST-EMPTY", "hash:ip", ())
+    assert sets["TEST-V6"].members == ("fd00::1,tcp:80",)
+
+
+def test_ipset_empty_file_is_no_sets() -> None:
+    assert parse_ipsets("") == ()
+    assert parse_ipsets("\n\n") == ()
+
+
+def test_ipset_comment_with_option_words() -> None:
+    text = ('create S hash:ip family inet comment\n'
+            'add S 10.0.0.1 comment "nomatch timeout"\n')
+    assert parse_ipsets(text)[0].members == ("10.0.0.1",)
+
+
+@pytest.mark.parametrize(("text", "line"), [
+    ("create\n", 1),
+    ("create S hash:ip\nadd T 10.0.0.1\n", 2),
+    ("create S hash:ip\nadd S 10.0.0.300\n", 2),
+    ("create S hash:ip,port\nadd S 10.0.0.1\n", 2),
+    ("create S hash:ip\ncreate S hash:ip\n", 2),
+    ("create S hash:ip\nflush S\n", 2),
+    ("create S nosuchtype\n", 1),
+    ("Name: S\nType: hash:ip\nHeader: family inet\n", 1),
+    ("Name: S\nType: hash:ip\nMembers:\n10.0.0.1\n\nbogus\n", 6),
+    ("Name: S\nMembers:\n", 2),
+    ("Name: S\nType: hash:ip\nNumber of entries: 2\nMembers:\n10.0.0.1\n", 5),
+    ("hello world\n", 1),
+])
+def test_ipset_errors(text: str, line: int) -> None:
+    with raises_at("ipset.txt", line):
+        parse_ipsets(text)
+
+
+def test_ipset_list_truncated_in_members() -> None:
+    lines = sample("ipset-list.txt").splitlines()
+    # KUBE-CLUSTER-IP (the first set) announces 3 entries; keep only the first one.
+    cut = lines.index("Members:") + 2
+    with raises_at("ipset.txt", cut):
+        parse_ipsets("\n".join(lines[:cut]) + "\n")
+
+
+def test_ipset_save_truncated_mid_member() -> None:
+    text = sample("ipset-save.txt")
+    cut = text.index("10.244.1.5,tcp:8080,10.244.1.5") + len("10.244.1.5,tcp:8")
+    line = text[:cut].count("\n") + 1
+    with raises_at("ipset.txt", line):
+        parse_ipsets(text[:cut])
+
+
+# --- ipvsadm -------------------------------------------------------------------------------
+
+
+def test_ipvsadm_list_and_save_agree() -> None:
+    listed = parse_ipvsadm(sample("ipvsadm-Ln.txt"))
+    saved = parse_ipvsadm(sample("ipvsadm-S.txt"))
+    assert listed == saved
+    keys = [(v.protocol, v.address, v.port) for v in listed]
+    assert keys == sorted(keys)
+    by_key = {(v.protocol, v.address, v.port): v for v in listed}
+    assert by_key["TCP", "10.0.0.10", 30080].real_servers == (
+        IpvsRealServer("10.244.1.5", 8080, "Masq", 1),
+        IpvsRealServer("10.244.2.7", 8080, "Masq", 1))
+    assert by_key["TCP", "10.0.0.10", 30443].real_servers == ()
+    assert by_key["TCP", "198.51.100.7", 80] == IpvsVirtualServer(
+        "TCP", "198.51.100.7", 80, "wrr",
+        (IpvsRealServer("192.0.2.20", 80, "Route", 5),
+         IpvsRealServer("192.0.2.21", 80, "Tunnel", 2)))
+    assert by_key["UDP", "10.96.0.10", 53].real_servers[0].address == "10.244.1.3"
+    assert by_key["TCP", "fd00::10", 80].real_servers == (
+        IpvsRealServer("fd00:244::5", 8080, "Masq", 1),)
+    # The FWM service (and its real server) is skipped.
+    assert all(v.port != 100 for v in listed)
+    assert len(listed) == 8
+
+
+def test_ipvsadm_headers_only_is_empty() -> None:
+    assert parse_ipvsadm(sample("ipvsadm-empty.txt")) == ()
+    assert parse_ipvsadm("") == ()
+
+
+def test_ipvsadm_local_forward_and_sctp() -> None:
+    text = ("SCTP 10.0.0.5:9999 sh\n"
+            "  -> 10.0.0.10:9999   Local 1 0 0\n")
+    assert parse_ipvsadm(text) == (
+        IpvsVirtualServer("SCTP", "10.0.0.5", 9999, "sh",
+                          (IpvsRealServer("10.0.0.10", 9999, "Local", 1),)),)
+    saved = ("-A --sctp-service 10.0.0.5:9999 -s sh\n"
+             "-a --sctp-service 10.0.0.5:9999 -r 10.0.0.10 -g\n")
+    assert parse_ipvsadm(saved)[0].real_servers == (
+        IpvsRealServer("10.0.0.10", 9999, "Route", 1),)
+
+
+@pytest.mark.parametrize(("text", "line"), [
+    ("TCP  kubernetes:https rr\n", 1),
+    ("  -> 10.0.0.1:80 Masq 1 0 0\n", 1),
+    ("TCP  10.0.0.1:80 rr\n  -> 10.0.0.2:80 Bogus 1 0 0\n", 2),
+    ("TCP  10.0.0.1:80 rr\n  -> 10.0.0.2:80 Masq\n", 2),
+    ("TCP  10.0.0.1:99999 rr\n", 1),
+    ("TCP  [fd00::1:80 rr\n", 1),
+    ("-a -t 10.0.0.1:80 -r 10.0.0.2:80 -m -w 1\n", 1),
+    ("-A -t 10.0.0.1:80 -s rr\n-a -t 10.0.0.1:80 -m -w 1\n", 2),
+    ("-A -s rr\n", 1),
+    ("-A -t 10.0.0.1:80 -s\n", 1),
+    ("-X -t 10.0.0.1:80\n", 1),
+    ("IP Virtual Server version 1.2.1 (size=4096)\nwhat is this\n", 2),
+])
+def test_ipvsadm_errors(text: str, line: int) -> None:
+    with raises_at("ipvsadm.txt", line):
+        parse_ipvsadm(text)
+
+
+# --- local routes --------------------------------------------------------------------------
+
+
+def test_local_routes_text_and_json_agree() -> None:
+    text = parse_local_routes(sample("route-local.txt"))
+    js = parse_local_routes(sample("route-local.json"))
+    assert text == js
+    by_dst = {r.dst: r for r in text}
+    vip = by_dst["203.0.113.10"]
+    assert (vip.type, vip.dev, vip.src) == ("local", "kube-ipvs0", "203.0.113.10")
+    assert vip.line == "local 203.0.113.10 dev kube-ipvs0 proto kernel scope host src 203.0.113.10"
+    assert by_dst["127.0.0.0/8"].dev == "lo"
+    assert by_dst["10.0.0.255"].type == "broadcast"
+    keys = [(r.type, r.dst, r.dev) for r in text]
+    assert keys == sorted(keys)
+
+
+def test_local_routes_ipv6_and_flags() -> None:
+    text = ("local ::1 dev lo table local proto kernel metric 0 pref medium\n"
+            "local 10.0.0.5 dev eth0 proto kernel scope host src 10.0.0.5 linkdown\n")
+    routes = parse_local_routes(text)
+    assert [(r.dst, r.dev, r.src) for r in routes] == [("10.0.0.5", "eth0", "10.0.0.5"),
+                                                      ("::1", "lo", None)]
+
+
+@pytest.mark.parametrize(("text", "line"), [
+    ("", None),
+    ("\n  \n", None),
+    ("local 10.0.0.5 dev eth0\nlocal banana dev eth0\n", 2),
+    ("local 10.0.0.5 dev eth0 src 10.0.0.x\n", 1),
+    ("local 10.0.0.5 dev\n", 1),
+    ("local\n", 1),
+    ("[]", None),
+    ("[{\"type\": \"local\"}]", 1),
+    ("[{\"type\": \"local\", \"dst\": 5}]", 1),
+    ("[\n{\"type\": \"local\",\n \"dst\": \"10.0.0.5\"", 3),
+])
+def test_local_routes_errors(text: str, line: int | None) -> None:
+    with raises_at("route-local.txt", line):
+        parse_local_routes(text)
+
+
+# --- addresses -----------------------------------------------------------------------------
+
+
+def test_addresses_text_and_json_agree() -> None:
+    text = parse_addresses(sample("addr.txt"))
+    js = parse_addresses(sample("addr.json"))
+    assert text == js
+    ipvs = [a for a in text if a.ifname == "kube-ipvs0"]
+    # kube-ipvs0 is DOWN (no UP flag) but holds the VIPs as /32 (/128).
+    assert ipvs == [Address("kube-ipvs0", "10.96.0.1", 32, "global", False),
+                    Address("kube-ipvs0", "203.0.113.10", 32, "global", False),
+                    Address("kube-ipvs0", "fd00::5", 128, "global", False)]
+    names = {a.ifname for a in text}
+    assert names == {"lo", "kube-ipvs0", "eth0", "veth1", "eth0.100"}  # no "@peer"
+    assert Address("lo", "127.0.0.1", 8, "host", True) in text
+    assert Address("eth0", "10.0.0.11", 24, "global", True) in text  # labelled eth0:vip
+    assert Address("veth1", "10.1.1.1", 32, "global", True) in text  # peer address
+    assert any(a.scope == "link" and a.address.startswith("fe80:") for a in text)
+    keys = [(a.ifname, 6 if ":" in a.address else 4, a.address) for a in text]
+    assert keys == sorted(keys)
+
+
+@pytest.mark.parametrize(("text", "line"), [
+    ("", None),
+    ("    inet 10.0.0.1/24 scope global eth0\n", 1),
+    ("2: eth0: <UP> mtu 1500\n    inet 10.0.0.1/99 scope global eth0\n", 2),
+    ("2: eth0: <UP> mtu 1500\n    inet fd00::1/64 scope global eth0\n", 2),
+    ("2: eth0: <UP> mtu 1500\n    inet 10.0.0.\n", 2),
+    ("2: eth0: <BROADCAST,MUL", 1),
+    ("Device \"eth9\" does not exist.\n", 1),
+    ("[]", None),
+    ('[{"ifname": "eth0", "flags": ["UP"], "addr_info": [{"local": "x", "prefixlen": 8}]}]', 1),
+    ('[{"ifname": "eth0", "addr_info": 5}]', 1),
+    ('[{"ifname": "eth0"', 1),
+])
+def test_addresses_errors(text: str, line: int | None) -> None:
+    with raises_at("addr.txt", line):
+        parse_addresses(text)
+
+
+# --- sysctl --------------------------------------------------------------------------------
+
+
+def test_sysctls_real_sample() -> None:
+    values = parse_sysctls(sample("sysctl.txt"))
+    assert values["net.ipv4.ip_forward"] == "1"
+    assert values["net.ipv4.conf.eth0.rp_filter"] == "1"
+    assert values["net.ipv4.conf.kube-ipvs0.accept_local"] == "1"
+    assert values["net.ipv4.conf.all.log_martians"] == "1"
+    # eth0.100 is printed by sysctl as eth0/100, and kept that way.
+    assert values["net.ipv4.conf.eth0/100.route_localnet"] == "1"
+    assert all(k == "net.ipv4.ip_forward" or k.rsplit(".", 1)[1] in
+               {"accept_local", "rp_filter", "route_localnet", "log_martians"}
+               for k in values)
+    assert "net.ipv4.ip_forward_update_priority" not in values
+
+
+def test_sysctls_skip_noise() -> None:
+    text = ("sysctl: permission denied on key 'fs.protected_fifos'\n"
+            "net.ipv4.conf.eth0.rp_filter = 2\n"
+            "\x00\x01 garbage\n"
+            "net.ipv4.tcp_rmem = 4096\t131072\t6291456\n"
+            "net.ipv4.conf.lo.accept_local=1\n")
+    assert parse_sysctls(text) == {"net.ipv4.conf.eth0.rp_filter": "2",
+                                   "net.ipv4.conf.lo.accept_local": "1"}
+
+
+@pytest.mark.parametrize("text", ["", "sysctl: permission denied on key 'x'\n", "\x7fELF\x02"])
+def test_sysctls_nothing_usable(text: str) -> None:
+    with raises_at("sysctl.txt", None):
+        parse_sysctls(text)
+
+
+# --- kubectl JSON --------------------------------------------------------------------------
+
+
+def kube(name: str) -> dict[str, Any]:
+    return load_json(sample(name), name)
+
+
+def test_services() -> None:
+    services = {s.key: s for s in parse_services(kube("services.json"), "services.json")}
+    assert list(services) == sorted(services)
+    web = services["shop/web"]
+    assert web.type == "LoadBalancer"
+    assert web.cluster_ip == "10.96.12.34"
+    assert web.external_traffic_policy == "Local"
+    assert web.lb_ingress == (LoadBalancerIngress(ip="203.0.113.10", ip_mode="VIP"),)
+    assert web.annotations["service.cloud.tencent.com/prevent-loopback"] == "true"
+    assert web.ports == (ServicePort(80, "TCP", 30080, "http"),
+                         ServicePort(443, "TCP", 30443, "https"))
+    api = services["shop/api"]
+    assert api.external_ips == ("198.51.100.9",)
+    assert api.lb_ingress == (LoadBalancerIngress(hostname="api.example.com"),
+                              LoadBalancerIngress(ip="203.0.113.11", ip_mode="Proxy"))
+    assert api.ports == (ServicePort(53, "UDP", 31053, None),)
+    assert services["shop/db"].cluster_ip is None  # headless
+    assert services["default/kubernetes"].type == "ClusterIP"
+
+
+def test_single_service_object() -> None:
+    doc = {"kind": "Service", "metadata": {"name": "a", "namespace": "n"},
+           "spec": {"ports": [{"port": 80}]}}
+    (svc,) = parse_services(doc, "svc.json")
+    assert (svc.key, svc.ports) == ("n/a", (ServicePort(80),))
+
+
+def test_node() -> None:
+    node = parse_node(kube("node.json"), "node.json")
+    assert node.name == "node-1"
+    assert node.pod_cidrs == ("10.244.1.0/24", "fd00:244:1::/64")
+    assert node.internal_ips == ("10.0.0.10", "2001:db8::10")
+    old = {"kind": "Node", "metadata": {"name": "n"}, "spec": {"podCIDR": "10.244.2.0/24"}}
+    assert parse_node(old, "node.json").pod_cidrs == ("10.244.2.0/24",)
+
+
+def test_ingresses() -> None:
+    ings = {i.key: i for i in parse_ingresses(kube("ingresses.json"), "ingresses.json")}
+    shop = ings["shop/shop"]
+    assert shop.ips == ("203.0.113.20",)
+    assert shop.tls is True
+    assert shop.backends == (IngressBackend("shop/api", 53, None),
+                             IngressBackend("shop/web", None, "http"),
+                             IngressBackend("shop/web", 80, None))
+    assert ings["blog/blog"].tls is False
+    assert ings["blog/blog"].backends == (IngressBackend("blog/blog", 8080, None),)
+
+
+def test_ingress_old_api() -> None:
+    doc = {"kind": "Ingress", "metadata": {"name": "i", "namespace": "n"},
+           "spec": {"backend": {"serviceName": "s", "servicePort": 80},
+                    "rules": [{"http": {"paths": [
+                        {"backend": {"serviceName": "t", "servicePort": "web"}}]}}]}}
+    (ing,) = parse_ingresses(doc, "ingresses.json")
+    assert ing.backends == (IngressBackend("n/s", 80, None), IngressBackend("n/t", None, "web"))
+
+
+def test_load_json_errors() -> None:
+    with raises_at("services.json", 3):
+        load_json('{\n  "kind": "List",\n  "items": [,]\n}', "services.json")
+    with raises_at("services.json", 1):
+        load_json("[1, 2]", "services.json")
+    with raises_at("services.json", 1):
+        load_json("", "services.json")
+    with pytest.raises(InputError, match=r"^services\.json"):
+        load_json("[" * 100000, "services.json")
+
+
+@pytest.mark.parametrize(("parser", "doc", "needle"), [
+    (parse_services, {"kind": "List", "items": {}}, "items: expected a list"),
+    (parse_services, {"kind": "List", "items": [{"kind": "Pod"}]}, "expected a Service"),
+    (parse_services, {"kind": "Pod"}, "expected a Service"),
+    (parse_services, {"kind": "PodList", "items": [{}]}, "expected a ServiceList or List"),
+    (parse_services, {"items": [{"metadata": {}}]}, "metadata.name: missing"),
+    (parse_services, {"items": [{"metadata": {"name": "a"}, "spec": {"ports": [{}]}}]},
+     "items[0].spec.ports[0].port: missing"),
+    (parse_services, {"items": [{"metadata": {"name": "a"}, "spec": {"ports": [{"port": "80"}]}}]},
+     "expected an integer"),
+    (parse_services, {"items": [{"metadata": {"name": "a"}, "spec": []}]}, "spec: expected"),
+    (parse_node, {"kind": "NodeList", "items": []}, "expected one Node, found 0"),
+    (parse_node, {"kind": "Service", "metadata": {"name": "a"}}, "expected a Node"),
+    (parse_node, {"kind": "Node", "metadata": {"name": "a"}, "status": {"addresses": [1]}},
+     "addresses[0]: expected an object"),
+    (parse_ingresses, {"kind": "List", "items": [{"kind": "Service"}]}, "expected a Ingress"),
+    (parse_ingresses, {"kind": "Ingress", "metadata": {"name": "i"},
+                       "spec": {"rules": [{"http": {"paths": [{"backend": 5}]}}]}},
+     "rules[0].http.paths[0].backend: expected an object"),
+])
+def test_kube_shape_errors(parser: Callable[[dict[str, Any], str], Any],
+                           doc: dict[str, Any], needle: str) -> None:
+    with pytest.raises(InputError) as err:
+        parser(doc, "x.json")
+    assert str(err.value).startswith("x.json: ")
+    assert needle in str(err.value)
+
+
+# --- fuzz: nothing but InputError for bad input ---------------------------------------------
+
+TEXT_PARSERS: list[tuple[Callable[[str, str], Any], list[str]]] = [
+    (parse_ipsets, ["ipset-save.txt", "ipset-list.txt"]),
+    (parse_ipvsadm, ["ipvsadm-Ln.txt", "ipvsadm-S.txt"]),
+    (parse_local_routes, ["route-local.txt", "route-local.json"]),
+    (parse_addresses, ["addr.txt", "addr.json"]),
+    (parse_sysctls, ["sysctl.txt"]),
+]
+
+
+def _kube_services(text: str, source: str) -> Any:
+    return parse_services(load_json(text, source), source)
+
+
+def _kube_node(text: str, source: str) -> Any:
+    return parse_node(load_json(text, source), source)
+
+
+def _kube_ingresses(text: str, source: str) -> Any:
+    return parse_ingresses(load_json(text, source), source)
+
+
+TEXT_PARSERS += [
+    (_kube_services, ["services.json"]),
+    (_kube_node, ["node.json"]),
+    (_kube_ingresses, ["ingresses.json"]),
+]
+
+
+def _fuzz_inputs(base: str, rng: random.Random) -> list[str]:
+    inputs = ["", "\n", "\x00" * 10, "[", "{", "\ufeff", "x" * 1_000_000,
+              "a " * 200_000 + "\n", base.replace("\n", "\r")]
+    for _ in range(30):
+        inputs.append(bytes(rng.randrange(256) for _ in range(rng.randrange(1, 400)))
+                      .decode("latin-1"))
+    for _ in range(60):  # truncated anywhere
+        inputs.append(base[: rng.randrange(len(base))])
+    for _ in range(60):  # one character replaced, or a line dropped/duplicated
+        i = rng.randrange(len(base))
+        inputs.append(base[:i] + rng.choice(":,/[]{}\"' \n-x0.") + base[i + 1:])
+        lines = base.splitlines()
+        j = rng.randrange(len(lines))
+        inputs.append("\n".join(lines[:j] + lines[j + 1:]))
+        inputs.append("\n".join([*lines[:j], lines[j], *lines[j:]]))
+    return inputs
+
+
+@pytest.mark.parametrize(("parser", "names"), TEXT_PARSERS,
+                         ids=[p.__name__ for p, _ in TEXT_PARSERS])
+def test_fuzz_only_input_errors(parser: Callable[[str, str], Any], names: list[str]) -> None:
+    rng = random.Random(1234)
+    for name in names:
+        for text in _fuzz_inputs(sample(name), rng):
+            try:
+                parser(text, "fuzz.txt")
+            except InputError as e:
+                assert str(e).startswith("fuzz.txt")
+                assert e.line is None or e.line >= 1
+            # Any other exception fails the test with its traceback.
+
+
+# --- live: the real tools in a throwaway namespace -----------------------------------------
+
+needs_tools = pytest.mark.skipif(
+    os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "ipset", "sysctl")),
+    reason="needs root, ip, ipset and sysctl")
+
+
+@pytest.mark.netns
+@needs_tools
+def test_live_tools_in_netns() -> None:
+    from agent.lab.netns import netns
+
+    with netns("lbparse") as ns:
+        ns.sh("""
+            ipset create T-PORTS hash:ip,port
+            ipset add T-PORTS 10.0.0.5,tcp:80
+            ipset add T-PORTS 10.0.0.5,udp:53
+            ipset create T-NP bitmap:port range 0-65535
+            ipset add T-NP 30080
+            ipset create T-NET hash:net
+            ipset add T-NET 10.0.0.0/8 nomatch
+            ip link add kube-ipvs0 type bridge
+            ip addr add 10.0.0.5/32 dev kube-ipvs0
+        """)
+        save = parse_ipsets(ns.run("ipset", "save").stdout)
+        listed = parse_ipsets(ns.run("ipset", "list").stdout)
+        assert save == listed == (
+            IpSet("T-NET", "hash:net", ("10.0.0.0/8 nomatch",)),
+            IpSet("T-NP", "bitmap:port", ("30080",)),
+            IpSet("T-PORTS", "hash:ip,port", ("10.0.0.5,tcp:80", "10.0.0.5,udp:53")),
+        )
+        text = parse_addresses(ns.run("ip", "addr", "show").stdout)
+        assert text == parse_addresses(ns.run("ip", "-j", "addr", "show").stdout)
+        assert Address("kube-ipvs0", "10.0.0.5", 32, "global", False) in text
+        routes = parse_local_routes(ns.run("ip", "route", "show", "table", "local").stdout)
+        assert routes == parse_local_routes(
+            ns.run("ip", "-j", "route", "show", "table", "local").stdout)
+        assert any(r.dst == "10.0.0.5" and r.dev == "kube-ipvs0" for r in routes)
+        sysctls = parse_sysctls(ns.run("sysctl", "net.ipv4").stdout)
+        assert "net.ipv4.conf.kube-ipvs0.accept_local" in sysctls
