@@ -30,7 +30,7 @@ lint: venv
 	$(VENV)/bin/ruff check agent tests
 
 bench: deps venv
-	$(PY) -m agent.bench
+	$(PY) tests/bench/check_from.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,163 @@
+"""Optional: Services, this Node and Ingresses from the Kubernetes API.
+
+Uses the official `kubernetes` client (the `kube` extra): in-cluster service account
+when KUBERNETES_SERVICE_HOST is set, else a kubeconfig. Responses are fetched raw
+(`_preload_content=False`) and parsed by agent.parse.kube, the same code that reads a
+bundle's services.json/node.json/ingresses.json, so a live run and a bundle agree.
+The node's facts never depend on this probe: without an API it just says why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agent.errors import InputError
+from agent.probes.base import Probe, ProbeContext, ProbeResult, register, unavailable
+from agent.snapshot import Unknown
+
+SOURCE = "kubernetes API"
+FIELDS = ("services", "node_info", "ingresses")
+DISABLED = "disabled (--no-kube-api)"
+NOT_INSTALLED = "python package 'kubernetes' not installed"
+NOT_CONFIGURED = "not configured: no in-cluster service account and no kubeconfig"
+
+
+@dataclass(frozen=True)
+class RawResponse:
+    """One API read: the body exactly as the server sent it, or why there is none."""
+
+    what: str  # "services" | "node" | "ingresses"
+    body: bytes | None = None
+    error: str | None = None
+
+
+class KubeUnavailable(Exception):
+    """The API cannot be used at all; ``str()`` is the Unknown reason."""
+
+
+def _kubeconfig_candidates(ctx: ProbeContext) -> list[str]:
+    if ctx.kubeconfig:
+        return [ctx.kubeconfig]
+    env = os.environ.get("KUBECONFIG")
+    paths = env.split(os.pathsep) if env else ["~/.kube/config"]
+    return [os.path.expanduser(p) for p in paths if p]
+
+
+def api_client(ctx: ProbeContext) -> Any:
+    """An ApiClient, or KubeUnavailable saying why not."""
+    try:
+        from kubernetes import client, config
+    except ImportError:
+        raise KubeUnavailable(NOT_INSTALLED) from None
+    cfg = client.Configuration()
+    in_cluster_error = None
+    # An explicit --kubeconfig wins; otherwise a pod uses its service account.
+    if not ctx.kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+        except config.ConfigException as exc:
+            in_cluster_error = f"in-cluster config: {exc}"
+        else:
+            return _client(client, cfg)
+    existing = [p for p in _kubeconfig_candidates(ctx) if os.path.isfile(p)]
+    if not existing:
+        if ctx.kubeconfig:
+            raise KubeUnavailable(f"kubeconfig {ctx.kubeconfig} not found")
+        raise KubeUnavailable(in_cluster_error or NOT_CONFIGURED)
+    try:
+        config.load_kube_config(config_file=ctx.kubeconfig, client_configuration=cfg,
+                                persist_config=False)
+    except Exception as exc:  # ConfigException, bad YAML, missing cert files...
+        raise KubeUnavailable(f"kubeconfig {os.pathsep.join(existing)}: {exc}") from None
+    return _client(client, cfg)
+
+
+def _client(client: Any, cfg: Any) -> Any:
+    # urllib3 retries a failed connect 3 times by default: with a dead API server that
+    # multiplies the timeout; one attempt per request keeps the probe within bounds.
+    cfg.retries = 0
+    return client.ApiClient(cfg)
+
+
+def _describe_error(exc: Exception) -> str:
+    status = getattr(exc, "status", None)
+    if status is not None:  # kubernetes.client.ApiException
+        reason = getattr(exc, "reason", "") or ""
+        return f"HTTP {status} {reason}".strip()
+    text = str(exc).strip() or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def fetch_raw(ctx: ProbeContext) -> list[RawResponse]:
+    """Read services, this node and ingresses; raises KubeUnavailable when no API."""
+    from kubernetes import client
+
+    api = api_client(ctx)
+    core = client.CoreV1Api(api)
+    networking = client.NetworkingV1Api(api)
+    opts: dict[str, Any] = {"_preload_content": False, "_request_timeout": ctx.timeout}
+    calls: list[tuple[str, Callable[[], Any] | None]] = [
+        ("services", lambda: core.list_service_for_all_namespaces(**opts)),
+        ("node", (lambda: core.read_node(ctx.node_name, **opts)) if ctx.node_name else None),
+        ("ingresses", lambda: networking.list_ingress_for_all_namespaces(**opts)),
+    ]
+    out = []
+    try:
+        for what, call in calls:
+            if call is None:
+                out.append(RawResponse(what, error="no node name given (--node or NODE_NAME)"))
+                continue
+            try:
+                response = call()
+                out.append(RawResponse(what, body=response.data))
+            except Exception as exc:  # ApiException (403...), urllib3 timeouts, TLS errors
+                out.append(RawResponse(what, error=_describe_error(exc)))
+    finally:
+        api.close()
+    return out
+
+
+def _parse(raw: RawResponse) -> object:
+    from agent.parse.kube import parse_ingresses, parse_node, parse_services
+
+    source = f"{SOURCE} {raw.what}"
+    try:
+        doc = json.loads(raw.body or b"")
+    except ValueError as exc:
+        raise InputError(source, None, f"bad JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InputError(source, None, "expected a JSON object")
+    parser = {"services": parse_services, "node": parse_node,
+              "ingresses": parse_ingresses}[raw.what]
+    return parser(doc, source)
+
+
+def collect(ctx: ProbeContext) -> ProbeResult:
+    if not ctx.use_kube_api:
+        return unavailable(SOURCE, DISABLED, fields=len(FIELDS))
+    try:
+        responses = fetch_raw(ctx)
+    except KubeUnavailable as exc:
+        return unavailable(SOURCE, str(exc), fields=len(FIELDS))
+    except ImportError:
+        return unavailable(SOURCE, NOT_INSTALLED, fields=len(FIELDS))
+    values: list[object] = []
+    unknowns: list[Unknown] = []
+    for raw in responses:
+        if raw.error is not None:
+            values.append(None)
+            unknowns.append(Unknown(SOURCE, f"{raw.what}: {raw.error}"))
+            continue
+        try:
+            values.append(_parse(raw))
+        except (InputError, ImportError) as exc:
+            values.append(None)
+            unknowns.append(Unknown(SOURCE, f"{raw.what}: {exc}"))
+    return ProbeResult(tuple(values), tuple(unknowns))
+
+
+PROBE = register(Probe(name=SOURCE, field=FIELDS, collect=collect))

@@ -1,0 +1,189 @@
+"""The kube-proxy process: its mode, cluster CIDR and masquerade-all setting.
+
+Found through /proc (psutil); a DaemonSet sees it only with hostPID. The config
+file path is inside kube-proxy's mount namespace, so it is read through
+/proc/PID/root. When kube-proxy runs with --config, the file wins over the other
+flags (kube-proxy's Options.Complete replaces the flag-built config with the
+file's), so we do the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import psutil
+
+from agent.probes.base import Probe, ProbeContext, ProbeResult, register, unavailable
+from agent.snapshot import KubeProxy, Unknown
+
+SOURCE = "kube-proxy"
+NOT_FOUND = "no kube-proxy process found"
+
+
+def is_kube_proxy(name: str | None, cmdline: Sequence[str]) -> bool:
+    if name == "kube-proxy":
+        return True
+    if not cmdline:
+        return False
+    exe = os.path.basename(cmdline[0])
+    if exe == "kube-proxy":
+        return True
+    # hyperkube bundles all components: `hyperkube kube-proxy ...` (old: `hyperkube proxy`).
+    return exe == "hyperkube" and len(cmdline) > 1 and cmdline[1] in ("kube-proxy", "proxy")
+
+
+def parse_flags(args: Sequence[str]) -> dict[str, str]:
+    """--name=value / --name value for the flags we care about (pflag syntax)."""
+    valued = {"proxy-mode", "cluster-cidr", "config"}
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if not arg.startswith("--"):
+            continue
+        name, eq, value = arg[2:].partition("=")
+        if name == "masquerade-all":
+            # A pflag bool takes its value only after '=': `--masquerade-all false`
+            # means true plus a stray argument.
+            out[name] = value if eq else "true"
+        elif name in valued:
+            if eq:
+                out[name] = value
+            elif i < len(args):
+                out[name] = args[i]
+                i += 1
+    return out
+
+
+def _bool(value: str | None) -> bool | None:
+    if value is None:
+        return None
+    v = value.strip().strip("\"'").lower()
+    if v in ("true", "1", "t", "yes"):
+        return True
+    if v in ("false", "0", "f", "no"):
+        return False
+    return None
+
+
+def _scalar(raw: str) -> str:
+    """A YAML scalar as written on one line: drop a trailing comment and quotes."""
+    v = raw.strip()
+    if v[:1] in ("'", '"'):
+        quote = v[0]
+        end = v.find(quote, 1)
+        return v[1:end] if end > 0 else v[1:]
+    return v.split(" #", 1)[0].strip()
+
+
+def read_config(text: str) -> dict[str, str]:
+    """mode / clusterCIDR / masqueradeAll from a KubeProxyConfiguration (YAML or JSON).
+
+    A tiny reader on purpose (no YAML dependency): top-level `mode:` and
+    `clusterCIDR:`, and `masqueradeAll:` under `iptables:` (v1alpha1) or `linux:`
+    (newer) or at the top.
+    """
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict):
+        out: dict[str, str] = {}
+        for key in ("mode", "clusterCIDR"):
+            if isinstance(doc.get(key), str):
+                out[key] = doc[key]
+        for section in (doc.get("iptables"), doc.get("linux"), doc):
+            if isinstance(section, dict) and "masqueradeAll" in section:
+                out["masqueradeAll"] = str(section["masqueradeAll"]).lower()
+                break
+        return out
+    out = {}
+    section = ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#") or ":" not in stripped:
+            continue
+        key, _, value = stripped.partition(":")
+        key = key.strip().strip("\"'")
+        if not line[0].isspace():
+            section = key if not value.strip() else ""
+            if key in ("mode", "clusterCIDR", "masqueradeAll"):
+                out.setdefault(key, _scalar(value))
+        elif key == "masqueradeAll" and section in ("iptables", "linux"):
+            out.setdefault(key, _scalar(value))
+    return out
+
+
+def _config_path(pid: int, path: str, cwd: str | None) -> Path:
+    """FILE as kube-proxy sees it -> the same file through /proc/PID/root."""
+    if not os.path.isabs(path):
+        path = os.path.join(cwd or "/", path)
+    return Path(f"/proc/{pid}/root") / path.lstrip("/")
+
+
+def describe(pid: int, cmdline: Sequence[str], cwd: str | None = None,
+             read: Callable[[Path], str] | None = None) -> tuple[KubeProxy, list[Unknown]]:
+    """Build KubeProxy from a process's argv (and its config file, when readable)."""
+    start = 2 if os.path.basename(cmdline[0]) == "hyperkube" else 1
+    flags = parse_flags(cmdline[start:])
+    unknowns: list[Unknown] = []
+    mode = flags.get("proxy-mode")
+    cidr = flags.get("cluster-cidr")
+    masq = _bool(flags.get("masquerade-all"))
+    config_file = flags.get("config")
+    if config_file:
+        path = _config_path(pid, config_file, cwd)
+        try:
+            text = read(path) if read else path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            unknowns.append(Unknown(SOURCE, f"cannot read config {config_file} via {path}: "
+                                    f"{getattr(exc, 'strerror', None) or exc}; "
+                                    "mode/clusterCIDR/masqueradeAll from flags only"))
+        else:
+            conf = read_config(text)
+            # The file replaces the flag-built config: a key absent from it is
+            # kube-proxy's default (reported as None), not the flag's value.
+            mode = conf.get("mode") or None
+            cidr = conf.get("clusterCIDR") or None
+            masq = _bool(conf.get("masqueradeAll"))
+    return KubeProxy(pid=pid, mode=mode or None, cluster_cidr=cidr or None,
+                     masquerade_all=masq, config_file=config_file,
+                     args=tuple(cmdline)), unknowns
+
+
+def find_processes() -> Iterable[psutil.Process]:
+    return psutil.process_iter(["pid", "name", "cmdline"])
+
+
+def collect(ctx: ProbeContext) -> ProbeResult:
+    denied: list[str] = []
+    for proc in sorted(find_processes(), key=lambda p: p.pid):
+        try:
+            info = proc.info  # filled by process_iter; None where access was denied
+            cmdline = info.get("cmdline") or []
+            if not is_kube_proxy(info.get("name"), cmdline):
+                continue
+            if not cmdline:
+                cmdline = proc.cmdline()
+            try:
+                cwd: str | None = proc.cwd()
+            except (psutil.AccessDenied, psutil.ZombieProcess):
+                cwd = None
+        except psutil.NoSuchProcess:
+            continue
+        except psutil.AccessDenied as exc:
+            denied.append(f"kube-proxy pid {proc.pid} found but unreadable: access denied"
+                          f" ({exc.msg or 'no permission'})")
+            continue
+        value, unknowns = describe(proc.pid, cmdline, cwd)
+        return ProbeResult(value, tuple(unknowns))
+    if denied:
+        return unavailable(SOURCE, "; ".join(denied[:3]))
+    return unavailable(SOURCE, NOT_FOUND)
+
+
+PROBE = register(Probe(name=SOURCE, field="kube_proxy", collect=collect))
