@@ -80,7 +80,7 @@ def test_kube_proxy_restore_input_gives_the_same_verdict(tmp_path: Path) -> None
     d = copy_bundle(tmp_path)
     lines = []
     for line in (d / "iptables-save.txt").read_text().splitlines():
-        if line.startswith("#") or line.startswith(":") and "ACCEPT" in line:
+        if line.startswith("#") or (line.startswith(":") and "ACCEPT" in line):
             continue
         if line.startswith(("-A PREROUTING", "-A OUTPUT", "-A POSTROUTING -m comment "
                                                            "--comment \"kubernetes")):
@@ -92,9 +92,13 @@ def test_kube_proxy_restore_input_gives_the_same_verdict(tmp_path: Path) -> None
     r = run("check", "--from", str(d), "--json")
     assert r.returncode == 1, r.stderr
     v = json.loads(r.stdout)
-    assert any("assumed" in a for a in v["context"]["assumed_rules"])
-    assert ("pod-to-lb-not-masqueraded", "10.0.1.100") in {(f["id"], f["lb_ip"])
-                                                           for f in v["findings"]}
+    assumed = v["context"]["assumed_rules"]
+    assert any("PREROUTING -> KUBE-SERVICES" in a for a in assumed)
+    assert any("POSTROUTING -> KUBE-POSTROUTING" in a for a in assumed)
+    found = {(f["id"], f["lb_ip"]) for f in v["findings"]}
+    assert ("pod-to-lb-not-masqueraded", "10.0.1.100") in found
+    # eTP=Cluster is marked and masqueraded through the assumed POSTROUTING jump
+    assert ("pod-to-lb-masqueraded", "10.0.1.101") in found
 
 
 def test_missing_directory_is_exit_66() -> None:

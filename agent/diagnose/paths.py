@@ -54,20 +54,28 @@ def with_kube_proxy_hooks(nf: Netfilter) -> tuple[Netfilter, tuple[str, ...]]:
     for t in nf.tables:
         chains = list(t.chains)
         for builtin, target, comment in _KUBE_HOOKS.get(t.name, ()):
-            if t.chain(target) is None or t.chain(builtin) is not None:
+            if t.chain(target) is None or _referenced(t, target):
                 continue
             text = f'-A {builtin} -m comment --comment "{comment}" -j {target}'
             src = "assumed: kube-proxy installs this jump outside its restore input"
             notes.append(f"{t.name} {builtin} -> {target}: {src}")
             existing = next((c for c in chains if c.name == builtin), None)
             rule = Rule(text, src)
+            # kube-proxy prepends its jumps (EnsureRule(Prepend, ...))
             if existing is None:
                 chains.append(Chain(builtin, "ACCEPT", (rule,)))
             else:
                 chains[chains.index(existing)] = Chain(builtin, existing.policy,
-                                                       (*existing.rules, rule))
+                                                       (rule, *existing.rules))
         tables.append(Table(t.name, tuple(chains)))
     return Netfilter(nf.backend, tuple(tables)), tuple(notes)
+
+
+def _referenced(t: Table, chain: str) -> bool:
+    """Does any rule of the table jump or go to ``chain``?"""
+    needles = (f"-j {chain}", f"-g {chain}")
+    return any(r.text.endswith(needles) or f"-j {chain} " in r.text or f"-g {chain} " in r.text
+               for c in t.chains for r in c.rules)
 
 
 class PathFinder:

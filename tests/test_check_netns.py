@@ -1,0 +1,129 @@
+"""`check` on real node shapes built in network namespaces, for both iptables backends:
+the expected findings come out, the live verdict equals `check --from` on the bundle
+saved from the same namespace, and the agent changes nothing on the node."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.lab.netns import Netns
+from agent.lab.node import build_lab
+from agent.lab.scenarios import SCENARIOS
+from tests.nodestate import capture
+
+pytestmark = pytest.mark.netns
+
+BACKENDS = ("legacy", "nft")
+LOOP_IDS = {"lb-ip-local", "pod-to-lb-not-masqueraded"}
+
+
+def agent_in(ns: Netns, *args: str) -> subprocess.CompletedProcess[str]:
+    return ns.run(sys.executable, "-m", "agent", *args, check=False, timeout=120)
+
+
+def agent_here(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agent", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def ids_by_ip(verdict: dict[str, Any]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for f in verdict["findings"]:
+        if f["lb_ip"]:
+            out.setdefault(f["lb_ip"], set()).add(f["id"])
+    return out
+
+
+_SOURCE = re.compile(r"\((?:iptables-save\.txt|iptables-(?:legacy|nft)-save):(\d+)\)")
+
+
+def comparable(verdict: dict[str, Any]) -> dict[str, Any]:
+    """The verdict minus what legitimately differs between a live run and a bundle:
+    the time, the origin, and the name (not the line) of the file a rule came from."""
+    v = json.loads(_SOURCE.sub(r"(rules:\1)", json.dumps(verdict)))
+    v.pop("time")
+    v["context"].pop("origin")
+    v["context"].pop("iptables_backend")
+    # unknowns name different sources (a live probe vs a missing bundle file)
+    v["unknowns"] = sorted(u["source"] for u in v["unknowns"]
+                           if u["source"] not in ("ipvs", "ipvsadm.txt", "kube-proxy",
+                                                  "kubernetes API", "services.json",
+                                                  "node.json", "ingresses.json"))
+    return v
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_live_check_finds_what_the_scenario_expects(name: str, backend: str,
+                                                    tmp_path: Path) -> None:
+    scenario = SCENARIOS[name]
+    with build_lab(scenario, backend) as lab:
+        kube = str(lab.kube_dir)
+        live = agent_in(lab.node, "check", "--json", "--node-name", "lab-node",
+                        "--kube-json", kube)
+        assert live.returncode in (0, 1), live.stderr
+        verdict = json.loads(live.stdout)
+        got = ids_by_ip(verdict)
+        for ip, expected in scenario.expect.items():
+            assert expected <= got.get(ip, set()), (ip, got, verdict)
+        at_risk = any(LOOP_IDS & ids for ids in scenario.expect.values())
+        assert verdict["status"] == ("at-risk" if at_risk else "healthy"), verdict
+        assert live.returncode == (1 if at_risk else 0)
+        assert verdict["kube_proxy_mode"] == scenario.mode
+        assert verdict["context"]["iptables_backend"] == backend
+
+        # the same verdict from a bundle saved in the same namespace
+        bundle = tmp_path / "bundle"
+        saved = agent_in(lab.node, "bundle", str(bundle), "--no-kube-api")
+        assert saved.returncode == 0, saved.stderr
+        for f in ("services.json", "node.json", "ingresses.json"):
+            if (lab.kube_dir / f).exists():
+                shutil.copy(lab.kube_dir / f, bundle / f)
+        offline = agent_here("check", "--from", str(bundle), "--json",
+                             "--node-name", "lab-node")
+        assert offline.returncode == live.returncode, offline.stderr
+        assert comparable(json.loads(offline.stdout)) == comparable(verdict)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_check_bundle_snapshot_change_nothing_on_the_node(backend: str, tmp_path: Path) -> None:
+    scenario = SCENARIOS["tke-ipvs-etp-local"]
+    with build_lab(scenario, backend) as lab:
+        before = capture(lab.node)
+        assert agent_in(lab.node, "check", "--no-kube-api").returncode in (0, 1)
+        assert agent_in(lab.node, "check", "--json", "--no-kube-api").returncode in (0, 1)
+        assert agent_in(lab.node, "bundle", str(tmp_path / "b"), "--no-kube-api").returncode == 0
+        snap = agent_in(lab.node, "snapshot", "--no-kube-api")
+        assert snap.returncode == 0, snap.stderr
+        after = capture(lab.node)
+        for key in before:
+            assert before[key] == after[key], f"{key} changed"
+        if backend == "nft":
+            # no legacy table existed, and reading must not have created one
+            assert after["ip_tables_names"].strip() == ""
+
+
+def test_snapshot_round_trip_gives_the_same_verdict(tmp_path: Path) -> None:
+    scenario = SCENARIOS["ipvs-lb-bound"]
+    with build_lab(scenario, "nft") as lab:
+        snap = agent_in(lab.node, "snapshot", "--no-kube-api", "--kube-json",
+                        str(lab.kube_dir), "--node-name", "lab-node")
+        assert snap.returncode == 0, snap.stderr
+        (tmp_path / "node.json").write_text(snap.stdout)
+        live = agent_in(lab.node, "check", "--json", "--kube-json", str(lab.kube_dir),
+                        "--node-name", "lab-node")
+    again = agent_here("check", "--snapshot", str(tmp_path / "node.json"), "--json")
+    assert again.returncode == live.returncode
+    a, b = json.loads(again.stdout), json.loads(live.stdout)
+    for v in (a, b):
+        v.pop("time")
+        v["context"].pop("origin")
+    assert a == b
