@@ -8,11 +8,11 @@ exactly the case that makes a load balancer's VIP a martian source on this node.
 from __future__ import annotations
 
 import ipaddress
-import json
 import re
 from typing import Any
 
 from agent.errors import InputError
+from agent.parse.json_text import loads
 from agent.snapshot import Address
 
 # "4: eth0@if5: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 ..." ("@..." names the peer).
@@ -89,12 +89,7 @@ def _addr_prefix(addr_text: str, peer: str | None, family: str, source: str,
 
 
 def _parse_json(text: str, source: str) -> list[Address]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(source, e.lineno, f"bad JSON: {e.msg}") from None
-    except (ValueError, RecursionError) as e:
-        raise InputError(source, None, f"bad JSON: {e}") from None
+    data = loads(text, source)
     if not isinstance(data, list):
         raise InputError(source, 1, "expected a JSON list (`ip -j addr show` output)")
     if not data:

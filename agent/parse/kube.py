@@ -7,10 +7,10 @@ once the JSON is decoded, so it is given only for syntax errors.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from agent.errors import InputError
+from agent.parse.json_text import loads
 from agent.snapshot import (
     Ingress,
     IngressBackend,
@@ -23,13 +23,7 @@ from agent.snapshot import (
 
 def load_json(text: str, source: str) -> dict[str, Any]:
     """Decode a JSON object; syntax errors become InputError with their line."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(source, e.lineno, f"bad JSON: {e.msg}") from None
-    except (ValueError, RecursionError) as e:
-        # Too deeply nested, or an integer too long to convert.
-        raise InputError(source, None, f"bad JSON: {e}") from None
+    data = loads(text, source)
     if not isinstance(data, dict):
         raise InputError(source, 1, f"expected a JSON object, got a {_json_type(data)}")
     return data

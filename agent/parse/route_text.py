@@ -7,10 +7,10 @@ makes a packet with such a source "martian" when it arrives from outside.
 from __future__ import annotations
 
 import ipaddress
-import json
 from typing import Any
 
 from agent.errors import InputError
+from agent.parse.json_text import loads
 from agent.snapshot import LocalRoute
 
 # Route types `ip route` prints as the first word; a unicast route is printed without one.
@@ -102,12 +102,7 @@ def _json_line(item: dict[str, Any], rtype: str, dst: str) -> str:
 
 
 def _load_json_list(text: str, source: str) -> list[Any]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(source, e.lineno, f"bad JSON: {e.msg}") from None
-    except (ValueError, RecursionError) as e:
-        raise InputError(source, None, f"bad JSON: {e}") from None
+    data = loads(text, source)
     if not isinstance(data, list):
         raise InputError(source, 1, "expected a JSON list (`ip -j` output)")
     return data
