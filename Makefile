@@ -30,6 +30,7 @@ lint: venv
 	$(VENV)/bin/ruff check agent tests
 
 bench: deps venv
+	@dpkg -s time >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq time >/dev/null
 	$(PY) tests/bench/check_from.py
 
 clean:

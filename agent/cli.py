@@ -236,7 +236,9 @@ def _check(args: argparse.Namespace) -> int:
     snap = load_snapshot(args)
     verdict = diagnose(snap, _node(args, snap)).to_dict()
     if args.json:
-        sys.stdout.write(json.dumps(verdict, indent=2) + "\n")
+        # indent for people; a huge verdict goes compact (the C encoder, 5x faster)
+        indent = 2 if len(verdict["findings"]) < 500 else None
+        sys.stdout.write(json.dumps(verdict, indent=indent) + "\n")
     else:
         sys.stdout.write(render(verdict, verbose=args.verbose))
     return EXIT_BY_STATUS[verdict["status"]]

@@ -8,6 +8,7 @@ and there was nothing".
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -86,10 +87,12 @@ class Table:
     chains: tuple[Chain, ...] = ()
 
     def chain(self, name: str) -> Chain | None:
-        for c in self.chains:
-            if c.name == name:
-                return c
-        return None
+        return self._by_name.get(name)
+
+    @functools.cached_property
+    def _by_name(self) -> dict[str, Chain]:
+        # cached_property writes the instance __dict__ directly: fine on a frozen class
+        return {c.name: c for c in self.chains}
 
 
 @dataclass(frozen=True)
@@ -205,10 +208,11 @@ class NodeSnapshot:
     schema: str = SNAPSHOT_SCHEMA
 
     def ipset(self, name: str) -> IpSet | None:
-        for s in self.ipsets or ():
-            if s.name == name:
-                return s
-        return None
+        return self._ipsets_by_name.get(name)
+
+    @functools.cached_property
+    def _ipsets_by_name(self) -> dict[str, IpSet]:
+        return {s.name: s for s in self.ipsets or ()}
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(to_plain(self), indent=indent, sort_keys=False)

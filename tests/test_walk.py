@@ -42,7 +42,7 @@ def test_tokenize_keeps_quoted_comment_with_escaped_quote() -> None:
 def test_parse_rule_negations_and_target_options() -> None:
     r = parse_rule(Rule('-A P ! -s 10.0.0.0/8 -m set ! --match-set S dst,dst '
                         '-m addrtype ! --dst-type LOCAL -j MARK --set-xmark 0x4000/0x4000'))
-    assert [(c.kind, c.negate, c.args) for c in r.conds] == [
+    assert list(r.conds) == [
         ("src", True, ("10.0.0.0/8",)),
         ("set--match-set", True, ("S", "dst,dst")),
         ("addrtype--dst-type", True, ("LOCAL",)),

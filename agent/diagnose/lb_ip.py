@@ -156,13 +156,13 @@ def _from_rules(snap: NodeSnapshot, add) -> None:  # type: ignore[no-untyped-def
         if kind is None:
             continue
         ip = port = proto = None
-        for c in r.conds:
-            if c.kind == "dst" and not c.negate:
-                ip = c.args[0].removesuffix("/32")
-            elif c.kind == "proto" and not c.negate:
-                proto = c.args[0].upper()
-            elif c.kind.endswith("--dport") and not c.negate and c.args[0].isdigit():
-                port = int(c.args[0])
+        for kind, negate, args in r.conds:
+            if kind == "dst" and not negate:
+                ip = args[0].removesuffix("/32")
+            elif kind == "proto" and not negate:
+                proto = args[0].upper()
+            elif kind.endswith("--dport") and not negate and args[0].isdigit():
+                port = int(args[0])
         if ip is None or port is None or proto is None or "/" in ip:
             continue
         m = _SVC_IN_COMMENT.match(r.comment)

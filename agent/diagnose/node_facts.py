@@ -3,11 +3,12 @@ the uplink, the pod network of this node, ipsets as lookup tables, kube-proxy's 
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from dataclasses import dataclass, field
 
-from agent.snapshot import Address, LocalRoute, NodeSnapshot
+from agent.snapshot import Address, IpvsVirtualServer, LocalRoute, NodeSnapshot
 
 KUBE_IPVS0 = "kube-ipvs0"
 _UPLINK_NAME = re.compile(r"^(eth|ens|enp|eno|enx|em|bond|eni)\d")
@@ -35,6 +36,8 @@ class NodeFacts:
     pod: PodNetwork | None = None
     pod_unknown: str = ""
     _sets: dict[str, tuple[str, frozenset[str]]] = field(default_factory=dict)
+    _addrs: dict[str, list[Address]] = field(default_factory=dict)
+    _ipvs: dict[tuple[str, str, int], IpvsVirtualServer] = field(default_factory=dict)
 
     # -- NodeView for the walker ----------------------------------------------------
 
@@ -45,7 +48,7 @@ class NodeFacts:
             return "LOCAL"
         if addr in self.broadcast:
             return "BROADCAST"
-        if ipaddress.ip_address(addr).is_multicast:
+        if _ip(addr).is_multicast:
             return "MULTICAST"
         return "UNICAST"
 
@@ -67,7 +70,7 @@ class NodeFacts:
         r = self.local_ips.get(addr)
         if r is not None:
             return r
-        a = ipaddress.ip_address(addr)
+        a = _ip(addr)
         for net, route in self.local_nets:
             if a.version == net.version and a in net:
                 return route
@@ -79,11 +82,24 @@ class NodeFacts:
         return self.local_route(addr) is not None
 
     def addresses_of(self, addr: str) -> list[Address]:
-        return [a for a in self.snapshot.addresses or () if a.address == addr]
+        return self._addrs.get(addr, [])
+
+    def virtual_server(self, protocol: str, addr: str, port: int) -> IpvsVirtualServer | None:
+        """The IPVS virtual server for addr:port (the caller checks ipvs is known)."""
+        return self._ipvs.get((protocol.upper(), addr, port))
+
+
+@functools.lru_cache(maxsize=65536)
+def _ip(addr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    return ipaddress.ip_address(addr)
 
 
 def build_facts(snap: NodeSnapshot) -> NodeFacts:
     f = NodeFacts(snap)
+    for a in snap.addresses or ():
+        f._addrs.setdefault(a.address, []).append(a)
+    for vs in snap.ipvs or ():
+        f._ipvs[(vs.protocol, vs.address, vs.port)] = vs
     if snap.local_routes is not None:
         for r in snap.local_routes:
             if r.type == "local":

@@ -134,8 +134,7 @@ class PathFinder:
         ev = (*ev, f"routing: {p.dst} is not a local address -> forwarded out "
                    f"{out_iface or '(uplink unknown)'}"
               + (f" [{self.facts.uplink_how}]" if self.facts.uplink_how else ""))
-        p = Packet(p.src, p.dst, p.proto, p.sport, p.dport, p.in_iface, out_iface, p.mark,
-                   p.ctmark, p.orig_dst, p.orig_dport)
+        p = p._replace(out_iface=out_iface)
         results: list[PathOutcome] = []
         fwd = self.filter.walk("FORWARD", p) if self.filter else [HookResult("ACCEPT", p, ())]
         for fr in fwd:
@@ -168,12 +167,12 @@ class PathFinder:
         snap = self.facts.snapshot
         proto = p.proto.upper()
         if snap.ipvs is not None:
-            for vs in snap.ipvs:
-                if vs.protocol == proto and vs.address == p.dst and vs.port == p.dport:
-                    line = (f"IPVS virtual server {proto} {vs.address}:{vs.port} "
-                            f"({len(vs.real_servers)} real servers)")
-                    return ("IPVS on this node serves it (the LB IP is local): the packet "
-                            "never goes to the load balancer"), line
+            vs = self.facts.virtual_server(proto, p.dst, p.dport)
+            if vs is not None:
+                line = (f"IPVS virtual server {proto} {vs.address}:{vs.port} "
+                        f"({len(vs.real_servers)} real servers)")
+                return ("IPVS on this node serves it (the LB IP is local): the packet "
+                        "never goes to the load balancer"), line
             return ("delivered to this node's own stack (local address, no IPVS virtual "
                     "server for this port): it does not leave the node"), \
                 f"IPVS: no virtual server {proto} {p.dst}:{p.dport}"
@@ -209,8 +208,7 @@ class PathFinder:
             p = res.packet
             out = (f.pod.iface if f.pod and f.pod.iface and _in(p.dst, f.pod.prefix)
                    else f.uplink)
-            p = Packet(p.src, p.dst, p.proto, p.sport, p.dport, p.in_iface, out, p.mark,
-                       p.ctmark, p.orig_dst, p.orig_dport)
+            p = p._replace(out_iface=out)
             fwd = self.filter.walk("FORWARD", p) if self.filter else [HookResult("ACCEPT", p, ())]
             for fr in fwd:
                 if fr.verdict in ("DROP", "REJECT"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from agent.snapshot import Rule
 
@@ -38,29 +38,39 @@ _FLAG_OPTIONS = frozenset({
 _TWO_VALUE_OPTIONS = frozenset({"--tcp-flags", "--match-set"})
 
 
-@dataclass(frozen=True)
-class Cond:
-    """One test a packet must pass. ``kind`` names it; ``args`` are its parsed values."""
-
-    kind: str
-    negate: bool
-    args: tuple[str, ...]
+# One test a packet must pass: (kind, negated, args). A plain tuple, not a class: a
+# 300k-rule dump builds hundreds of thousands of them and plain tuples are the cheapest.
+Cond = tuple[str, bool, tuple[str, ...]]
 
 
-@dataclass(frozen=True)
-class ParsedRule:
+class ParsedRule(NamedTuple):
     chain: str
     conds: tuple[Cond, ...]
     target: str | None  # None: a rule with no target (counts only)
     goto: bool
-    target_opts: dict[str, str] = field(default_factory=dict)
+    target_opts: dict[str, str]
     comment: str | None = None
     text: str = ""
     source: str = ""
     problem: str | None = None  # why this rule cannot be evaluated at all
 
 
+_BASE = {"-s": "src", "--source": "src", "-d": "dst", "--destination": "dst",
+         "-i": "in", "--in-interface": "in", "-o": "out", "--out-interface": "out"}
+
+
 def tokenize(text: str) -> list[str]:
+    if '"' not in text:
+        return text.split()
+    if "\\" not in text:
+        # fast path: outside quotes split on blanks, inside quotes one token
+        out: list[str] = []
+        for i, part in enumerate(text.split('"')):
+            if i % 2:
+                out.append(part)
+            else:
+                out.extend(part.split())
+        return out
     out = []
     for m in _TOKEN.finditer(text):
         if m.group(1) is not None:
@@ -73,7 +83,7 @@ def tokenize(text: str) -> list[str]:
 def parse_rule(rule: Rule) -> ParsedRule:
     toks = tokenize(rule.text)
     if len(toks) < 2 or toks[0] != "-A":
-        return ParsedRule("", (), None, False, text=rule.text, source=rule.source,
+        return ParsedRule("", (), None, False, {}, text=rule.text, source=rule.source,
                           problem="not an '-A CHAIN ...' rule")
     chain = toks[1]
     conds: list[Cond] = []
@@ -103,16 +113,13 @@ def parse_rule(rule: Rule) -> ParsedRule:
                 module = toks[i + 1]
                 i += 2
                 continue
-            if t in ("-s", "--source", "-d", "--destination"):
-                kind = "src" if t in ("-s", "--source") else "dst"
-                conds.append(Cond(kind, neg, (toks[i + 1],)))
-            elif t in ("-i", "--in-interface", "-o", "--out-interface"):
-                kind = "in" if t in ("-i", "--in-interface") else "out"
-                conds.append(Cond(kind, neg, (toks[i + 1],)))
+            base = _BASE.get(t)
+            if base is not None:
+                conds.append((base, neg, (toks[i + 1],)))
             elif t in ("-p", "--protocol"):
-                conds.append(Cond("proto", neg, (toks[i + 1].lower(),)))
+                conds.append(("proto", neg, (toks[i + 1].lower(),)))
             elif t in ("-f", "--fragment"):
-                conds.append(Cond("fragment", neg, ()))
+                conds.append(("fragment", neg, ()))
                 i += 1
                 neg = False
                 continue
@@ -146,17 +153,17 @@ def parse_rule(rule: Rule) -> ParsedRule:
                 if module == "comment" and t == "--comment":
                     comment = val[0]
                 else:
-                    conds.append(Cond(f"{module}{t}", neg, val))
+                    conds.append((f"{module}{t}", neg, val))
                 i += step
                 neg = False
                 continue
             else:
-                return ParsedRule(chain, (), None, False, text=rule.text, source=rule.source,
+                return ParsedRule(chain, (), None, False, {}, text=rule.text, source=rule.source,
                                   problem=f"unexpected token {t!r}")
             i += 2
             neg = False
     except IndexError:
-        return ParsedRule(chain, (), None, False, text=rule.text, source=rule.source,
+        return ParsedRule(chain, (), None, False, {}, text=rule.text, source=rule.source,
                           problem="option without a value (line cut short?)")
     return ParsedRule(chain, tuple(conds), target, goto, topts, comment, rule.text, rule.source)
 
@@ -168,9 +175,9 @@ def parse_net(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
 
 def exact_dst(rule: ParsedRule) -> str | None:
     """The single address a rule requires as destination (``-d X/32``), for indexing."""
-    for c in rule.conds:
-        if c.kind == "dst" and not c.negate:
-            a = c.args[0]
+    for kind, negate, args in rule.conds:
+        if kind == "dst" and not negate:
+            a = args[0]
             if a.endswith("/32"):
                 return a[:-3]
             if "/" not in a:

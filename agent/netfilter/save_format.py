@@ -66,7 +66,8 @@ def parse_iptables_save(text: str, source: str = "iptables-save.txt",
             old = chains.get(name)
             chains[name] = (None if policy == "-" else policy, old[1] if old else [])
             continue
-        line = _COUNTERS.sub("", line)
+        if line[0] == "[":
+            line = _COUNTERS.sub("", line)
         if line.startswith(("-A ", "-I ")):
             parts = line.split(None, 2)
             if len(parts) < 2:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import functools
 import ipaddress
 import re
-from dataclasses import dataclass, replace
-from typing import Protocol
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 from agent.netfilter.rules import (
     BUILTIN_TARGETS,
@@ -42,8 +42,9 @@ class NodeView(Protocol):
         """(set type, members) or None when the set is unknown."""
 
 
-@dataclass(frozen=True)
-class Packet:
+class Packet(NamedTuple):
+    """The packet being walked (a transient value: NamedTuple for cheap copies)."""
+
     src: str
     dst: str
     proto: str = "tcp"
@@ -67,8 +68,7 @@ class Packet:
         return s
 
 
-@dataclass(frozen=True)
-class Step:
+class Step(NamedTuple):
     """One rule that matched and acted on the packet (evidence)."""
 
     table: str
@@ -93,30 +93,41 @@ class HookResult:
 
 
 _DST_RE = re.compile(r"(?<!! )-d (\d+\.\d+\.\d+\.\d+)(?:/32)?(?=\s)")
+_DPORT_RE = re.compile(r"(?<!! )--dport (\d+)(?=\s)")
 
 
 class _ChainIndex:
-    """Rules of one chain, indexed by exact destination so a 30k-rule KUBE-SERVICES
-    costs a dict lookup per packet rather than a scan."""
+    """Rules of one chain, indexed by exact destination address, else by exact destination
+    port, so a 30k-rule KUBE-SERVICES or KUBE-NODEPORTS costs a dict lookup per packet
+    rather than a scan. A rule with neither is a candidate for every packet."""
 
     def __init__(self, chain: Chain) -> None:
         self.chain = chain
         self.rules: tuple[Rule, ...] = chain.rules
         self.parsed: list[ParsedRule | None] = [None] * len(chain.rules)
         self.by_dst: dict[str, list[int]] = {}
-        self.generic: list[int] = []
+        self.by_dport: dict[int, list[int]] = {}
+        if len(chain.rules) <= 16:  # a scan is cheaper than the regexes
+            self.generic = list(range(len(chain.rules)))
+            return
+        self.generic = []
         for i, r in enumerate(chain.rules):
             m = _DST_RE.search(r.text)
             if m:
                 self.by_dst.setdefault(m.group(1), []).append(i)
+                continue
+            m = _DPORT_RE.search(r.text)
+            if m:
+                self.by_dport.setdefault(int(m.group(1)), []).append(i)
             else:
                 self.generic.append(i)
 
-    def candidates(self, dst: str) -> list[int]:
-        hit = self.by_dst.get(dst)
-        if not hit:
+    def candidates(self, dst: str, dport: int) -> list[int]:
+        a = self.by_dst.get(dst)
+        b = self.by_dport.get(dport)
+        if not a and not b:
             return self.generic
-        return sorted(self.generic + hit)
+        return sorted(self.generic + (a or []) + (b or []))
 
     def rule(self, i: int) -> ParsedRule:
         p = self.parsed[i]
@@ -167,7 +178,7 @@ class TableWalker:
             return [("UNKNOWN", pkt, steps, f"more than {MAX_DEPTH} nested jumps "
                      f"(a loop through {ix.chain.name}?)")]
         results: list[tuple[str | None, Packet, tuple[Step, ...], str]] = []
-        cands = ix.candidates(pkt.dst)
+        cands = ix.candidates(pkt.dst, pkt.dport)
         # start is an index into the chain; skip candidates before it
         for i in cands:
             if i < start:
@@ -213,7 +224,7 @@ class TableWalker:
                     results.append(("UNKNOWN", pkt, steps, _unknown(r, err)))
                     return results
                 pkt = new_pkt
-                steps = (*steps, replace(step, action=f"mark {pkt.mark:#x}"))
+                steps = (*steps, step._replace(action=f"mark {pkt.mark:#x}"))
                 continue
             if tgt == "CONNMARK":
                 new_pkt, err = _connmark(r, pkt)
@@ -255,7 +266,7 @@ class TableWalker:
         why = ""
         for c in r.conds:
             v, reason = self._cond(c, pkt)
-            if v is not None and c.negate and v != MAYBE:
+            if v is not None and c[1] and v != MAYBE:
                 v = TRUE if v == FALSE else FALSE
             if v == FALSE:
                 return FALSE, ""
@@ -266,8 +277,7 @@ class TableWalker:
         return result, why
 
     def _cond(self, c: Cond, pkt: Packet) -> tuple[int | None, str]:
-        k = c.kind
-        a = c.args
+        k, _, a = c
         if k in ("src", "dst"):
             addr = pkt.src if k == "src" else pkt.dst
             return _in_net(addr, a[0]), ""
@@ -397,31 +407,36 @@ class TableWalker:
         if not nets:
             key = ",".join(parts)
             return (TRUE if key in members else FALSE), ""
-        return (TRUE if _net_member(parts, nets, members) else FALSE), ""
+        index = _net_index(members, tuple(nets), len(parts))
+        return (TRUE if _net_member(parts, nets, index) else FALSE), ""
 
 
-def _net_member(parts: list[str], nets: list[int], members: frozenset[str]) -> bool:
-    """hash:net / hash:ip,port,net style: compare prefix dimensions by containment."""
+def _net_member(parts: list[str], nets: list[int],
+                index: dict[tuple[str, ...], list[tuple[tuple[str, ...], bool]]]) -> bool:
+    """hash:net / hash:ip,port,net style: exact dimensions by lookup, prefix dimensions
+    by containment; a matching "nomatch" entry wins (ipset's semantics)."""
+    key = tuple(p for j, p in enumerate(parts) if j not in nets)
     hit = False
-    for m in members:
-        nomatch = m.endswith(" nomatch")
-        fields = (m[:-8] if nomatch else m).split(",")
-        if len(fields) != len(parts):
-            continue
-        ok = True
-        for j, (f, p) in enumerate(zip(fields, parts, strict=True)):
-            if j in nets:
-                if _in_net(p, f) != TRUE:
-                    ok = False
-                    break
-            elif f != p:
-                ok = False
-                break
-        if ok:
+    for net_fields, nomatch in index.get(key, ()):
+        if all(_in_net(parts[j], f) == TRUE for j, f in zip(nets, net_fields, strict=True)):
             if nomatch:
                 return False
             hit = True
     return hit
+
+
+@functools.lru_cache(maxsize=64)
+def _net_index(members: frozenset[str], nets: tuple[int, ...], n: int
+               ) -> dict[tuple[str, ...], list[tuple[tuple[str, ...], bool]]]:
+    index: dict[tuple[str, ...], list[tuple[tuple[str, ...], bool]]] = {}
+    for m in members:
+        nomatch = m.endswith(" nomatch")
+        fields = (m[:-8] if nomatch else m).split(",")
+        if len(fields) != n:
+            continue
+        key = tuple(f for j, f in enumerate(fields) if j not in nets)
+        index.setdefault(key, []).append((tuple(fields[j] for j in nets), nomatch))
+    return index
 
 
 _PROTO_NUM = {"tcp": "6", "udp": "17", "sctp": "132", "icmp": "1"}
@@ -441,6 +456,10 @@ def _addr(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
 
 
 def _in_net(addr: str, net_text: str) -> int | None:
+    if "/" not in net_text or net_text.endswith("/32"):
+        host = net_text[:-3] if net_text.endswith("/32") else net_text
+        if "." in host and "." in addr and host.count(".") == 3:
+            return TRUE if host == addr else FALSE
     net = _net(net_text)
     if net is None:
         return None
@@ -456,7 +475,7 @@ def _unknown(r: ParsedRule, why: str) -> str:
 def _dnat(r: ParsedRule, pkt: Packet) -> Packet:
     if r.target == "REDIRECT":
         port = r.target_opts.get("--to-ports", str(pkt.dport)).split("-")[0]
-        return replace(pkt, orig_dst=pkt.dst, orig_dport=pkt.dport, dst="127.0.0.1",
+        return pkt._replace(orig_dst=pkt.dst, orig_dport=pkt.dport, dst="127.0.0.1",
                        dport=int(port) if port.isdigit() else pkt.dport)
     to = r.target_opts.get("--to-destination") or r.target_opts.get("--to") or pkt.dst
     host, port = to, None
@@ -464,7 +483,9 @@ def _dnat(r: ParsedRule, pkt: Packet) -> Packet:
         host, port = to.split(":")
     host = host.split("-")[0].split("/")[0]
     dport = int(port.split("-")[0]) if port and port.split("-")[0].isdigit() else pkt.dport
-    return replace(pkt, orig_dst=pkt.dst, orig_dport=pkt.dport, dst=host or pkt.dst, dport=dport)
+    # positional construction: NamedTuple._replace costs more than the whole DNAT
+    return Packet(pkt.src, host or pkt.dst, pkt.proto, pkt.sport, dport, pkt.in_iface,
+                  pkt.out_iface, pkt.mark, pkt.ctmark, pkt.dst, pkt.dport)
 
 
 def _mark(r: ParsedRule, pkt: Packet) -> tuple[Packet, str]:
@@ -472,16 +493,16 @@ def _mark(r: ParsedRule, pkt: Packet) -> tuple[Packet, str]:
     try:
         if "--set-xmark" in o:
             v, m = parse_mark(o["--set-xmark"])
-            return replace(pkt, mark=(pkt.mark & ~m & 0xFFFFFFFF) ^ v), ""
+            return pkt._replace(mark=(pkt.mark & ~m & 0xFFFFFFFF) ^ v), ""
         if "--set-mark" in o:
             v, m = parse_mark(o["--set-mark"])
-            return replace(pkt, mark=(pkt.mark & ~m & 0xFFFFFFFF) | v), ""
+            return pkt._replace(mark=(pkt.mark & ~m & 0xFFFFFFFF) | v), ""
         if "--or-mark" in o:
-            return replace(pkt, mark=pkt.mark | int(o["--or-mark"], 0)), ""
+            return pkt._replace(mark=pkt.mark | int(o["--or-mark"], 0)), ""
         if "--and-mark" in o:
-            return replace(pkt, mark=pkt.mark & int(o["--and-mark"], 0)), ""
+            return pkt._replace(mark=pkt.mark & int(o["--and-mark"], 0)), ""
         if "--xor-mark" in o:
-            return replace(pkt, mark=pkt.mark ^ int(o["--xor-mark"], 0)), ""
+            return pkt._replace(mark=pkt.mark ^ int(o["--xor-mark"], 0)), ""
     except ValueError as e:
         return pkt, f"bad mark value: {e}"
     return pkt, "MARK without --set-xmark/--set-mark/--or-mark/--and-mark/--xor-mark"
@@ -492,13 +513,13 @@ def _connmark(r: ParsedRule, pkt: Packet) -> tuple[Packet, str]:
     try:
         if "--set-xmark" in o or "--set-mark" in o:
             v, m = parse_mark(o.get("--set-xmark") or o["--set-mark"])
-            return replace(pkt, ctmark=(pkt.ctmark & ~m & 0xFFFFFFFF) ^ v), ""
+            return pkt._replace(ctmark=(pkt.ctmark & ~m & 0xFFFFFFFF) ^ v), ""
         nf = int(o.get("--nfmask", o.get("--mask", "0xffffffff")), 0)
         ct = int(o.get("--ctmask", o.get("--mask", "0xffffffff")), 0)
         if "--save-mark" in o:
-            return replace(pkt, ctmark=(pkt.ctmark & ~ct & 0xFFFFFFFF) | (pkt.mark & nf)), ""
+            return pkt._replace(ctmark=(pkt.ctmark & ~ct & 0xFFFFFFFF) | (pkt.mark & nf)), ""
         if "--restore-mark" in o:
-            return replace(pkt, mark=(pkt.mark & ~nf & 0xFFFFFFFF) | (pkt.ctmark & ct)), ""
+            return pkt._replace(mark=(pkt.mark & ~nf & 0xFFFFFFFF) | (pkt.ctmark & ct)), ""
     except ValueError as e:
         return pkt, f"bad connmark value: {e}"
     return pkt, "CONNMARK option not supported"

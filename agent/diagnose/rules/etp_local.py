@@ -23,8 +23,7 @@ def check(ctx: Context) -> list[Finding]:
                 ctx.unknown(ID, "IPVS state unknown: cannot tell which externalTrafficPolicy="
                             "Local services have endpoints on this node")
                 continue
-            vs = next((v for v in ctx.snapshot.ipvs if v.address == t.ip and v.port == t.port
-                       and v.protocol == t.protocol), None)
+            vs = ctx.facts.virtual_server(t.protocol, t.ip, t.port)
             if vs is not None and vs.real_servers:
                 continue
             ev.append(f"externalTrafficPolicy=Local ({t.etp_how})")
