@@ -127,3 +127,20 @@ def test_snapshot_round_trip_gives_the_same_verdict(tmp_path: Path) -> None:
         v.pop("time")
         v["context"].pop("origin")
     assert a == b
+
+
+def test_unreadable_probes_become_unknowns_not_tracebacks() -> None:
+    """No iptables binaries on PATH: the nat probe says why, the verdict says it cannot
+    decide (not "healthy"), and everything else is still read."""
+    scenario = SCENARIOS["tke-ipvs-etp-local"]
+    with build_lab(scenario, "nft") as lab:
+        r = lab.node.run("env", "PATH=/nonexistent", sys.executable, "-m", "agent", "check",
+                         "--json", "--no-kube-api", "--kube-json", str(lab.kube_dir),
+                         check=False)
+    assert "Traceback" not in r.stderr
+    assert r.returncode == 1, r.stderr
+    v = json.loads(r.stdout)
+    reasons = {u["source"]: u["reason"] for u in v["unknowns"]}
+    assert "iptables" in reasons["nat rules"]
+    assert {f["id"] for f in v["findings"]} == {"pod-to-lb-undetermined"}
+    assert v["context"]["uplink"] == "eth0"  # addresses still came through netlink

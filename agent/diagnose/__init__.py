@@ -7,7 +7,7 @@ import socket
 
 from agent import __version__
 from agent.diagnose.context import Context
-from agent.diagnose.lb_ip import discover
+from agent.diagnose.lb_ip import discover, service_of_chains
 from agent.diagnose.model import Finding, LbIpReport, Verdict, status_of
 from agent.diagnose.node_facts import build_facts, kube_proxy_mode
 from agent.diagnose.paths import PathFinder
@@ -29,7 +29,8 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None) -> V
     mode, mode_how = kube_proxy_mode(snap)
     targets = discover(snap)
     unknowns = [{"source": u.source, "reason": u.reason} for u in snap.unknowns]
-    ctx = Context(snap, facts, targets, PathFinder(facts), mode, mode_how, unknowns)
+    ctx = Context(snap, facts, targets, PathFinder(facts), mode, mode_how, unknowns,
+                  service_of_chains(snap))
     if not targets:
         ctx.unknown("LB IPs", "no LoadBalancer, external or Ingress address found (no API "
                     "objects, no KUBE-LOAD-BALANCER ipset, no 'loadbalancer IP' rules)")

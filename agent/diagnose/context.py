@@ -19,6 +19,7 @@ class Context:
     mode: str
     mode_how: str
     unknowns: list[dict[str, str]]
+    chain_services: dict[str, str]  # KUBE-SVC-<hash> etc. -> "ns/name"
 
     def unknown(self, source: str, reason: str) -> None:
         item = {"source": source, "reason": reason}

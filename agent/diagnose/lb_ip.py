@@ -55,6 +55,26 @@ def service_of_chains(snap: NodeSnapshot) -> dict[str, str]:
     return out
 
 
+_COMMENT = re.compile(r'--comment "([^"]*)"')
+_SVC_ANYWHERE = re.compile(r"(?:^|\s)([a-z0-9][-a-z0-9.]*)/([a-z0-9][-a-z0-9.]*):")
+_CHAIN_IN_LINE = re.compile(r"-[jg] (KUBE-(?:SVC|EXT|SVL|FW|XLB)-[A-Z2-7]{16})\b")
+
+
+def infer_service(evidence: tuple[str, ...], hashed: dict[str, str]) -> str | None:
+    """The Service a walk went through: from kube-proxy's comments ("ns/svc:port ..."),
+    else from the hash in a KUBE-SVC/EXT/SVL/FW/XLB chain name (needs the Services)."""
+    for line in evidence:
+        for comment in _COMMENT.findall(line):
+            m = _SVC_ANYWHERE.search(comment)
+            if m:
+                return f"{m.group(1)}/{m.group(2)}"
+    for line in evidence:
+        for chain in _CHAIN_IN_LINE.findall(line):
+            if chain in hashed:
+                return hashed[chain]
+    return None
+
+
 def discover(snap: NodeSnapshot) -> list[LbTarget]:
     found: dict[tuple[str, int, str], LbTarget] = {}
 

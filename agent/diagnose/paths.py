@@ -97,9 +97,10 @@ class PathFinder:
     def pod_to_lb(self, t: LbTarget) -> PathOutcome:
         f = self.facts
         if self.nat is None:
-            return PathOutcome("unknown", "nat rules unknown", ("nat rules could not be read",))
+            return PathOutcome("unknown", "the nat rules could not be read",
+                               ("nat rules could not be read",))
         if f.pod is None:
-            return PathOutcome("unknown", "pod network unknown", (f.pod_unknown,))
+            return PathOutcome("unknown", f.pod_unknown, (f.pod_unknown,))
         pkt = Packet(src=f.pod.pod_ip, dst=t.ip, proto=t.protocol.lower(), dport=t.port,
                      in_iface=f.pod.iface)
         head = (f"packet: {pkt.describe()}; {f.pod.how}",)

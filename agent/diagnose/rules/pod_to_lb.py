@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from agent.diagnose.context import Context
+from agent.diagnose.lb_ip import infer_service
 from agent.diagnose.model import Finding
 from agent.diagnose.remedies import for_not_masqueraded
 from agent.diagnose.rules.common import rp_filter_effective
@@ -21,6 +24,8 @@ def check(ctx: Context) -> list[Finding]:
         what = f"{t.ip}:{t.port}/{t.protocol}"
         if t.kind == "ingress" and t.ingress:
             what += f" (Ingress {t.ingress})"
+        if t.service is None:
+            t = replace(t, service=infer_service(o.evidence, ctx.chain_services))
         common = {"lb_ip": t.ip, "port": t.port, "protocol": t.protocol, "service": t.service}
         ev = list(o.evidence)
         if t.etp:

@@ -1,0 +1,133 @@
+"""diagnose() on snapshots: pure rules, severities, remedies, service mapping."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from agent.bundle import load_bundle
+from agent.diagnose import diagnose
+from agent.diagnose.lb_ip import chain_hash, infer_service, service_of_chains
+from agent.snapshot import (
+    Address,
+    Ingress,
+    IngressBackend,
+    LoadBalancerIngress,
+    LocalRoute,
+    NodeSnapshot,
+)
+
+TKE = Path(__file__).parent / "data" / "bundles" / "tke-etp-local"
+
+
+@pytest.fixture(scope="module")
+def tke() -> NodeSnapshot:
+    return load_bundle(TKE)
+
+
+def findings(snap: NodeSnapshot) -> dict[tuple[str, str | None], dict]:
+    v = diagnose(snap, "n").to_dict()
+    return {(f["id"], f["lb_ip"]): f for f in v["findings"]}
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    # kube-proxy's own test vectors (pkg/proxy/iptables/proxier_test.go)
+    ("ns1/svc1:p80", "XPGD46QRK7WJZT7O"),
+    ("ns2/svc2:p80", "GNZBNJ2PO5MGZ6GT"),
+    ("ns5/svc5:p80", "NUKIZ6OKUXPJNT4C"),
+])
+def test_chain_hash_is_kube_proxys(name: str, expected: str) -> None:
+    assert chain_hash(name, "TCP") == expected
+
+
+def test_service_from_comment_then_from_chain_hash(tke: NodeSnapshot) -> None:
+    hashed = service_of_chains(tke)
+    h = chain_hash("default/web:http", "TCP")
+    assert hashed[f"KUBE-EXT-{h}"] == "default/web"
+    assert infer_service((f"nat KUBE-SERVICES: -A KUBE-SERVICES -j KUBE-EXT-{h}",),
+                         hashed) == "default/web"
+    assert infer_service(('nat X: -A X -m comment --comment "pod traffic for ns1/svc1:p80 '
+                          'external destinations" -j KUBE-SVC-AAAAAAAAAAAAAAAA',), {}) == "ns1/svc1"
+    assert infer_service(('-A X -m comment --comment "Kubernetes service lb portal"',), {}) is None
+
+
+def test_lb_ip_bound_locally_is_critical_with_route_as_evidence(tke: NodeSnapshot) -> None:
+    snap = replace(
+        tke,
+        addresses=(*(tke.addresses or ()), Address("kube-ipvs0", "10.0.1.100", 32, "global",
+                                                   False)),
+        local_routes=(*(tke.local_routes or ()), LocalRoute(
+            "local", "10.0.1.100", "kube-ipvs0", "10.0.1.100",
+            "local 10.0.1.100 dev kube-ipvs0 proto kernel scope host src 10.0.1.100")))
+    got = findings(snap)
+    f = got[("lb-ip-local", "10.0.1.100")]
+    assert f["severity"] == "critical" and f["service"] == "default/web"
+    assert f["evidence"][0] == ("local table: local 10.0.1.100 dev kube-ipvs0 proto kernel "
+                                "scope host src 10.0.1.100")
+    assert any("interface DOWN" in e for e in f["evidence"])
+    assert any("accept_local = 0" in e for e in f["evidence"])
+    assert "prevent-loopback" in f["remedy"]
+    # bound now: the pod's packet is served inside the node, no loop through the CLB
+    assert ("pod-to-lb-captured", "10.0.1.100") in got
+    assert ("pod-to-lb-not-masqueraded", "10.0.1.100") not in got
+
+
+def test_prevent_loopback_annotation_makes_the_bound_vip_expected(tke: NodeSnapshot) -> None:
+    services = tuple(
+        replace(s, annotations={"service.cloud.tencent.com/prevent-loopback": "true"})
+        if s.name == "web" else s for s in tke.services or ())
+    snap = replace(
+        tke, services=services,
+        local_routes=(*(tke.local_routes or ()), LocalRoute(
+            "local", "10.0.1.100", "kube-ipvs0", "10.0.1.100", "local 10.0.1.100 dev kube-ipvs0")))
+    v = diagnose(snap, "n").to_dict()
+    f = next(f for f in v["findings"] if f["id"] == "lb-ip-local")
+    assert f["severity"] == "info" and "100.64.0.0/10" in f["summary"]
+    assert v["status"] == "healthy"
+
+
+def test_ip_mode_proxy_but_bound_points_at_kube_proxy_version(tke: NodeSnapshot) -> None:
+    services = tuple(
+        replace(s, lb_ingress=(LoadBalancerIngress(ip="10.0.1.100", ip_mode="Proxy"),))
+        if s.name == "web" else s for s in tke.services or ())
+    snap = replace(tke, services=services, local_routes=(*(tke.local_routes or ()), LocalRoute(
+        "local", "10.0.1.100", "kube-ipvs0", "10.0.1.100", "local 10.0.1.100 dev kube-ipvs0")))
+    f = findings(snap)[("lb-ip-local", "10.0.1.100")]
+    assert "ipMode" in f["remedy"] and "1.30" in f["remedy"]
+
+
+def test_ingress_address_loop_names_dns_and_coredns(tke: NodeSnapshot) -> None:
+    snap = replace(tke, ingresses=(Ingress(
+        "shop", "front", ips=("10.0.2.50",),
+        backends=(IngressBackend("shop/front-svc", 80),)),))
+    f = findings(snap)[("pod-to-lb-not-masqueraded", "10.0.2.50")]
+    assert f["service"] == "shop/front-svc"
+    assert "front-svc.shop.svc.cluster.local" in f["remedy"] and "CoreDNS" in f["remedy"]
+    assert "Ingress shop/front" in f["summary"]
+
+
+def test_no_pod_network_is_undetermined_not_healthy(tke: NodeSnapshot) -> None:
+    snap = replace(tke, addresses=tuple(a for a in tke.addresses or () if a.ifname != "cni0"),
+                   local_routes=tuple(r for r in tke.local_routes or () if r.dev != "cni0"))
+    v = diagnose(snap, "n").to_dict()
+    assert v["status"] == "at-risk"
+    assert {f["id"] for f in v["findings"]} == {"pod-to-lb-undetermined"}
+    assert any("no pod network found" in u["reason"] for u in v["unknowns"])
+
+
+def test_node_pod_cidr_wins_over_bridge_guess(tke: NodeSnapshot) -> None:
+    from agent.snapshot import NodeInfo
+
+    snap = replace(tke, node_info=NodeInfo("n", pod_cidrs=("172.16.1.0/24",),
+                                           internal_ips=("10.0.0.10",)))
+    v = diagnose(snap, "n").to_dict()
+    assert v["context"]["pod_network"] == "172.16.1.0/24"
+    assert v["context"]["pod_interface"] == "cni0"
+    assert v["context"]["uplink"] == "eth0"
+
+
+def test_no_rules_at_all_is_undetermined(tke: NodeSnapshot) -> None:
+    v = diagnose(replace(tke, netfilter=None), "n").to_dict()
+    assert {f["id"] for f in v["findings"]} == {"pod-to-lb-undetermined"}
