@@ -1,0 +1,1 @@
+"""Watching NodePort handshakes on the node (read-only: AF_PACKET, counters, logs)."""

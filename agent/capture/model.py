@@ -1,0 +1,71 @@
+"""What a capture of NodePort handshakes found (plain data, JSON round trip via
+agent.snapshot.to_plain / from_plain)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# How a SYN to a NodePort ended.
+ANSWERED = "answered"  # SYN-ACK left through the interface the SYN came in on
+BYPASSED = "bypassed"  # SYN-ACK left through another interface: the reply skips the LB
+RESET = "reset"  # the node answered with RST
+UNANSWERED = "unanswered"  # nothing within the handshake timeout: dropped
+PENDING = "pending"  # capture ended before the timeout ran out
+OUTCOMES = (ANSWERED, BYPASSED, RESET, UNANSWERED, PENDING)
+
+# Who sent the SYN.
+SRC_LOCAL = "local"  # an address of this node (e.g. an LB VIP on kube-ipvs0)
+SRC_POD = "pod"  # a pod IP of this node
+SRC_LB = "lb-ip"  # a known LB IP that is not local here
+SRC_OTHER = "other"
+SOURCE_CLASSES = (SRC_LOCAL, SRC_POD, SRC_LB, SRC_OTHER)
+
+
+@dataclass(frozen=True)
+class HandshakeSample:
+    """One SYN and how it ended (evidence)."""
+
+    src: str
+    sport: int
+    dst: str
+    dport: int
+    in_iface: str
+    outcome: str
+    source_class: str
+    reply_iface: str | None = None  # where the SYN-ACK/RST left, if it did
+    peer_reset: bool = False  # the client answered our SYN-ACK with RST (it expected the LB)
+
+
+@dataclass(frozen=True)
+class NodePortStats:
+    node_port: int
+    protocol: str = "TCP"
+    syns: int = 0
+    # outcome -> source class -> count
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    samples: tuple[HandshakeSample, ...] = ()  # a few per (outcome, source class)
+
+
+@dataclass(frozen=True)
+class Corroboration:
+    """A kernel counter or log that supports (or not) what the capture saw."""
+
+    source: str  # "in_martian_src", "TcpExtIPReversePathFilter", "kernel log", "kfree_skb"
+    available: bool
+    value: int | None = None  # delta over the capture
+    detail: str = ""  # "unavailable, because ..." or sample lines
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    seconds: float
+    port_range: tuple[int, int]
+    ports: tuple[NodePortStats, ...] = ()
+    packets_seen: int = 0  # packets the filter passed to us
+    kernel_packets: int = 0  # PACKET_STATISTICS tp_packets
+    kernel_drops: int = 0  # PACKET_STATISTICS tp_drops: ring overflow, never hidden
+    table_evictions: int = 0  # handshakes dropped from the bounded table
+    table_capacity: int = 0
+    decode_errors: int = 0  # packets we could not decode (truncated, odd)
+    corroboration: tuple[Corroboration, ...] = ()
+    problems: tuple[str, ...] = ()  # "capture unavailable: ..." and similar
