@@ -131,3 +131,54 @@ def test_node_pod_cidr_wins_over_bridge_guess(tke: NodeSnapshot) -> None:
 def test_no_rules_at_all_is_undetermined(tke: NodeSnapshot) -> None:
     v = diagnose(replace(tke, netfilter=None), "n").to_dict()
     assert {f["id"] for f in v["findings"]} == {"pod-to-lb-undetermined"}
+
+
+def test_observed_loopback_and_dropped_health_checks_set_status_loopback(
+        tke: NodeSnapshot) -> None:
+    from agent.capture.model import (
+        BYPASSED,
+        SRC_LOCAL,
+        SRC_OTHER,
+        SRC_POD,
+        UNANSWERED,
+        CaptureResult,
+        Corroboration,
+        HandshakeSample,
+        NodePortStats,
+    )
+
+    port = NodePortStats(
+        30080, syns=9,
+        counts={BYPASSED: {SRC_POD: 4}, UNANSWERED: {SRC_LOCAL: 3, SRC_OTHER: 2}},
+        samples=(
+            HandshakeSample("172.16.1.2", 40000, "10.0.0.10", 30080, "eth0", BYPASSED,
+                            SRC_POD, reply_iface="cni0", peer_reset=True),
+            HandshakeSample("10.0.1.100", 41000, "10.0.0.10", 30080, "eth0", UNANSWERED,
+                            SRC_LOCAL),
+        ))
+    cap = CaptureResult(30.0, (30000, 32767), ports=(port,), kernel_drops=7,
+                        kernel_packets=100, corroboration=(
+                            Corroboration("in_martian_src", True, 3, "global counter"),))
+    v = diagnose(tke, "n", capture=cap).to_dict()
+    assert v["status"] == "loopback"
+    by_id = {f["id"]: f for f in v["findings"]}
+    loop = by_id["loopback-observed"]
+    assert loop["port"] == 30080 and loop["service"] == "default/web"
+    assert loop["lb_ip"] == "10.0.1.100"
+    assert any("left through cni0" in e and "client reset" in e for e in loop["evidence"])
+    hc = by_id["healthcheck-dropped-local-source"]
+    assert "3 SYNs" in hc["summary"]
+    assert any(e.startswith("in_martian_src: 3") for e in hc["evidence"])
+    assert by_id["nodeport-syn-unanswered"]["severity"] == "warning"
+    assert any("kernel dropped 7" in u["reason"] for u in v["unknowns"])
+    assert v["capture"]["syns"] == 9
+
+
+def test_capture_with_only_answered_handshakes_adds_nothing(tke: NodeSnapshot) -> None:
+    from agent.capture.model import ANSWERED, SRC_OTHER, CaptureResult, NodePortStats
+
+    cap = CaptureResult(10.0, (30000, 32767), ports=(
+        NodePortStats(30080, syns=5, counts={ANSWERED: {SRC_OTHER: 5}}),))
+    v = diagnose(tke, "n", capture=cap).to_dict()
+    assert v["status"] == "at-risk"  # the static finding stays; nothing observed
+    assert not {"loopback-observed", "nodeport-syn-unanswered"} & {f["id"] for f in v["findings"]}

@@ -6,6 +6,7 @@ import datetime as dt
 import socket
 
 from agent import __version__
+from agent.capture.model import CaptureResult
 from agent.diagnose.context import Context
 from agent.diagnose.lb_ip import discover, service_of_chains
 from agent.diagnose.model import Finding, LbIpReport, Verdict, status_of
@@ -22,15 +23,18 @@ def node_name(explicit: str | None, snap: NodeSnapshot | None, environ: dict[str
             or socket.gethostname())
 
 
-def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None) -> Verdict:
+def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
+             capture: CaptureResult | None = None) -> Verdict:
+    """The verdict for one node; ``capture`` adds what watched handshakes showed."""
     from agent.diagnose.rules import RULES
+    from agent.diagnose.rules.observed import OBSERVED_IDS
 
     facts = build_facts(snap)
     mode, mode_how = kube_proxy_mode(snap)
     targets = discover(snap)
     unknowns = [{"source": u.source, "reason": u.reason} for u in snap.unknowns]
     ctx = Context(snap, facts, targets, PathFinder(facts), mode, mode_how, unknowns,
-                  service_of_chains(snap))
+                  service_of_chains(snap), capture)
     if not targets:
         ctx.unknown("LB IPs", "no LoadBalancer, external or Ingress address found (no API "
                     "objects, no KUBE-LOAD-BALANCER ipset, no 'loadbalancer IP' rules)")
@@ -73,13 +77,32 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None) -> V
         node=node,
         time=now.isoformat(timespec="seconds").replace("+00:00", "Z"),
         agent_version=__version__,
-        status=status_of(findings),
+        status=status_of(findings, observed=any(f.id in OBSERVED_IDS for f in findings)),
         kube_proxy_mode=mode,
         findings=tuple(findings),
         unknowns=tuple(ctx.unknowns),
         lb_ips=reports,
         context=context,
+        capture=_capture_summary(capture),
     )
+
+
+def _capture_summary(cap: CaptureResult | None) -> dict | None:
+    if cap is None:
+        return None
+    return {
+        "seconds": cap.seconds,
+        "nodeport_range": list(cap.port_range),
+        "syns": sum(p.syns for p in cap.ports),
+        "ports": [{"node_port": p.node_port, "syns": p.syns, "counts": p.counts}
+                  for p in cap.ports],
+        "kernel_packets": cap.kernel_packets,
+        "kernel_drops": cap.kernel_drops,
+        "table_evictions": cap.table_evictions,
+        "decode_errors": cap.decode_errors,
+        "corroboration": [{"source": c.source, "available": c.available, "value": c.value,
+                           "detail": c.detail} for c in cap.corroboration],
+    }
 
 
 def _ip_key(ip: str | None) -> tuple[int, ...]:

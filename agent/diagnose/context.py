@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agent.capture.model import CaptureResult
 from agent.diagnose.lb_ip import LbTarget
 from agent.diagnose.node_facts import NodeFacts
 from agent.diagnose.paths import PathFinder
@@ -20,6 +21,7 @@ class Context:
     mode_how: str
     unknowns: list[dict[str, str]]
     chain_services: dict[str, str]  # KUBE-SVC-<hash> etc. -> "ns/name"
+    capture: CaptureResult | None = None
 
     def unknown(self, source: str, reason: str) -> None:
         item = {"source": source, "reason": reason}

@@ -70,6 +70,7 @@ class Verdict:
     unknowns: tuple[dict[str, str], ...]
     lb_ips: tuple[LbIpReport, ...] = ()
     context: dict[str, Any] = field(default_factory=dict)
+    capture: dict[str, Any] | None = None  # summary of watched handshakes, when captured
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +84,7 @@ class Verdict:
             "unknowns": [dict(u) for u in self.unknowns],
             "lb_ips": [r.to_dict() for r in self.lb_ips],
             "context": dict(self.context),
+            **({"capture": self.capture} if self.capture is not None else {}),
         }
 
 

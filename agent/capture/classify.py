@@ -1,0 +1,37 @@
+"""Which class of source sent a SYN: this node's own address, a pod of this node, a known
+LB IP, or anything else. Built once from the snapshot, called per handshake."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable, Iterable
+
+from agent.capture.model import SRC_LB, SRC_LOCAL, SRC_OTHER, SRC_POD
+from agent.diagnose.node_facts import NodeFacts
+
+
+def make_classifier(facts: NodeFacts, lb_ips: Iterable[str]) -> Callable[[str], str]:
+    snap = facts.snapshot
+    prefixes = [ipaddress.ip_network(c, strict=False)
+                for c in (snap.node_info.pod_cidrs if snap.node_info else ())]
+    if facts.pod is not None:
+        prefixes.append(ipaddress.ip_network(facts.pod.prefix, strict=False))
+    lbs = frozenset(lb_ips)
+    cache: dict[str, str] = {}
+
+    def classify(src: str) -> str:
+        got = cache.get(src)
+        if got is None:
+            if facts.is_local(src):
+                got = SRC_LOCAL
+            elif any(ipaddress.ip_address(src) in p for p in prefixes):
+                got = SRC_POD
+            elif src in lbs:
+                got = SRC_LB
+            else:
+                got = SRC_OTHER
+            if len(cache) < 65536:  # bounded: a SYN flood from random sources
+                cache[src] = got
+        return got
+
+    return classify
