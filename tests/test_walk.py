@@ -208,3 +208,59 @@ def test_undefined_target_is_unknown() -> None:
 """)
     (res,) = w.walk("PREROUTING", POD)
     assert res.verdict == "UNKNOWN" and "KUBE-NOT-THERE" in res.detail
+
+
+def test_insert_with_position_and_incompatible_tables() -> None:
+    from agent.errors import InputError
+
+    nf = parse_iptables_save("*nat\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -j DROP\n"
+                             "-I PREROUTING 1 -p udp -j ACCEPT\n-I PREROUTING 2 -j RETURN\n"
+                             "COMMIT\n")
+    chain = nf.table("nat").chain("PREROUTING")  # type: ignore[union-attr]
+    assert [r.text for r in chain.rules] == ["-A PREROUTING -p udp -j ACCEPT",
+                                             "-A PREROUTING -j RETURN",
+                                             "-A PREROUTING -j DROP"]
+    with pytest.raises(InputError, match=r"t.txt:2: Table `nat' is incompatible"):
+        parse_iptables_save("*nat\n# Table `nat' is incompatible, use 'nft' tool.\nCOMMIT\n",
+                            source="t.txt")
+
+
+def test_too_many_branches_end_in_unknown_not_silence() -> None:
+    body = "\n".join(f"-A PREROUTING -m statistic --mode random --probability 0.01 "
+                     f"-j DNAT --to-destination 1.0.0.{i}:80" for i in range(1, 41))
+    w = nat(":PREROUTING ACCEPT [0:0]\n" + body)
+    verdicts = [r.verdict for r in w.walk("PREROUTING", POD)]
+    assert "UNKNOWN" in verdicts and "ACCEPT" not in verdicts
+
+
+def test_unparsable_rule_is_skipped_when_its_parsed_part_cannot_match() -> None:
+    w = nat("""
+:PREROUTING ACCEPT [0:0]
+-A PREROUTING -s 9.9.9.9/32 -m frobnicate --frob -j SET --add-set FOO src --exist
+-A PREROUTING -p tcp -m tcp --tcp-flags SYN,RST SYN -j TCPMSS --clamp-mss-to-pmtu
+-A PREROUTING -j DNAT --to-destination 1.1.1.1
+""")
+    (res,) = w.walk("PREROUTING", POD)
+    assert res.verdict == "DNAT"
+
+
+def test_dst_inside_a_comment_does_not_hide_a_rule_from_the_index() -> None:
+    rules = "\n".join(f"-A PREROUTING -d 10.9.0.{i}/32 -j ACCEPT" for i in range(20))
+    w = nat(f""":PREROUTING ACCEPT [0:0]
+{rules}
+-A PREROUTING -m comment --comment "was -d 10.9.0.1 once" -j DROP
+""")
+    (res,) = w.walk("PREROUTING", POD)
+    assert res.verdict == "DROP"
+
+
+def test_connmark_save_and_restore_use_xor_like_the_kernel() -> None:
+    w = nat("""
+:PREROUTING ACCEPT [0:0]
+-A PREROUTING -j CONNMARK --set-xmark 0x1/0x0
+-A PREROUTING -j MARK --set-xmark 0x1/0x0
+-A PREROUTING -j CONNMARK --save-mark --nfmask 0xffffffff --ctmask 0x0
+-A PREROUTING -m connmark --mark 0x0 -j DROP
+""")
+    (res,) = w.walk("PREROUTING", POD)
+    assert res.verdict == "DROP"  # ctmark 0x1 ^ mark 0x1 = 0

@@ -8,7 +8,7 @@ import socket
 from agent import __version__
 from agent.capture.model import CaptureResult
 from agent.diagnose.context import Context
-from agent.diagnose.lb_ip import discover, service_of_chains
+from agent.diagnose.lb_ip import discover, service_of_chains, split_by_family
 from agent.diagnose.model import Finding, LbIpReport, Verdict, status_of
 from agent.diagnose.node_facts import build_facts, kube_proxy_mode
 from agent.diagnose.paths import PathFinder
@@ -31,20 +31,32 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
 
     facts = build_facts(snap)
     mode, mode_how = kube_proxy_mode(snap)
-    targets = discover(snap)
+    targets, skipped = split_by_family(discover(snap))
     unknowns = [{"source": u.source, "reason": u.reason} for u in snap.unknowns]
+    unknowns += [{"source": "LB IPs", "reason": r} for r in skipped]
     ctx = Context(snap, facts, targets, PathFinder(facts), mode, mode_how, unknowns,
                   service_of_chains(snap), capture)
-    if not targets:
-        ctx.unknown("LB IPs", "no LoadBalancer, external or Ingress address found (no API "
-                    "objects, no KUBE-LOAD-BALANCER ipset, no 'loadbalancer IP' rules)")
     findings: list[Finding] = []
+    if not targets and snap.services is None:
+        # without the Service objects "none found" may just mean "not visible here"
+        findings.append(Finding(
+            "lb-ips-unknown", "warning",
+            "No LoadBalancer, external or Ingress address is visible: without the Service "
+            "objects (API access or services.json) the agent cannot rule loopback out",
+            evidence=("no KUBE-LOAD-BALANCER ipset entry, no 'loadbalancer IP' rule",),
+            remedy="Run with API access, or give --kube-json DIR / services.json in the "
+                   "bundle."))
     for rule in RULES:
         try:
             findings.extend(rule(ctx))
         except Exception as e:  # a bug in one rule must not hide the others' findings
-            ctx.unknown(f"rule {rule.__module__.rsplit('.', 1)[-1]}",
-                        f"internal error: {type(e).__name__}: {e}")
+            name = rule.__module__.rsplit(".", 1)[-1]
+            ctx.unknown(f"rule {name}", f"internal error: {type(e).__name__}: {e}")
+            findings.append(Finding(
+                "diagnosis-incomplete", "warning",
+                f"The {name} check failed with an internal error: its findings are missing",
+                evidence=(f"{type(e).__name__}: {e}",),
+                remedy="Report it with the bundle (loopback-agent bundle DIR)."))
     findings.sort(key=lambda f: (_SEVERITY_ORDER[f.severity], _ip_key(f.lb_ip), f.port or 0,
                                  f.id))
     lb_ips: dict[str, list] = {}

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import ipaddress
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agent.netfilter.rules import parse_rule
 from agent.snapshot import NodeSnapshot, Service
@@ -30,6 +31,7 @@ class LbTarget:
     ip_mode: str | None = None
     annotations: tuple[tuple[str, str], ...] = ()
     ingress: str | None = None  # "ns/name" of the Ingress for kind "ingress"
+    node_port: int | None = None  # where the load balancer really sends it
 
     @property
     def key(self) -> tuple[str, int, str]:
@@ -93,6 +95,7 @@ def discover(snap: NodeSnapshot) -> list[LbTarget]:
             ip_mode=old.ip_mode or t.ip_mode,
             annotations=old.annotations or t.annotations,
             ingress=old.ingress or t.ingress,
+            node_port=old.node_port or t.node_port,
         )
 
     by_key: dict[str, Service] = {}
@@ -107,13 +110,13 @@ def discover(snap: NodeSnapshot) -> list[LbTarget]:
                                      (f"Service {svc.key} status.loadBalancer.ingress",),
                                      svc.external_traffic_policy,
                                      "Service spec" if svc.external_traffic_policy else "",
-                                     ing.ip_mode, annotations))
+                                     ing.ip_mode, annotations, node_port=p.node_port))
             for ip in svc.external_ips:
                 add(LbTarget(ip, p.port, p.protocol, "external", svc.key,
                              (f"Service {svc.key} spec.externalIPs",),
                              svc.external_traffic_policy,
                              "Service spec" if svc.external_traffic_policy else "",
-                             None, annotations))
+                             None, annotations, node_port=p.node_port))
 
     for ing in snap.ingresses or ():
         backends = sorted({b.service for b in ing.backends})
@@ -127,7 +130,66 @@ def discover(snap: NodeSnapshot) -> list[LbTarget]:
 
     _from_ipsets(snap, add)
     _from_rules(snap, add)
-    return sorted(found.values(), key=lambda t: (_ip_key(t.ip), t.port, t.protocol))
+    ports = _node_ports_from_rules(snap)
+    out = []
+    for t in found.values():
+        if t.node_port is None and t.service:
+            np = ports.get((t.service, t.port, t.protocol))
+            if np is not None:
+                t = replace(t, node_port=np)
+        out.append(t)
+    return sorted(out, key=lambda t: (_ip_key(t.ip), t.port, t.protocol))
+
+
+def split_by_family(targets: list[LbTarget]) -> tuple[list[LbTarget], list[str]]:
+    """(IPv4 targets the agent analyses, reasons for the others: IPv6 or not an address)."""
+    keep, skipped = [], []
+    seen: set[str] = set()
+    for t in targets:
+        try:
+            version = ipaddress.ip_address(t.ip).version
+        except ValueError:
+            if t.ip not in seen:
+                skipped.append(f"{t.ip!r} ({', '.join(t.learned_from)}) is not an IP address")
+            seen.add(t.ip)
+            continue
+        if version == 6:
+            if t.ip not in seen:
+                skipped.append(f"{t.ip}: IPv6 is not analysed (ip6tables rules are not "
+                               "collected); check it by hand")
+            seen.add(t.ip)
+            continue
+        keep.append(t)
+    return keep, skipped
+
+
+def _node_ports_from_rules(snap: NodeSnapshot) -> dict[tuple[str, int, str], int]:
+    """(service, port, protocol) -> NodePort, from kube-proxy's comments: the KUBE-NODEPORTS
+    rule and the "loadbalancer IP" rule of one service port share "ns/svc:portname"."""
+    nat = snap.netfilter.table("nat") if snap.netfilter else None
+    if nat is None:
+        return {}
+
+    def commented(chain_name: str) -> list[tuple[str, str, int]]:
+        chain = nat.chain(chain_name)
+        out = []
+        for rule in chain.rules if chain else ():
+            if "--dport" not in rule.text or "--comment" not in rule.text:
+                continue
+            r = parse_rule(rule)
+            proto = next((a[0] for k, n, a in r.conds if k == "proto" and not n), None)
+            dport = next((a[0] for k, n, a in r.conds if k.endswith("--dport") and not n), "")
+            if r.comment and proto and dport.isdigit():
+                out.append((r.comment.split(" ", 1)[0], proto.upper(), int(dport)))
+        return out
+
+    by_name = {(name, proto): port for name, proto, port in commented("KUBE-NODEPORTS")}
+    result: dict[tuple[str, int, str], int] = {}
+    for name, proto, port in commented("KUBE-SERVICES"):
+        node_port = by_name.get((name, proto))
+        if node_port is not None:
+            result[(name.split(":", 1)[0], port, proto)] = node_port
+    return result
 
 
 def _from_ipsets(snap: NodeSnapshot, add) -> None:  # type: ignore[no-untyped-def]
@@ -176,12 +238,12 @@ def _from_rules(snap: NodeSnapshot, add) -> None:  # type: ignore[no-untyped-def
         if kind is None:
             continue
         ip = port = proto = None
-        for kind, negate, args in r.conds:
-            if kind == "dst" and not negate:
+        for ckind, negate, args in r.conds:
+            if ckind == "dst" and not negate:
                 ip = args[0].removesuffix("/32")
-            elif kind == "proto" and not negate:
+            elif ckind == "proto" and not negate:
                 proto = args[0].upper()
-            elif kind.endswith("--dport") and not negate and args[0].isdigit():
+            elif ckind.endswith("--dport") and not negate and args[0].isdigit():
                 port = int(args[0])
         if ip is None or port is None or proto is None or "/" in ip:
             continue

@@ -4,6 +4,7 @@ is its source kept?). The evidence is the walk, rule by rule."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from agent.diagnose.lb_ip import LbTarget
@@ -14,15 +15,23 @@ from agent.snapshot import Chain, Netfilter, Rule, Table
 # An outside client (TEST-NET-2): never local, never a pod.
 OUTSIDE_CLIENT = "198.51.100.7"
 
-# kube-proxy installs these jumps from the built-in chains itself, outside the
-# iptables-restore input it writes; a dump of that input lacks them.
+# kube-proxy installs these jumps from the built-in chains itself (iptablesJumpChains,
+# each prepended), outside the iptables-restore input it writes; a dump of that input
+# lacks them. Listed in the order they end up in the chain.
+_NEW = "-m conntrack --ctstate NEW "
 _KUBE_HOOKS = {
-    "nat": (("PREROUTING", "KUBE-SERVICES", "kubernetes service portals"),
-            ("OUTPUT", "KUBE-SERVICES", "kubernetes service portals"),
-            ("POSTROUTING", "KUBE-POSTROUTING", "kubernetes postrouting rules")),
-    "filter": (("FORWARD", "KUBE-FORWARD", "kubernetes forwarding rules"),
-               ("FORWARD", "KUBE-PROXY-FIREWALL", "kube-proxy firewall rules"),
-               ("INPUT", "KUBE-PROXY-FIREWALL", "kube-proxy firewall rules")),
+    "nat": (("PREROUTING", "KUBE-SERVICES", "kubernetes service portals", ""),
+            ("OUTPUT", "KUBE-SERVICES", "kubernetes service portals", ""),
+            ("POSTROUTING", "KUBE-POSTROUTING", "kubernetes postrouting rules", "")),
+    "filter": (("INPUT", "KUBE-PROXY-FIREWALL", "kube-proxy firewall rules", _NEW),
+               ("INPUT", "KUBE-NODEPORTS", "kubernetes health check service ports", ""),
+               ("INPUT", "KUBE-EXTERNAL-SERVICES",
+                "kubernetes externally-visible service portals", _NEW),
+               ("FORWARD", "KUBE-PROXY-FIREWALL", "kube-proxy firewall rules", _NEW),
+               ("FORWARD", "KUBE-FORWARD", "kubernetes forwarding rules", ""),
+               ("FORWARD", "KUBE-SERVICES", "kubernetes service portals", _NEW),
+               ("FORWARD", "KUBE-EXTERNAL-SERVICES",
+                "kubernetes externally-visible service portals", _NEW)),
 }
 
 # Ranking when branches (statistic, recent) disagree: the worst one is reported.
@@ -48,27 +57,45 @@ class ServedOutcome:
 
 
 def with_kube_proxy_hooks(nf: Netfilter) -> tuple[Netfilter, tuple[str, ...]]:
-    """Add kube-proxy's built-in-chain jumps when the dump is its restore input."""
+    """Add kube-proxy's built-in-chain jumps when the dump is its restore input (no
+    iptables-save header): a real dump without them is a node where they are missing."""
+    if nf.backend != "unknown":
+        return nf, ()
     notes: list[str] = []
     tables = []
     for t in nf.tables:
         chains = list(t.chains)
-        for builtin, target, comment in _KUBE_HOOKS.get(t.name, ()):
+        added: dict[str, list[Rule]] = {}
+        for builtin, target, comment, extra in _KUBE_HOOKS.get(t.name, ()):
             if t.chain(target) is None or _referenced(t, target):
                 continue
-            text = f'-A {builtin} -m comment --comment "{comment}" -j {target}'
+            text = f'-A {builtin} {extra}-m comment --comment "{comment}" -j {target}'
             src = "assumed: kube-proxy installs this jump outside its restore input"
             notes.append(f"{t.name} {builtin} -> {target}: {src}")
+            added.setdefault(builtin, []).append(Rule(text, src))
+        for builtin, rules in added.items():
             existing = next((c for c in chains if c.name == builtin), None)
-            rule = Rule(text, src)
             # kube-proxy prepends its jumps (EnsureRule(Prepend, ...))
             if existing is None:
-                chains.append(Chain(builtin, "ACCEPT", (rule,)))
+                chains.append(Chain(builtin, "ACCEPT", tuple(rules)))
             else:
                 chains[chains.index(existing)] = Chain(builtin, existing.policy,
-                                                       (rule, *existing.rules))
+                                                       (*rules, *existing.rules))
         tables.append(Table(t.name, tuple(chains)))
     return Netfilter(nf.backend, tuple(tables)), tuple(notes)
+
+
+def not_walked(nf: Netfilter) -> tuple[str, ...]:
+    """Rules in tables the walk does not follow (raw, mangle) on the paths it models."""
+    out = []
+    for tname in ("raw", "mangle"):
+        t = nf.table(tname)
+        for cname in ("PREROUTING", "FORWARD", "POSTROUTING"):
+            c = t.chain(cname) if t else None
+            if c and c.rules:
+                out.append(f"{tname} {cname} has {len(c.rules)} rules that are not walked "
+                           "(marks or drops there are not taken into account)")
+    return tuple(out)
 
 
 def _referenced(t: Table, chain: str) -> bool:
@@ -87,6 +114,7 @@ class PathFinder:
         self.filter: TableWalker | None = None
         if snap.netfilter is not None:
             nf, self.notes = with_kube_proxy_hooks(snap.netfilter)
+            self.notes += not_walked(snap.netfilter)
             nat = nf.table("nat")
             flt = nf.table("filter")
             self.nat = TableWalker(nat or Table("nat"), facts)
@@ -137,8 +165,7 @@ class PathFinder:
               + (f" [{self.facts.uplink_how}]" if self.facts.uplink_how else ""))
         p = p._replace(out_iface=out_iface)
         results: list[PathOutcome] = []
-        fwd = self.filter.walk("FORWARD", p) if self.filter else [HookResult("ACCEPT", p, ())]
-        for fr in fwd:
+        for fr in self._filter("FORWARD", p):
             ev2 = ev + tuple(s.render() for s in fr.steps if s.table == "filter")
             if fr.verdict == "UNKNOWN":
                 results.append(PathOutcome("unknown", fr.detail, (*ev2, fr.detail)))
@@ -152,8 +179,18 @@ class PathFinder:
                 if pr.verdict == "UNKNOWN":
                     results.append(PathOutcome("unknown", pr.detail, (*ev3, pr.detail)))
                 elif pr.verdict in ("MASQUERADE", "SNAT"):
-                    how = (f"leaves {out_iface} with the node's address ({pr.verdict}): the "
-                           "load balancer will not send it back to this node")
+                    to = _snat_address(pr)
+                    node_ip = self.facts.node_ip
+                    if pr.verdict == "SNAT" and to != node_ip:
+                        # the LB only skips the real server whose IP equals the source
+                        how = (f"leaves {out_iface} SNATed to {to}, which is not this node's "
+                               f"address {node_ip}: the load balancer may still pick this node")
+                        results.append(PathOutcome("not-masqueraded", how,
+                                                   (*ev3, f"result: {how}")))
+                        continue
+                    how = (f"leaves {out_iface} with the node's address {node_ip} "
+                           f"({pr.verdict}): the load balancer will not send it back to this "
+                           "node")
                     results.append(PathOutcome("masqueraded", how, (*ev3, f"result: {how}")))
                 elif pr.verdict in ("DROP", "REJECT"):
                     results.append(PathOutcome("dropped", f"{pr.verdict} in nat POSTROUTING",
@@ -190,12 +227,17 @@ class PathFinder:
     # -- outside client -> LB (what the load balancer's traffic meets) -----------------
 
     def outside_to_lb(self, t: LbTarget) -> ServedOutcome:
+        """What the load balancer's own traffic meets: a SYN from outside to this node's
+        NodePort for the service (the CLB sends to NodeIP:NodePort, never to its VIP)."""
         f = self.facts
         if self.nat is None:
             return ServedOutcome(None, None, (), "nat rules unknown")
-        pkt = Packet(src=OUTSIDE_CLIENT, dst=t.ip, proto=t.protocol.lower(), dport=t.port,
-                     in_iface=f.uplink)
-        head = (f"packet: {pkt.describe()} (a client outside the cluster)",)
+        if t.node_port is None or f.node_ip is None:
+            return ServedOutcome(None, None, (), "the NodePort or the node's address is "
+                                 "unknown")
+        pkt = Packet(src=OUTSIDE_CLIENT, dst=f.node_ip, proto=t.protocol.lower(),
+                     dport=t.node_port, in_iface=f.uplink)
+        head = (f"packet: {pkt.describe()} (the load balancer forwarding a client)",)
         served_any = False
         kept: bool | None = None
         evidence: tuple[str, ...] = head
@@ -203,35 +245,51 @@ class PathFinder:
             ev = head + tuple(s.render() for s in res.steps)
             if res.verdict == "UNKNOWN":
                 return ServedOutcome(None, None, (*ev, res.detail), res.detail)
-            if res.verdict not in ("DNAT", "REDIRECT"):
-                evidence = (*ev, f"no DNAT to an endpoint ({res.detail or res.verdict})")
+            if res.verdict in ("DROP", "REJECT"):
+                evidence = (*ev, f"{res.verdict} in nat PREROUTING")
                 continue
             p = res.packet
+            if res.verdict not in ("DNAT", "REDIRECT"):
+                # to the node itself: filter INPUT decides (kube-proxy's "has no local
+                # endpoints" rules live there); nothing listens on a NodePort by itself
+                for fr in self._filter("INPUT", p):
+                    if fr.verdict == "UNKNOWN":
+                        return ServedOutcome(None, None, (*ev, fr.detail), fr.detail)
+                    evidence = (*ev, *(s.render() for s in fr.steps),
+                                f"no DNAT to an endpoint: {fr.verdict} in filter INPUT")
+                continue
             out = (f.pod.iface if f.pod and f.pod.iface and _in(p.dst, f.pod.prefix)
                    else f.uplink)
             p = p._replace(out_iface=out)
-            fwd = self.filter.walk("FORWARD", p) if self.filter else [HookResult("ACCEPT", p, ())]
-            for fr in fwd:
+            for fr in self._filter("FORWARD", p):
+                ev2 = ev + tuple(s.render() for s in fr.steps if s.table == "filter")
+                if fr.verdict == "UNKNOWN":
+                    return ServedOutcome(None, None, (*ev2, fr.detail), fr.detail)
                 if fr.verdict in ("DROP", "REJECT"):
-                    evidence = ev + tuple(s.render() for s in fr.steps if s.table == "filter")
+                    evidence = ev2
                     continue
                 served_any = True
                 for pr in self.nat.walk("POSTROUTING", fr.packet):
+                    if pr.verdict == "UNKNOWN":
+                        return ServedOutcome(None, None, (*ev2, pr.detail), pr.detail)
                     masq = pr.verdict in ("MASQUERADE", "SNAT")
                     kept = (not masq) if kept is None else (kept and not masq)
-                    evidence = ev + tuple(s.render() for s in pr.steps)
+                    evidence = ev2 + tuple(s.render() for s in pr.steps)
         if served_any:
             how = ("served here" + ("" if kept is None else
                                     (", client source kept" if kept else ", source masqueraded")))
             return ServedOutcome(True, kept, evidence, how)
-        # filter rules of kube-proxy may drop it (e.g. "has no local endpoints")
-        if self.filter:
-            for fr in self.filter.walk("FORWARD", Packet(
-                    OUTSIDE_CLIENT, t.ip, t.protocol.lower(), 45678, t.port, f.uplink,
-                    f.pod.iface if f.pod else None)):
-                if fr.verdict in ("DROP", "REJECT"):
-                    evidence = evidence + tuple(s.render() for s in fr.steps)
         return ServedOutcome(False, None, evidence, "not served on this node")
+
+    def _filter(self, chain: str, p: Packet) -> list[HookResult]:
+        return self.filter.walk(chain, p) if self.filter else [HookResult("ACCEPT", p, ())]
+
+
+def _snat_address(res: HookResult) -> str | None:
+    """The --to-source address of the SNAT that ended the walk (first of a range)."""
+    last = res.steps[-1].text if res.steps else ""
+    m = re.search(r"--to-source (\d+\.\d+\.\d+\.\d+)", last)
+    return m.group(1) if m else None
 
 
 def _in(addr: str, prefix: str) -> bool:

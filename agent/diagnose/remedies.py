@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from agent.diagnose.lb_ip import LbTarget
 
+if TYPE_CHECKING:
+    from agent.diagnose.context import Context
+
 PREVENT_LOOPBACK = "service.cloud.tencent.com/prevent-loopback"
+_TKE_ANNOTATIONS = ("service.cloud.tencent.com/", "service.kubernetes.io/qcloud",
+                    "service.kubernetes.io/tke")
 
 
-def _is_tke(t: LbTarget) -> bool:
-    return any(k.startswith(("service.cloud.tencent.com/", "service.kubernetes.io/qcloud"))
-               for k, _ in t.annotations)
+def is_tke(t: LbTarget) -> bool:
+    """Tencent's controller annotates its Services; that is the evidence we accept."""
+    return any(k.startswith(_TKE_ANNOTATIONS) for k, _ in t.annotations)
+
+
+def tke_ipvs_variant(t: LbTarget, ctx: Context) -> bool:
+    """IPVS mode, kube-proxy serves the LB IP (KUBE-LOAD-BALANCER lists it) but does not
+    bind it: upstream kube-proxy binds every LB IP unless ipMode is Proxy, TKE's does not."""
+    if ctx.mode != "ipvs" or t.ip_mode == "Proxy" or ctx.facts.is_local(t.ip):
+        return False
+    lb = ctx.snapshot.ipset("KUBE-LOAD-BALANCER")
+    return lb is not None and f"{t.ip},{t.protocol.lower()}:{t.port}" in lb.members
 
 
 def dns_name(t: LbTarget) -> str:
@@ -19,32 +35,32 @@ def dns_name(t: LbTarget) -> str:
     return "<service>.<namespace>.svc.cluster.local"
 
 
-def for_lb_ip_local(t: LbTarget, mode: str) -> str:
+def for_lb_ip_local(t: LbTarget) -> str:
     if t.ip_mode == "Proxy":
         return ("The Service asks for ipMode: Proxy but the VIP is still bound: upgrade "
                 "kube-proxy to a version that honours status.loadBalancer.ingress[].ipMode "
                 "(Kubernetes 1.30+), so it stops binding the VIP on kube-ipvs0.")
-    if mode == "ipvs" or _is_tke(t):
+    if is_tke(t):
         return (f'Annotate the Service with {PREVENT_LOOPBACK}: "true" (with a kube-proxy '
                 "that supports it): the CLB then health-checks from 100.64.0.0/10 instead of "
                 "its own VIP, so the checks are no longer dropped as martian source while the "
                 "VIP stays bound for in-cluster short-circuiting.")
-    return ("Make the load balancer health-check from an address that is not local on the "
-            "nodes (on TKE: the prevent-loopback annotation), or set ipMode: Proxy so "
-            "kube-proxy does not bind the VIP.")
+    return ("If the load balancer health-checks from its VIP: have it check from another "
+            "address, or set status.loadBalancer.ingress[].ipMode: Proxy (Kubernetes 1.30+) "
+            "so kube-proxy stops binding the VIP on the nodes.")
 
 
-def for_not_masqueraded(t: LbTarget, mode: str, lb_bound_elsewhere: bool) -> str:
+def for_not_masqueraded(t: LbTarget, ctx: Context) -> str:
     if t.kind == "ingress":
         return (f"Call the backend by its Service DNS name ({dns_name(t)}) instead of the "
                 "Ingress address; if clients must keep the domain, a CoreDNS rewrite to a "
                 "self-hosted ingress controller keeps the traffic inside the cluster.")
-    if mode == "ipvs" and not lb_bound_elsewhere:
-        return (f'Annotate the Service with {PREVENT_LOOPBACK}: "true" and run a kube-proxy '
-                "that supports it: the VIP is bound on kube-ipvs0 again, pods reach the "
-                "Service inside the node, and the CLB health-checks from 100.64.0.0/10.")
     if t.ip_mode == "Proxy":
         return (f"Use the Service DNS name ({dns_name(t)}) from pods: with ipMode: Proxy "
                 "kube-proxy deliberately sends pod traffic to the load balancer.")
+    if is_tke(t) or tke_ipvs_variant(t, ctx):
+        return (f'Annotate the Service with {PREVENT_LOOPBACK}: "true" and run a kube-proxy '
+                "that supports it: the VIP is bound on kube-ipvs0 again, pods reach the "
+                "Service inside the node, and the CLB health-checks from 100.64.0.0/10.")
     return (f"Use the Service DNS name ({dns_name(t)}) from pods instead of the load "
             "balancer address; where a domain is baked in, a CoreDNS rewrite to that name.")

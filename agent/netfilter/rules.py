@@ -33,9 +33,16 @@ _FLAG_OPTIONS = frozenset({
     "--restore-mark", "--ipvs", "--log-uid", "--log-tcp-sequence", "--log-tcp-options",
     "--log-ip-options", "--notrack", "--reap", "--to-ports-random", "--fragment", "-f",
     "--update-counters", "--update-subcounters", "--physdev-is-in", "--physdev-is-out",
-    "--physdev-is-bridged", "--mask-all",
+    "--physdev-is-bridged", "--mask-all", "--limit-iface-in", "--limit-iface-out",
+    "--clamp-mss-to-pmtu", "--checksum-fill", "--exist", "--transparent", "--nowildcard",
+    "--restore-skmark", "--loose", "--validmark", "--accept-local", "--invert",
+    "--connlimit-saddr", "--connlimit-daddr", "--socket-exists", "--queue-bypass",
+    "--queue-cpu-fanout", "--fail-open", "--ecn-tcp-remove", "--log-macdecode",
 })
-_TWO_VALUE_OPTIONS = frozenset({"--tcp-flags", "--match-set"})
+# Options followed by two words: --tcp-flags MASK COMP, --match-set NAME FLAGS, and the
+# SET target's --add-set/--del-set/--map-set NAME FLAGS.
+_TWO_VALUE_OPTIONS = frozenset({"--tcp-flags", "--match-set", "--add-set", "--del-set",
+                                "--map-set"})
 
 
 # One test a packet must pass: (kind, negated, args). A plain tuple, not a class: a
@@ -131,6 +138,9 @@ def parse_rule(rule: Rule) -> ParsedRule:
                 if t in _FLAG_OPTIONS:
                     topts[t] = ""
                     i += 1
+                elif t in _TWO_VALUE_OPTIONS:
+                    topts[t] = f"{toks[i + 1]} {toks[i + 2]}"
+                    i += 3
                 else:
                     topts[t] = toks[i + 1]
                     i += 2
@@ -158,13 +168,14 @@ def parse_rule(rule: Rule) -> ParsedRule:
                 neg = False
                 continue
             else:
-                return ParsedRule(chain, (), None, False, {}, text=rule.text, source=rule.source,
-                                  problem=f"unexpected token {t!r}")
+                # keep what parsed so far: a false -s/-d/-p still rules the rule out
+                return ParsedRule(chain, tuple(conds), None, False, {}, text=rule.text,
+                                  source=rule.source, problem=f"unexpected token {t!r}")
             i += 2
             neg = False
     except IndexError:
-        return ParsedRule(chain, (), None, False, {}, text=rule.text, source=rule.source,
-                          problem="option without a value (line cut short?)")
+        return ParsedRule(chain, tuple(conds), None, False, {}, text=rule.text,
+                          source=rule.source, problem="option without a value (line cut short?)")
     return ParsedRule(chain, tuple(conds), target, goto, topts, comment, rule.text, rule.source)
 
 

@@ -39,7 +39,13 @@ def parse_iptables_save(text: str, source: str = "iptables-save.txt",
     opened_at = 0
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
-        if not line or line.startswith("#"):
+        if not line:
+            continue
+        if line.startswith("#"):
+            if "is incompatible" in line:
+                # iptables-nft cannot decode what another tool wrote: the dump is not whole
+                raise InputError(source, lineno, f"{line.lstrip('# ')} (dump it with the "
+                                 "iptables variant that wrote these rules)")
             continue
         if line.startswith("*"):
             if current is not None:
@@ -81,12 +87,16 @@ def parse_iptables_save(text: str, source: str = "iptables-save.txt",
                                      f"rule for chain {chain!r} that was never declared")
             if len(parts) < 3:
                 raise InputError(source, lineno, f"rule for chain {chain!r} has no body")
-            rule_text = f"-A {chain} {parts[2]}"
+            body = parts[2]
             rules = chains[chain][1]
             if op == "-I":
-                rules.insert(0, Rule(rule_text, f"{source}:{lineno}"))
+                pos = 1
+                head, _, rest = body.partition(" ")
+                if head.isdigit():  # "-I CHAIN N ...": insert at rule N (1-based)
+                    pos, body = int(head), rest
+                rules.insert(pos - 1, Rule(f"-A {chain} {body}", f"{source}:{lineno}"))
             else:
-                rules.append(Rule(rule_text, f"{source}:{lineno}"))
+                rules.append(Rule(f"-A {chain} {body}", f"{source}:{lineno}"))
             continue
         if line.startswith(("-X ", "-F ")):
             # kube-proxy's restore input deletes (-X) or flushes (-F) stale chains.

@@ -94,6 +94,7 @@ class HookResult:
 
 _DST_RE = re.compile(r"(?<!! )-d (\d+\.\d+\.\d+\.\d+)(?:/32)?(?=\s)")
 _DPORT_RE = re.compile(r"(?<!! )--dport (\d+)(?=\s)")
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
 class _ChainIndex:
@@ -112,11 +113,13 @@ class _ChainIndex:
             return
         self.generic = []
         for i, r in enumerate(chain.rules):
-            m = _DST_RE.search(r.text)
+            # -d / --dport inside a quoted comment must not index the rule
+            text = _QUOTED.sub('""', r.text) if '"' in r.text else r.text
+            m = _DST_RE.search(text)
             if m:
                 self.by_dst.setdefault(m.group(1), []).append(i)
                 continue
-            m = _DPORT_RE.search(r.text)
+            m = _DPORT_RE.search(text)
             if m:
                 self.by_dport.setdefault(int(m.group(1)), []).append(i)
             else:
@@ -142,7 +145,6 @@ class TableWalker:
         self.view = view
         self._idx: dict[str, _ChainIndex] = {}
         self._budget = MAX_PATHS
-        self.truncated = False
 
     def _index(self, name: str) -> _ChainIndex | None:
         ix = self._idx.get(name)
@@ -184,10 +186,10 @@ class TableWalker:
             if i < start:
                 continue
             r = ix.rule(i)
-            if r.problem:
+            m, why = self._match(r, pkt)
+            if r.problem and m != FALSE:
                 results.append(("UNKNOWN", pkt, steps, _unknown(r, r.problem)))
                 return results
-            m, why = self._match(r, pkt)
             if m == FALSE:
                 continue
             if m is None:
@@ -198,7 +200,10 @@ class TableWalker:
                     self._budget -= 1
                     results.extend(self._run(ix, i + 1, pkt, steps, depth))
                 else:
-                    self.truncated = True
+                    # never drop a branch silently: the one not followed is unknown
+                    results.append(("UNKNOWN", pkt, steps, _unknown(
+                        r, f"more than {MAX_PATHS} random/recent branches: the branch where "
+                           "this rule does not match was not followed")))
             tgt = r.target
             if tgt is None:
                 continue
@@ -210,7 +215,11 @@ class TableWalker:
                 results.append((None, pkt, (*steps, step), ""))
                 return results
             if tgt in ("DNAT", "REDIRECT") or (tgt == "NETMAP" and pkt.out_iface is None):
-                new = _dnat(r, pkt)
+                try:
+                    new = _dnat(r, pkt)
+                except ValueError as e:
+                    results.append(("UNKNOWN", pkt, steps, _unknown(r, f"bad NAT target: {e}")))
+                    return results
                 results.append((tgt if tgt != "NETMAP" else "DNAT", new, (*steps, step),
                                 f"{tgt} to {new.dst}:{new.dport}"))
                 return results
@@ -265,7 +274,10 @@ class TableWalker:
         result: int | None = TRUE
         why = ""
         for c in r.conds:
-            v, reason = self._cond(c, pkt)
+            try:
+                v, reason = self._cond(c, pkt)
+            except (ValueError, TypeError, IndexError) as e:  # a malformed value in the rule
+                v, reason = None, f"cannot read {c[0]} {' '.join(c[2])!r}: {e}"
             if v is not None and c[1] and v != MAYBE:
                 v = TRUE if v == FALSE else FALSE
             if v == FALSE:
@@ -335,7 +347,7 @@ class TableWalker:
                     return None, f"addrtype {opt}: local addresses of the node unknown"
                 return (TRUE if t in a[0].split(",") else FALSE), ""
             if opt in ("--limit-iface-in", "--limit-iface-out"):
-                return TRUE, ""
+                return MAYBE, ""  # narrows LOCAL to one interface: follow both branches
             return None, f"addrtype option {opt}"
         if module in ("mark", "connmark"):
             if opt == "--mark":
@@ -373,7 +385,8 @@ class TableWalker:
         if module == "iprange" and opt in ("--src-range", "--dst-range"):
             addr = ipaddress.ip_address(pkt.src if opt == "--src-range" else pkt.dst)
             lo, _, hi = a[0].partition("-")
-            ok = ipaddress.ip_address(lo) <= addr <= ipaddress.ip_address(hi or lo)
+            lo_a, hi_a = ipaddress.ip_address(lo), ipaddress.ip_address(hi or lo)
+            ok = addr.version == lo_a.version == hi_a.version and lo_a <= addr <= hi_a
             return (TRUE if ok else FALSE), ""
         if module == "ipvs" and opt == "--ipvs":
             return FALSE, ""  # a packet on the netfilter path we walk is not IPVS's
@@ -516,10 +529,11 @@ def _connmark(r: ParsedRule, pkt: Packet) -> tuple[Packet, str]:
             return pkt._replace(ctmark=(pkt.ctmark & ~m & 0xFFFFFFFF) ^ v), ""
         nf = int(o.get("--nfmask", o.get("--mask", "0xffffffff")), 0)
         ct = int(o.get("--ctmask", o.get("--mask", "0xffffffff")), 0)
+        # as xt_connmark computes them (XOR, not OR)
         if "--save-mark" in o:
-            return pkt._replace(ctmark=(pkt.ctmark & ~ct & 0xFFFFFFFF) | (pkt.mark & nf)), ""
+            return pkt._replace(ctmark=(pkt.ctmark & ~ct & 0xFFFFFFFF) ^ (pkt.mark & nf)), ""
         if "--restore-mark" in o:
-            return pkt._replace(mark=(pkt.mark & ~nf & 0xFFFFFFFF) | (pkt.ctmark & ct)), ""
+            return pkt._replace(mark=(pkt.mark & ~nf & 0xFFFFFFFF) ^ (pkt.ctmark & ct)), ""
     except ValueError as e:
         return pkt, f"bad connmark value: {e}"
     return pkt, "CONNMARK option not supported"

@@ -31,7 +31,11 @@ def check(ctx: Context) -> list[Finding]:
                       + ("has no real servers" if vs else "does not exist"))
         else:
             served = ctx.paths.outside_to_lb(t)
-            if served.served is not False:
+            if served.served is None:
+                if t.etp == "Local":
+                    ctx.unknown(ID, f"{t.ip}:{t.port}: {served.how}")
+                continue
+            if served.served:
                 continue
             hinted = any(h in line for line in served.evidence for h in _LOCAL_HINTS)
             if t.etp != "Local" and not hinted:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from agent.diagnose.context import Context
 from agent.diagnose.lb_ip import LbTarget
 from agent.diagnose.model import Finding
-from agent.diagnose.remedies import PREVENT_LOOPBACK, for_lb_ip_local
+from agent.diagnose.remedies import PREVENT_LOOPBACK, for_lb_ip_local, is_tke
 from agent.diagnose.rules.common import sysctl_evidence
 
 ID = "lb-ip-local"
@@ -18,7 +18,10 @@ def check(ctx: Context) -> list[Finding]:
         return []
     by_ip: dict[str, list[LbTarget]] = {}
     for t in ctx.targets:
-        by_ip.setdefault(t.ip, []).append(t)
+        # only a load balancer's VIP health-checks the nodes; an externalIP bound on a
+        # node (kube-proxy IPVS binds them all) is local by design
+        if t.kind == "loadbalancer":
+            by_ip.setdefault(t.ip, []).append(t)
     out = []
     for ip, targets in by_ip.items():
         route = ctx.facts.local_route(ip)
@@ -41,12 +44,20 @@ def check(ctx: Context) -> list[Finding]:
                        "health checks must come from 100.64.0.0/10, not from the VIP")
             remedy = ("None if the CLB health-checks from 100.64.0.0/10; otherwise upgrade "
                       "the CLB/kube-proxy pairing that the annotation needs.")
-        else:
+        elif is_tke(t):
             severity = "critical"
-            summary = (f"LB IP {ip} is a local address on this node (on {dev}): the load "
-                       f"balancer's health checks and any packet sourced from {ip} that "
-                       "arrives here are dropped as martian source")
-            remedy = for_lb_ip_local(t, ctx.mode)
+            summary = (f"LB IP {ip} is a local address on this node (on {dev}): the Tencent "
+                       f"CLB health-checks from its VIP, so its health checks and any packet "
+                       f"sourced from {ip} that arrives here are dropped as martian source")
+            remedy = for_lb_ip_local(t)
+        else:
+            # other load balancers usually health-check from their own ranges
+            severity = "warning"
+            summary = (f"LB IP {ip} is a local address on this node (on {dev}): if the load "
+                       f"balancer health-checks from its VIP (Tencent CLB does), its checks "
+                       "and any packet sourced from the VIP are dropped here as martian "
+                       "source")
+            remedy = for_lb_ip_local(t)
         out.append(Finding(
             ID, severity, summary, lb_ip=ip,
             port=ports[0][1] if len(ports) == 1 else None,

@@ -7,6 +7,7 @@ from dataclasses import replace
 from agent.diagnose.context import Context
 from agent.diagnose.lb_ip import infer_service
 from agent.diagnose.model import Finding
+from agent.diagnose.paths import PathOutcome
 from agent.diagnose.remedies import for_not_masqueraded
 from agent.diagnose.rules.common import rp_filter_effective
 
@@ -20,7 +21,19 @@ UNDETERMINED = "pod-to-lb-undetermined"
 def check(ctx: Context) -> list[Finding]:
     out = []
     for t in ctx.targets:
-        o = ctx.paths.pod_to_lb(t)
+        if ctx.mode == "unknown" or not _has_kube_proxy_rules(ctx):
+            # kube-proxy's rules are not in this backend's dump (nftables mode, a
+            # kube-proxy replacement, the other backend): walking them would prove nothing
+            o = PathOutcome("unknown", "kube-proxy's rules were not found in the iptables "
+                            f"dump (mode: {ctx.mode_how}): kube-proxy in nftables mode, a "
+                            "replacement such as Cilium, or the other iptables backend?",
+                            ())
+        else:
+            try:
+                o = ctx.paths.pod_to_lb(t)
+            except Exception as e:  # one target's bug must not hide the others
+                o = PathOutcome("unknown", f"internal error walking it: "
+                                f"{type(e).__name__}: {e}", ())
         what = f"{t.ip}:{t.port}/{t.protocol}"
         if t.kind == "ingress" and t.ingress:
             what += f" (Ingress {t.ingress})"
@@ -37,13 +50,12 @@ def check(ctx: Context) -> list[Finding]:
                     "rp_filter drops the SYN (reverse path is the pod bridge)" if rp == 1 else
                     "the SYN-ACK goes straight to the pod, bypassing the load balancer, "
                     "and the pod resets it"))
-            bound = ctx.facts.is_local(t.ip) is True
             out.append(Finding(
                 NOT_MASQUERADED, "critical",
                 f"Pods of this node reaching {what} leave with their own address: the load "
                 "balancer may pick this node as real server and the connection loops back "
                 "and fails (4 s retries on layer 7, resets or timeouts on layer 4)",
-                evidence=tuple(ev), remedy=for_not_masqueraded(t, ctx.mode, bound), **common))
+                evidence=tuple(ev), remedy=for_not_masqueraded(t, ctx), **common))
         elif o.kind == "captured":
             out.append(Finding(CAPTURED, "info",
                                f"Pods reaching {what} are served inside the node: {o.how}",
@@ -70,3 +82,11 @@ def check(ctx: Context) -> list[Finding]:
                                       "the evidence names what could not be evaluated.",
                                **common))
     return out
+
+
+def _has_kube_proxy_rules(ctx: Context) -> bool:
+    nf = ctx.snapshot.netfilter
+    nat = nf.table("nat") if nf else None
+    if nf is None:
+        return True  # unreadable rules are reported by the walk itself
+    return nat is not None and any(c.name.startswith("KUBE-") for c in nat.chains)
