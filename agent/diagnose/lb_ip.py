@@ -130,7 +130,9 @@ def discover(snap: NodeSnapshot) -> list[LbTarget]:
 
     _from_ipsets(snap, add)
     _from_rules(snap, add)
-    ports = _node_ports_from_rules(snap)
+    # the Service objects give NodePorts; read kube-proxy's comments only where they miss
+    missing = any(t.node_port is None and t.service for t in found.values())
+    ports = _node_ports_from_rules(snap) if missing else {}
     out = []
     for t in found.values():
         if t.node_port is None and t.service:
