@@ -15,6 +15,11 @@ so ``ipvsadm`` cannot run; the generated ``ipvsadm -S -n`` text stands in for th
 Nothing is done in the root namespace: links are created inside a namespace
 (``netns.veth``), every command runs under ``ip netns exec``. Everything is torn down
 when the ``build_lab`` block ends, also on error.
+
+``add_node`` builds one node (build_lab's, or further ones of the same VPC) and
+``install_ipvs_standin`` makes an IPVS node's virtual servers answer; both serve
+``agent.lab.clb.build_cluster``, which adds a second node, endpoint pods and the CLB
+and drives real traffic. ``build_lab`` itself is unchanged by them.
 """
 
 from __future__ import annotations
@@ -85,26 +90,46 @@ def ping(ns: Netns, addr: str, timeout: float = 2.0) -> bool:
 @contextmanager
 def build_lab(scenario: Scenario, backend: str = "legacy") -> Iterator[Lab]:
     """The scenario's node, VPC peer and client pod; deleted when the block ends."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
+    _check_backend(backend)
     with ExitStack() as stack:
-        node = stack.enter_context(_netns.netns("lbn"))
         vpc = stack.enter_context(_netns.netns("lbv"))
-        pod = stack.enter_context(_netns.netns("lbp"))
+        node, pod = add_node(stack, scenario, backend, vpc)
         kube_dir = Path(tempfile.mkdtemp(prefix="lbl-kube-"))
         stack.callback(shutil.rmtree, kube_dir, True)
-
-        _sysctls(node, scenario)
-        _uplink(node, vpc, scenario)
-        _pod_network(node, pod, scenario)
-        if scenario.mode == "ipvs":
-            _kube_ipvs0(node, scenario)
-        _rules(node, scenario, backend)
-        _settle(node)
         for name, text in scenario.kube_files().items():
             (kube_dir / name).write_text(text)
         yield Lab(node=node, vpc=vpc, client_pod=pod, scenario=scenario, kube_dir=kube_dir,
                   backend=backend)
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
+
+
+def add_node(stack: ExitStack, scenario: Scenario, backend: str, vpc: Netns,
+             vpc_if: str = "eth1", *, first: bool = True) -> tuple[Netns, Netns]:
+    """A node of ``scenario`` (its namespace and a client pod on its cni0), uplinked to
+    ``vpc`` through ``vpc_if``; both namespaces are deleted when ``stack`` closes.
+
+    The ``first`` node's link gets the gateway with the node subnet's prefix on the
+    VPC side, as build_lab always did. Further nodes of the same VPC (build_cluster)
+    get it as /32 there, with a host route to the node (and proxy ARP, set by the
+    caller once all links exist), so
+    every node has a point-to-point link to the VPC and nothing reaches another node
+    without passing the VPC (the real VPC is routed, not a shared segment either).
+    """
+    _check_backend(backend)
+    node = stack.enter_context(_netns.netns("lbn"))
+    pod = stack.enter_context(_netns.netns("lbp"))
+    _sysctls(node, scenario)
+    _uplink(node, vpc, scenario, vpc_if, first)
+    _pod_network(node, pod, scenario)
+    if scenario.mode == "ipvs":
+        _kube_ipvs0(node, scenario)
+    _rules(node, scenario, backend)
+    _settle(node)
+    return node, pod
 
 
 def _sysctls(node: Netns, sc: Scenario) -> None:
@@ -124,18 +149,25 @@ def _sysctls(node: Netns, sc: Scenario) -> None:
     node.run("sysctl", "-q", "-w", *(f"{k}={v}" for k, v in values.items()))
 
 
-def _uplink(node: Netns, vpc: Netns, sc: Scenario) -> None:
-    _netns.veth(node, "eth0", vpc, "eth1")
+def _uplink(node: Netns, vpc: Netns, sc: Scenario, vpc_if: str, first: bool) -> None:
+    _netns.veth(node, "eth0", vpc, vpc_if)
     node.sh(f"""
         ip addr add {sc.node_ip}/{sc.node_prefix} dev eth0
         ip link set eth0 up
         ip route add default via {sc.vpc_gateway} dev eth0
         sysctl -q -w net.ipv4.conf.eth0.rp_filter={sc.rp_filter}
     """)
+    if first:
+        gateway = f"ip addr add {sc.vpc_gateway}/{sc.node_prefix} dev {vpc_if}"
+        host_route = ""
+    else:
+        gateway = f"ip addr add {sc.vpc_gateway}/32 dev {vpc_if}"
+        host_route = f"ip route add {sc.node_ip}/32 dev {vpc_if}"
     vpc.sh(f"""
-        ip addr add {sc.vpc_gateway}/{sc.node_prefix} dev eth1
-        ip link set eth1 up
-        ip route add {sc.pod_cidr} via {sc.node_ip} dev eth1
+        {gateway}
+        ip link set {vpc_if} up
+        {host_route}
+        ip route add {sc.pod_cidr} via {sc.node_ip} dev {vpc_if}
     """)
 
 
@@ -190,3 +222,59 @@ def _rules(node: Netns, sc: Scenario, backend: str) -> None:
         # the sets must exist before rules referencing them can be restored
         node.run("ipset", "restore", input=state.ipset_restore)
     node.run(f"iptables-{backend}-restore", input=sc.iptables_restore())
+
+
+# --- IPVS stand-in -------------------------------------------------------------------
+
+_IPVS_SERVICE = re.compile(r"^-A -t (\S+):(\d+) ")
+_IPVS_REAL = re.compile(r"^-a -t (\S+):(\d+) -r (\S+):(\d+) ")
+IPVS_STANDIN_TABLE = "lab-ipvs"
+
+
+def ipvs_standin_nft(ipvsadm_save: str) -> str:
+    """nft input standing in for the IPVS virtual servers of ``ipvsadm -S -n`` text.
+
+    This kernel has no IP_VS, so in IPVS scenarios nothing would answer a NodePort. IPVS
+    takes a packet in LOCAL_IN, i.e. only when routing found its destination local, and
+    NATs it to a real server (round robin here); the stand-in does the same with a DNAT
+    in prerouting/output guarded by ``fib daddr type local`` (an unbound LB IP therefore
+    stays unanswered, as with IPVS), at priority dstnat+10, after kube-proxy's nat rules
+    have set their masquerade marks. It lives in its own nft table, so what
+    ``iptables-save`` shows (what the agent reads) stays exactly kube-proxy's.
+
+    Known difference: the DNAT happens before routing, so a packet that IPVS would take
+    as local is forwarded to the real server instead; the martian-source and
+    reverse-path checks run in both paths, so drops are the same.
+    """
+    reals: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    for line in ipvsadm_save.splitlines():
+        if m := _IPVS_SERVICE.match(line):
+            reals.setdefault((m.group(1), int(m.group(2))), [])
+        elif m := _IPVS_REAL.match(line):
+            reals.setdefault((m.group(1), int(m.group(2))), []).append(
+                (m.group(3), int(m.group(4))))
+    chains: list[str] = []
+    vmap: list[str] = []
+    for i, ((vip, port), servers) in enumerate(reals.items()):
+        if not servers:  # no real server: IPVS leaves it to the local stack (RST)
+            continue
+        targets = ", ".join(f"{n} : {ip} . {p}" for n, (ip, p) in enumerate(servers))
+        chains.append(f"  chain vs{i} {{\n    meta l4proto tcp dnat ip to numgen inc mod "
+                      f"{len(servers)} map {{ {targets} }}\n  }}")
+        vmap.append(f"{vip} . {port} : jump vs{i}")
+    if not vmap:
+        return ""
+    match = ("    fib daddr type local ip daddr . tcp dport vmap { " + ", ".join(vmap) + " }")
+    hooks = [f"  chain {hook} {{\n    type nat hook {hook} priority -90; policy accept;\n"
+             f"{match}\n  }}" for hook in ("prerouting", "output")]
+    return f"table ip {IPVS_STANDIN_TABLE} {{\n" + "\n".join(chains + hooks) + "\n}\n"
+
+
+def install_ipvs_standin(node: Netns, scenario: Scenario) -> None:
+    """Make the node's IPVS virtual servers (NodePorts, and ClusterIPs/LB IPs bound on
+    kube-ipvs0) answer: see ipvs_standin_nft. No-op in iptables mode, where
+    kube-proxy's own rules already DNAT them."""
+    state = scenario.ipvs_state()
+    text = ipvs_standin_nft(state.ipvsadm_save) if state else ""
+    if text:
+        node.run("nft", "-f", "-", input=text)

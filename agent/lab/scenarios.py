@@ -13,6 +13,8 @@ node pod CIDR      172.16.1.0/24      cni0 = 172.16.1.1, client pod = 172.16.1.2
                                       local endpoints 172.16.1.10+
 other nodes' pods  172.16.2.0/24 ...  remote endpoints
 service CIDR       10.96.0.0/12       10.96.0.1 = default/kubernetes
+node 2 (lab.clb)   10.0.0.11          pod CIDR 172.16.2.0/24, pod 172.16.2.2
+CLB health checks  100.64.0.2         TKE's non-local source (the VIP by default)
 =================  =================  ==============================================
 
 Finding ids used in ``expect`` (per LB / Ingress IP):
@@ -32,6 +34,7 @@ Each expectation follows the rules a packet 172.16.1.2 -> VIP:80 would traverse
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 from collections.abc import Mapping
@@ -47,6 +50,14 @@ VPC_GATEWAY = "10.0.0.1"
 CLUSTER_CIDR = "172.16.0.0/16"
 POD_CIDR = "172.16.1.0/24"
 NODE_NAME = "node-10-0-0-10"
+
+# The lab's second node (agent.lab.clb.build_cluster): another real server of the CLB,
+# home of the "other nodes' pods" 172.16.2.0/24.
+NODE2_IP = "10.0.0.11"
+NODE2_POD_CIDR = "172.16.2.0/24"
+NODE2_NAME = "node-10-0-0-11"
+# TKE's prevent-loopback health checks come from 100.64.0.0/10, not from the VIP.
+HEALTH_CHECK_SOURCE = "100.64.0.2"
 
 LB_IP = "10.0.1.10"
 INGRESS_IP = "10.0.1.100"
@@ -259,3 +270,24 @@ _SCENARIOS = (
 )
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in _SCENARIOS}
+
+
+def on_node(sc: Scenario, *, node_ip: str = NODE2_IP, pod_cidr: str = NODE2_POD_CIDR,
+            node_name: str = NODE2_NAME) -> Scenario:
+    """The same cluster (kube-proxy flavour, services, neighbours' rules) as seen from
+    another node: endpoints in ``pod_cidr`` become local, this scenario's local ones
+    remote, and the NodePorts and rules are rendered for ``node_ip``.
+
+    ``expect`` is empty: nothing checks the agent's verdict on that node (the lab uses
+    it as a neighbour: a real server of the CLB and the home of a client pod)."""
+    net = ipaddress.ip_network(pod_cidr)
+
+    def regroup(svc: LbService) -> LbService:
+        eps = svc.local_endpoints + svc.remote_endpoints
+        local = tuple(ip for ip in eps if ipaddress.ip_address(ip) in net)
+        return dataclasses.replace(svc, local_endpoints=local,
+                                   remote_endpoints=tuple(ip for ip in eps if ip not in local))
+
+    return dataclasses.replace(
+        sc, name=f"{sc.name}@{node_name}", node_name=node_name, node_ip=node_ip,
+        pod_cidr=pod_cidr, services=tuple(regroup(s) for s in sc.services), expect={})
