@@ -30,8 +30,10 @@ lint: venv
 	$(VENV)/bin/ruff check agent tests
 
 bench: deps venv
-	@dpkg -s time >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq time >/dev/null
+	@for p in time tcpdump; do dpkg -s $$p >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq $$p >/dev/null; done
 	$(PY) tests/bench/check_from.py
+	$(PY) tests/bench/capture_rate.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

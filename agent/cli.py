@@ -46,6 +46,31 @@ examples:
 """
 
 
+def _duration(text: str) -> float:
+    """'30s', '2m', '1.5m', '45' -> seconds."""
+    t = text.strip().lower()
+    scale = {"s": 1, "m": 60, "h": 3600}.get(t[-1:])
+    try:
+        value = float(t[:-1] if scale else t) * (scale or 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (try 30s or 2m)") from None
+    if not 0 < value <= 24 * 3600:
+        raise argparse.ArgumentTypeError(f"duration out of range: {text!r}")
+    return value
+
+
+def _port_range(text: str) -> tuple[int, int]:
+    lo, sep, hi = text.partition("-")
+    try:
+        a, b = int(lo), int(hi if sep else lo)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port range: {text!r} (try 30000-32767)") \
+            from None
+    if not 1 <= a <= b <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port range: {text!r}")
+    return a, b
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
@@ -89,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
                           "node.json, ingresses.json; any subset) instead of the live node")
     src.add_argument("--snapshot", metavar="FILE",
                      help="read a snapshot written by `loopback-agent snapshot` ('-' = stdin)")
+    c.add_argument("--capture", metavar="DURATION", type=_duration,
+                   help="also watch TCP handshakes to the NodePorts for DURATION (e.g. 30s, "
+                        "2m) and report loopback as observed (exit 2); live node only")
+    c.add_argument("--nodeport-range", metavar="LOW-HIGH", type=_port_range,
+                   default=(30000, 32767),
+                   help="NodePort range to watch (default 30000-32767, kube-apiserver's "
+                        "--service-node-port-range)")
     c.add_argument("--json", action="store_true", help="print the verdict document (JSON)")
     c.add_argument("-v", "--verbose", action="store_true",
                    help="show the evidence of informational notes too")
@@ -233,8 +265,12 @@ def _check(args: argparse.Namespace) -> int:
     from agent.diagnose import diagnose
     from agent.report import render
 
+    if args.capture and (args.from_dir or args.snapshot):
+        raise _Exit(EXIT_USAGE, "--capture watches the live node: it cannot be combined "
+                                "with --from or --snapshot")
     snap = load_snapshot(args)
-    verdict = diagnose(snap, _node(args, snap)).to_dict()
+    capture = _capture(args, snap) if args.capture else None
+    verdict = diagnose(snap, _node(args, snap), capture=capture).to_dict()
     if args.json:
         # indent for people; a huge verdict goes compact (the C encoder, 5x faster)
         indent = 2 if len(verdict["findings"]) < 500 else None
@@ -242,6 +278,37 @@ def _check(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(render(verdict, verbose=args.verbose))
     return EXIT_BY_STATUS[verdict["status"]]
+
+
+def _capture(args: argparse.Namespace, snap: NodeSnapshot):  # type: ignore[no-untyped-def]
+    """Watch NodePort handshakes, with a progress line on stderr."""
+    from agent.capture.classify import make_classifier
+    from agent.capture.corroborate import corroborators
+    from agent.capture.engine import capture
+    from agent.diagnose.lb_ip import discover
+    from agent.diagnose.node_facts import build_facts
+
+    facts = build_facts(snap)
+    classify = make_classifier(facts, (t.ip for t in discover(snap)))
+    tty = sys.stderr.isatty()
+    last = [0.0]
+
+    def progress(left: float, syns: int, unanswered: int) -> None:
+        line = (f"capturing NodePorts {args.nodeport_range[0]}-{args.nodeport_range[1]}: "
+                f"{left:4.0f}s left, {syns} SYNs, {unanswered} unanswered")
+        if tty:
+            print("\r" + line, end="", file=sys.stderr, flush=True)
+        elif left <= 0 or last[0] - left >= 5 or last[0] == 0:
+            last[0] = left or 0.001
+            print(line, file=sys.stderr, flush=True)
+
+    with corroborators() as corr:
+        result = capture(args.capture, classify=classify, port_range=args.nodeport_range,
+                         progress=progress)
+        result = corr.attach(result)
+    if tty:
+        print(file=sys.stderr)
+    return result
 
 
 def _snapshot(args: argparse.Namespace) -> int:

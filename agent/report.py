@@ -53,6 +53,17 @@ def render(v: dict[str, Any], verbose: bool = False, width: int = 100) -> str:
                    f"{svc:<28} {local:<13} {tag}")
     out.append("")
 
+    cap = v.get("capture")
+    if cap:
+        out.append(f"Captured {cap['seconds']:.0f}s of NodePort handshakes "
+                   f"({cap['nodeport_range'][0]}-{cap['nodeport_range'][1]}): {cap['syns']} SYNs, "
+                   f"kernel drops {cap['kernel_drops']}, evicted {cap['table_evictions']}")
+        for p in cap["ports"]:
+            counts = ", ".join(f"{o} from {s}: {n}" for o, by in sorted(p["counts"].items())
+                               for s, n in sorted(by.items()))
+            out.extend(wrap(f"NodePort {p['node_port']}: {counts}", "  "))
+        out.append("")
+
     problems = [f for f in v["findings"] if f["severity"] != "info"]
     infos = [f for f in v["findings"] if f["severity"] == "info"]
     if problems:

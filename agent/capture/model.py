@@ -64,6 +64,8 @@ class CaptureResult:
     packets_seen: int = 0  # packets the filter passed to us
     kernel_packets: int = 0  # PACKET_STATISTICS tp_packets
     kernel_drops: int = 0  # PACKET_STATISTICS tp_drops: ring overflow, never hidden
+    kernel_freezes: int = 0  # PACKET_STATISTICS tp_freeze_q_cnt: ring was full at times
+    retransmissions: int = 0  # repeated SYNs of a handshake already in the table
     table_evictions: int = 0  # handshakes dropped from the bounded table
     table_capacity: int = 0
     decode_errors: int = 0  # packets we could not decode (truncated, odd)

@@ -110,6 +110,8 @@ def _capture_summary(cap: CaptureResult | None) -> dict | None:
                   for p in cap.ports],
         "kernel_packets": cap.kernel_packets,
         "kernel_drops": cap.kernel_drops,
+        "kernel_freezes": cap.kernel_freezes,
+        "retransmissions": cap.retransmissions,
         "table_evictions": cap.table_evictions,
         "decode_errors": cap.decode_errors,
         "corroboration": [{"source": c.source, "available": c.available, "value": c.value,

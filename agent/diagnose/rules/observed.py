@@ -89,8 +89,8 @@ def _finding(ctx: Context, cap: CaptureResult, port: NodePortStats, svc: str | N
                 f"NodePort {port.node_port}; " + _counts_line(port)]
     evidence += [_sample(s) for s in port.samples
                  if s.source_class in sources and s.outcome in outcomes]
-    evidence += [f"{c.source}: {c.value if c.value is not None else ''} {c.detail}".strip()
-                 for c in cap.corroboration]
+    evidence += [f"{c.source}: " + (f"{c.value} ({c.detail})" if c.value is not None
+                                    else c.detail) for c in cap.corroboration]
     return Finding(fid, severity, summary, lb_ip=lb_ip, port=port.node_port,
                    protocol=port.protocol, service=svc, evidence=tuple(evidence),
                    remedy=remedy)

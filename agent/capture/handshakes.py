@@ -1,0 +1,504 @@
+"""A bounded table of half-open NodePort handshakes, and what became of each.
+
+Key: (client ip, client port, node ip, node port), as ints in "wire form" (see
+packets.wire16/wire32). An entry is made by the first SYN into the NodePort range (any
+direction but outgoing); the same tuple again on the same interface is a retransmission
+(counted, not a new handshake), on another interface the same packet crossing stacked
+devices (ignored). It ends as:
+
+- ``answered``: the node's SYN-ACK left through the interface the SYN came in on (or
+  one the kernel stacks with it: a bridge port and its bridge, a bond slave and its
+  bond, a VLAN device and its lower device, as far as /sys/class/net tells);
+- ``bypassed``: the SYN-ACK left through another interface (e.g. the pod bridge): the
+  reply skips the LB. The entry stays until the timeout to catch the client's RST
+  (``peer_reset``: a pod that expected the LB's address answers our SYN-ACK with RST);
+- ``reset``: the node answered with RST;
+- ``unanswered``: nothing within the timeout (dropped, e.g. martian source);
+- ``pending``: the capture ended first, or the entry was evicted from a full table.
+
+The table holds at most ``capacity`` entries: when full, the oldest entry is evicted
+(counted, and reported as pending - never as answered). Per-port results are counters
+keyed by (port, outcome, source class) plus at most ``samples_per`` samples per
+(port, outcome, class) and SAMPLE_BUDGET per (outcome, class) over all ports, so memory
+is bounded whatever the traffic (about 400 bytes of RSS per table entry: ~26 MiB for the
+default 65536).
+
+``feed_block`` is the hot path: it walks a TPACKET_V3 block in place and handles the
+common frame inline, without a function call per packet (see the benchmark in
+tests/bench/capture_rate.py for why every call counts at several 100k packets/s).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+from struct import error as struct_error
+from typing import Any
+
+from agent.capture.bpf import FAST_SNAPLEN
+from agent.capture.model import (
+    OUTCOMES,
+    SRC_OTHER,
+    HandshakeSample,
+    NodePortStats,
+)
+from agent.capture.packets import (
+    FAST_MAC,
+    FAST_RECORD,
+    FAST_RECORD_OK,
+    TCP_ACK,
+    TCP_RST,
+    TCP_SYN,
+    Decoder,
+    wire16,
+    wire32,
+    wire_ip_text,
+)
+from agent.capture.ring import PACKET_OUTGOING, PKT_HDR_FAST
+from agent.capture.ring import ifname_of as _ifname_of
+
+DEFAULT_CAPACITY = 65536
+DEFAULT_TIMEOUT = 3.0
+DEFAULT_SAMPLES = 3
+# Samples over all ports per (outcome, class): a flood to every port of the range must not
+# keep 3 samples for each of them (2768 ports x 5 outcomes x 4 classes), and one outcome
+# must not use up the budget of another (the few "bypassed" samples matter most).
+SAMPLE_BUDGET = 256
+_CLASS_CACHE_MAX = 65536
+_REFRESH = 1.0  # seconds between fresh sysfs lookups of one interface
+
+# client ip, client port, node ip, node port - in wire form (packets.wire16/wire32)
+Key = tuple[int, int, int, int]
+
+# Outcome -> index into a class's counter rows (the order of model.OUTCOMES).
+_I = {o: i for i, o in enumerate(OUTCOMES)}
+_ANSWERED, _BYPASSED, _RESET, _UNANSWERED, _PENDING = (_I[o] for o in OUTCOMES)
+_CLASS = len(OUTCOMES)  # the last item of a row list: the class name
+
+
+class Interfaces:
+    """ifindex -> name, and -> the group of interfaces the kernel stacks together.
+
+    Read-only from /sys/class/net. Cached, looked up again for an unknown index, and
+    never raising: an interface may vanish between the packet and the lookup.
+    """
+
+    def __init__(self, sys_net: str | Path = "/sys/class/net",
+                 ifname: Callable[[int], str] = _ifname_of) -> None:
+        self._sys = Path(sys_net)
+        self._ifname = ifname
+        self._names: dict[int, str] = {}
+        self._groups: dict[int, str] = {}
+        self._looked: dict[int, float] = {}  # ifindex -> when last read fresh
+
+    def name(self, ifindex: int) -> str:
+        got = self._names.get(ifindex)
+        if got is None:
+            got = self._names[ifindex] = self._ifname(ifindex)
+        return got
+
+    def group(self, ifindex: int, fresh: bool = False) -> str:
+        got = None if fresh else self._groups.get(ifindex)
+        if got is None:
+            # the name stays cached: an index is not reused for another interface while
+            # we run, and a vanished interface keeps the name it had
+            got = self._groups[ifindex] = self._group_of(self.name(ifindex))
+        return got
+
+    def same_egress(self, a: int, b: int) -> bool:
+        if a == b:
+            return True
+        if self.group(a) == self.group(b):
+            return True
+        # Enslaved after we first looked (a new pod's veth)? Look once more, at most once
+        # a second per interface: a flood of bypassed replies must not turn into a flood
+        # of sysfs reads.
+        now = time.monotonic()
+        fresh = False
+        for i in (a, b):
+            if now - self._looked.get(i, -_REFRESH) >= _REFRESH:
+                self._looked[i] = now
+                self.group(i, fresh=True)
+                fresh = True
+        return fresh and self.group(a) == self.group(b)
+
+    def _group_of(self, name: str) -> str:
+        """Follow ``master`` (bridge port -> bridge, bond slave -> bond) and, for a
+        device with exactly one lower device that is not itself a bridge or bond (VLAN,
+        macvlan), ``lower_*``, to the top of the stack."""
+        seen = {name}
+        cur = name
+        for _ in range(8):
+            d = self._sys / cur
+            nxt = None
+            try:
+                master = d / "master"
+                if master.is_symlink():
+                    nxt = os.path.basename(os.readlink(master))
+                elif not (d / "bridge").exists() and not (d / "bonding").exists():
+                    lowers = [p.name[len("lower_"):] for p in d.iterdir()
+                              if p.name.startswith("lower_")]
+                    if len(lowers) == 1:
+                        nxt = lowers[0]
+            except OSError:
+                break
+            if nxt is None or nxt in seen:
+                break
+            seen.add(nxt)
+            cur = nxt
+        return cur
+
+
+class HandshakeTable:
+    """See the module docstring. ``now`` is any clock in seconds, the same for all calls."""
+
+    def __init__(self, classify: Callable[[str], str], *,
+                 port_range: tuple[int, int] = (30000, 32767),
+                 capacity: int = DEFAULT_CAPACITY,
+                 timeout: float = DEFAULT_TIMEOUT,
+                 samples_per: int = DEFAULT_SAMPLES,
+                 interfaces: Interfaces | None = None,
+                 decoder: Decoder | None = None) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        lo, hi = port_range
+        if not 0 <= lo <= hi <= 0xFFFF:
+            raise ValueError(f"bad port range {port_range}")
+        self.port_range = (lo, hi)
+        # NodePort test by one index: in_range[wire-form port] is 1 inside the range.
+        flags = bytearray(65536)
+        for p in range(lo, hi + 1):
+            flags[wire16(p)] = 1
+        self._in_range = bytes(flags)
+        self.capacity = capacity
+        self.timeout = timeout
+        self.samples_per = samples_per
+        self.classify = classify
+        self.interfaces = interfaces or Interfaces()
+        self.decoder = decoder or Decoder()
+        # key -> (first SYN time, in ifindex) while waiting for the node's reply, or
+        # (first SYN time, in ifindex, reply ifindex) once bypassed (waiting for the
+        # peer's RST). Tuples: the smallest entry, and the time float is shared by a
+        # whole block. OrderedDict: O(1) removal of the oldest entry; a plain dict
+        # degrades to O(n) per removal when entries are deleted from its front.
+        self._table: OrderedDict[Key, tuple[float, int] | tuple[float, int, int]] = \
+            OrderedDict()
+        # Counters: one row list per source class, [outcome index] -> {wire port: n},
+        # the class name last. The class cache maps a source address straight to its
+        # class's row list, so counting a finished handshake is two lookups.
+        self._rows: dict[str, list[Any]] = {}
+        self._classes: dict[int, list[Any]] = {}
+        self._samples: dict[int, list[HandshakeSample]] = {}
+        self._budget: dict[tuple[int, str], int] = {}
+        self.accepting = True  # False: handle replies only (the end-of-capture grace time)
+        self.packets = 0
+        self.syns = 0  # distinct handshakes (tuples) that entered the table
+        self.retransmissions = 0
+        self.evictions = 0
+        self.unanswered = 0
+        self.not_for_us = 0  # decoded packets that matched no rule (e.g. our own SYNs out)
+        self.problems: list[str] = []
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    # -- per packet (general entry point) ----------------------------------------------
+
+    def packet(self, now: float, ifindex: int, pkttype: int,
+               src: int, dst: int, sport: int, dport: int, flags: int) -> None:
+        """One decoded packet (addresses as 32-bit ints, see packets.ip_int)."""
+        self.packets += 1
+        self._dispatch(now, ifindex, pkttype, wire32(src), wire32(dst), wire16(sport),
+                       wire16(dport), flags)
+
+    def _dispatch(self, now: float, ifindex: int, pkttype: int,
+                  src: int, dst: int, sport: int, dport: int, flags: int) -> None:
+        """``packet`` for wire-form values."""
+        in_range = self._in_range
+        kind = flags & (TCP_SYN | TCP_ACK)
+        if kind == TCP_SYN:
+            if pkttype != PACKET_OUTGOING and in_range[dport]:
+                self._syn(now, (src, sport, dst, dport), ifindex)
+                return
+        elif kind == TCP_SYN | TCP_ACK:
+            if pkttype == PACKET_OUTGOING and in_range[sport]:
+                self._synack((dst, dport, src, sport), ifindex)
+                return
+        elif flags & TCP_RST:
+            if pkttype == PACKET_OUTGOING:
+                if in_range[sport]:
+                    self._rst_out((dst, dport, src, sport), ifindex)
+                    return
+            elif in_range[dport]:
+                self._rst_in((src, sport, dst, dport))
+                return
+        self.not_for_us += 1
+
+    def _syn(self, now: float, key: Key, ifindex: int) -> None:
+        e = self._table.get(key)
+        if e is None:
+            if self.accepting:
+                if len(self._table) >= self.capacity:
+                    self._evict()
+                self._table[key] = (now, ifindex)
+                self.syns += 1
+        elif e[1] == ifindex:
+            # Same tuple on the same interface: a retransmission. The same SYN seen again
+            # on another interface is one packet crossing stacked devices (port, bridge).
+            self.retransmissions += 1
+
+    def _synack(self, key: Key, ifindex: int) -> None:
+        e = self._table.get(key)
+        if e is None or len(e) != 2:
+            return  # not ours, or a later sighting of a reply we already judged
+        if self.interfaces.same_egress(ifindex, e[1]):
+            del self._table[key]
+            self._finish(key, e[1], _ANSWERED, ifindex)
+        else:
+            self._table[key] = (e[0], e[1], ifindex)  # keeps its place (age) in the table
+
+    def _rst_out(self, key: Key, ifindex: int) -> None:
+        e = self._table.get(key)
+        if e is not None and len(e) == 2:
+            del self._table[key]
+            self._finish(key, e[1], _RESET, ifindex)
+
+    def _rst_in(self, key: Key) -> None:
+        e = self._table.get(key)
+        if e is not None and len(e) == 3:
+            del self._table[key]
+            self._finish(key, e[1], _BYPASSED, e[2], peer_reset=True)
+
+    # -- per block (the hot path) ------------------------------------------------------
+
+    def feed_block(self, buf: Any, off: int, num: int, now: float) -> None:
+        """Handle the ``num`` packets of a TPACKET_V3 block starting at ``off`` in ``buf``
+        (the ring mapping), all at time ``now``.
+
+        Same logic as ``packet``, inlined for the common cases: one unpack per record
+        for a frame the kernel filter marked as plain (bpf.FAST_SNAPLEN), SYN insertion
+        with eviction, and counting of answered and reset handshakes. Everything else
+        goes through the methods above. Measured in tests/bench/capture_rate.py: each
+        function call or extra unpack here costs ~10% of the throughput.
+        """
+        if not FAST_RECORD_OK:
+            self._feed_block_general(buf, off, num, now)
+            return
+        unpack = FAST_RECORD.unpack_from
+        unpack_hdr = PKT_HDR_FAST.unpack_from
+        decode_at = self.decoder.decode_at
+        table = self._table
+        get = table.get
+        popitem = table.popitem
+        in_range = self._in_range
+        cap = self.capacity
+        accepting = self.accepting
+        classes = self._classes
+        rows_of = self._rows_of
+        samples_per = self.samples_per
+        new = retx = other = evicted = 0
+        fresh_if, fresh = -1, (now, -1)
+        for _ in range(num):
+            try:
+                nxt, snap, mac, ifindex, hatype, pkttype, src, dst, sport, dport, flags = \
+                    unpack(buf, off)
+            except struct_error:
+                # A record shorter than a fast one, at the very end of the mapping (only
+                # without our filter, which never keeps fewer bytes): the general path.
+                nxt, snap, mac, ifindex, hatype, pkttype = unpack_hdr(buf, off)
+            if snap != FAST_SNAPLEN or mac != FAST_MAC:
+                # not the plain frame: decode properly, then into wire form
+                got = decode_at(buf, off + mac, snap, hatype)
+                if got is None:
+                    off += nxt
+                    continue
+                src, dst, sport, dport, flags = got
+                src, dst, sport, dport = wire32(src), wire32(dst), wire16(sport), wire16(dport)
+            off += nxt
+            kind = flags & 0x12
+            if kind == 0x02:  # SYN
+                if pkttype != 4 and in_range[dport]:
+                    key = (src, sport, dst, dport)
+                    e = get(key)
+                    if e is None:
+                        if accepting:
+                            if len(table) >= cap:
+                                # full: the oldest entry goes, counted as pending
+                                okey, e = popitem(False)
+                                evicted += 1
+                                if len(e) == 2:
+                                    rows = classes.get(okey[0]) or rows_of(okey[0])
+                                    row = rows[_PENDING]
+                                    n = row.get(okey[3], 0) + 1
+                                    row[okey[3]] = n
+                                    if n <= samples_per:
+                                        self._sample(okey, e[1], _PENDING, rows, None, False)
+                                else:
+                                    self._finish(okey, e[1], _BYPASSED, e[2])
+                            if ifindex != fresh_if:
+                                fresh_if, fresh = ifindex, (now, ifindex)
+                            table[key] = fresh  # shared: one tuple per block and interface
+                            new += 1
+                    elif e[1] == ifindex:
+                        retx += 1
+                    continue
+            elif kind == 0x12:  # SYN-ACK
+                if pkttype == 4 and in_range[sport]:
+                    key = (dst, dport, src, sport)
+                    e = get(key)
+                    if e is not None:
+                        if ifindex == e[1] and len(e) == 2:
+                            # answered through the interface the SYN came in on
+                            del table[key]
+                            rows = classes.get(dst) or rows_of(dst)
+                            row = rows[_ANSWERED]
+                            n = row.get(sport, 0) + 1
+                            row[sport] = n
+                            if n <= samples_per:
+                                self._sample(key, e[1], _ANSWERED, rows, ifindex, False)
+                        else:
+                            self._synack(key, ifindex)
+                    continue
+            elif flags & 0x04:  # RST
+                if pkttype == 4:
+                    if in_range[sport]:
+                        key = (dst, dport, src, sport)
+                        e = get(key)
+                        if e is not None and len(e) == 2:
+                            # the node refused: reset
+                            del table[key]
+                            rows = classes.get(dst) or rows_of(dst)
+                            row = rows[_RESET]
+                            n = row.get(sport, 0) + 1
+                            row[sport] = n
+                            if n <= samples_per:
+                                self._sample(key, e[1], _RESET, rows, ifindex, False)
+                        continue
+                elif in_range[dport]:
+                    self._rst_in((src, sport, dst, dport))
+                    continue
+            other += 1
+        self.packets += num
+        self.syns += new
+        self.retransmissions += retx
+        self.not_for_us += other
+        self.evictions += evicted
+
+    def _feed_block_general(self, buf: Any, off: int, num: int, now: float) -> None:
+        """feed_block for big-endian hosts: host-order header, then the general path."""
+        unpack_hdr = PKT_HDR_FAST.unpack_from
+        decode_at = self.decoder.decode_at
+        for _ in range(num):
+            nxt, snap, mac, ifindex, hatype, pkttype = unpack_hdr(buf, off)
+            got = decode_at(buf, off + mac, snap, hatype)
+            off += nxt
+            self.packets += 1
+            if got is not None:
+                src, dst, sport, dport, flags = got
+                self._dispatch(now, ifindex, pkttype, wire32(src), wire32(dst),
+                               wire16(sport), wire16(dport), flags)
+
+    # -- time and the end ----------------------------------------------------------------
+
+    def expire(self, now: float) -> None:
+        """Entries older than the timeout: unanswered, or (bypassed) done waiting for the
+        peer's RST. The table is in arrival order, so this stops at the first young one."""
+        cutoff = now - self.timeout
+        table = self._table
+        while table:
+            key = next(iter(table))
+            e = table[key]
+            if e[0] > cutoff:
+                break
+            del table[key]
+            if len(e) == 2:
+                self.unanswered += 1
+                self._finish(key, e[1], _UNANSWERED, None)
+            else:
+                self._finish(key, e[1], _BYPASSED, e[2])
+
+    def _evict(self) -> None:
+        key, e = self._table.popitem(last=False)
+        self.evictions += 1
+        if len(e) == 2:
+            self._finish(key, e[1], _PENDING, None)
+        else:
+            self._finish(key, e[1], _BYPASSED, e[2])
+
+    def open_count(self) -> int:
+        """Entries still waiting for the node's reply (bypassed ones excluded)."""
+        return sum(1 for e in self._table.values() if len(e) == 2)
+
+    def finish(self, now: float) -> tuple[NodePortStats, ...]:
+        """End of capture: expire what is old enough, the rest is pending (or bypassed
+        when the node's reply was seen); then the per-port results."""
+        self.expire(now)
+        while self._table:
+            key, e = self._table.popitem(last=False)
+            if len(e) == 2:
+                self._finish(key, e[1], _PENDING, None)
+            else:
+                self._finish(key, e[1], _BYPASSED, e[2])
+        return self.results()
+
+    def results(self) -> tuple[NodePortStats, ...]:
+        """Per-port statistics of the handshakes finished so far."""
+        by_port: dict[int, dict[str, dict[str, int]]] = {}
+        for cls, rows in self._rows.items():
+            for i, outcome in enumerate(OUTCOMES):
+                for wport, n in rows[i].items():
+                    by_port.setdefault(wire16(wport), {}).setdefault(outcome, {})[cls] = n
+        return tuple(
+            NodePortStats(node_port=port,
+                          syns=sum(sum(c.values()) for c in counts.values()),
+                          counts=counts,
+                          samples=tuple(self._samples.get(port, ())))
+            for port, counts in sorted(by_port.items()))
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _rows_of(self, ip: int) -> list[Any]:
+        """The counter rows of the class of a (wire-form) source address, cached."""
+        text = wire_ip_text(ip)
+        try:
+            cls = self.classify(text)
+        except Exception as e:  # a broken classifier must not lose the capture
+            cls = SRC_OTHER
+            if len(self.problems) < 5:
+                self.problems.append(f"classify({text}) failed, counted as "
+                                     f"{SRC_OTHER!r}: {type(e).__name__}: {e}")
+        rows = self._rows.get(cls)
+        if rows is None:
+            rows = self._rows[cls] = [*({} for _ in OUTCOMES), cls]
+        if len(self._classes) >= _CLASS_CACHE_MAX:
+            self._classes.clear()  # bounded: a flood from random sources
+        self._classes[ip] = rows
+        return rows
+
+    def _finish(self, key: Key, in_if: int, outcome: int, reply_if: int | None,
+                peer_reset: bool = False) -> None:
+        rows = self._classes.get(key[0]) or self._rows_of(key[0])
+        row = rows[outcome]
+        n = row.get(key[3], 0) + 1
+        row[key[3]] = n
+        if n <= self.samples_per:
+            self._sample(key, in_if, outcome, rows, reply_if, peer_reset)
+
+    def _sample(self, key: Key, in_if: int, outcome: int, rows: list[Any],
+                reply_if: int | None, peer_reset: bool) -> None:
+        budget = (outcome, rows[_CLASS])
+        used = self._budget.get(budget, 0)
+        if used >= SAMPLE_BUDGET:
+            return
+        self._budget[budget] = used + 1
+        src, sport, dst, dport = key
+        names = self.interfaces
+        port = wire16(dport)
+        self._samples.setdefault(port, []).append(HandshakeSample(
+            src=wire_ip_text(src), sport=wire16(sport), dst=wire_ip_text(dst), dport=port,
+            in_iface=names.name(in_if), outcome=OUTCOMES[outcome],
+            source_class=rows[_CLASS], reply_iface=names.name(reply_if) if reply_if else None,
+            peer_reset=peer_reset))
