@@ -58,18 +58,6 @@ def observed(v: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def etp_local() -> Iterator[Cluster]:
-    with build_cluster(SCENARIOS["tke-ipvs-etp-local"], "nft") as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def lb_bound() -> Iterator[Cluster]:
-    with build_cluster(SCENARIOS["ipvs-lb-bound"], "legacy") as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def etp_cluster() -> Iterator[Cluster]:
     with build_cluster(SCENARIOS["tke-ipvs-etp-cluster"], "nft") as c:
         yield c

@@ -229,3 +229,12 @@ def test_schema_command_prints_the_contract() -> None:
     schema = json.loads(r.stdout)
     assert schema["properties"]["schema"]["const"] == "loopback-agent/verdict/v1"
     jsonschema.Draft202012Validator.check_schema(schema)
+
+
+def test_capture_needs_the_live_node_and_a_duration() -> None:
+    r = run("check", "--from", str(TKE), "--capture", "5s")
+    assert r.returncode == 64 and "--capture watches the live node" in r.stderr
+    r = run("check", "--capture", "soon")
+    assert r.returncode == 64 and "not a duration" in r.stderr
+    r = run("check", "--capture", "5s", "--nodeport-range", "32767-30000")
+    assert r.returncode == 64 and "not a port range" in r.stderr

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -110,20 +109,6 @@ def test_ipvs_standin_only_takes_local_destinations() -> None:
 
 
 # --- the kernel, case by case ------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def etp_local() -> Iterator[Cluster]:
-    """TKE IPVS, LB IP not bound, eTP=Local: pod -> VIP leaves with the pod's IP."""
-    with build_cluster(SCENARIOS["tke-ipvs-etp-local"], "nft") as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def lb_bound() -> Iterator[Cluster]:
-    """Upstream IPVS: the LB IP is bound on node 1's kube-ipvs0."""
-    with build_cluster(SCENARIOS["ipvs-lb-bound"], "legacy") as c:
-        yield c
 
 
 @pytest.mark.netns
