@@ -54,7 +54,10 @@ def render(v: dict[str, Any], verbose: bool = False, width: int = 100) -> str:
     out.append("")
 
     cap = v.get("capture")
-    if cap:
+    if cap and not cap["seconds"]:
+        out.append("Capture did not run (the reason is under \"Could not read\").")
+        out.append("")
+    elif cap:
         out.append(f"Captured {cap['seconds']:.0f}s of NodePort handshakes "
                    f"({cap['nodeport_range'][0]}-{cap['nodeport_range'][1]}): {cap['syns']} SYNs, "
                    f"kernel drops {cap['kernel_drops']}, evicted {cap['table_evictions']}")
