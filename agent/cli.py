@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 from importlib import resources
 from pathlib import Path
 from typing import NoReturn
@@ -302,12 +304,27 @@ def _capture(args: argparse.Namespace, snap: NodeSnapshot):  # type: ignore[no-u
             last[0] = left or 0.001
             print(line, file=sys.stderr, flush=True)
 
-    with corroborators() as corr:
-        result = capture(args.capture, classify=classify, port_range=args.nodeport_range,
-                         progress=progress)
-        result = corr.attach(result)
-    if tty:
-        print(file=sys.stderr)
+    # NodePort handshakes are SYNs to this node's own addresses (None: could not tell)
+    local = (sorted(facts.local_ips) if snap.local_routes is not None
+             or snap.addresses is not None else None)
+    # SIGTERM (pod stop, `timeout`), SIGHUP (a lost kubectl session) and Ctrl-C end the
+    # capture early but normally: the verdict is still printed and the corroborators
+    # (our own tracefs instance) are cleaned up.
+    stop = threading.Event()
+    old = {s: signal.signal(s, lambda *_: stop.set())
+           for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    try:
+        with corroborators() as corr:
+            result = capture(args.capture, classify=classify, port_range=args.nodeport_range,
+                             progress=progress, stop=stop, local_addresses=local)
+            result = corr.attach(result)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        if tty:
+            print(file=sys.stderr)
+    if stop.is_set():
+        print("loopback-agent: capture stopped early by a signal", file=sys.stderr)
     return result
 
 

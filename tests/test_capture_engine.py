@@ -843,3 +843,46 @@ def test_capture_survives_interfaces_that_come_and_go(lab: Lab) -> None:
     assert counts(result)[CHURN_PORT] == {ANSWERED: {SRC_OTHER: 4}}
     names = {s["in_iface"] for p in result["ports"] for s in p["samples"]}
     assert names <= {f"vt{i}" for i in range(4)} | {f"if{n}" for n in range(1000)}
+
+
+# --- review fixes -------------------------------------------------------------------------
+
+
+def test_syns_to_other_hosts_are_not_nodeport_handshakes() -> None:
+    """A pod's SYN to another host's port 31000, forwarded through this node, is no
+    NodePort handshake; only SYNs to the node's own addresses are."""
+    t = table(local_addresses=[NODE, "10.96.0.10"])
+    pkt(t, 0.0, VETH, PACKET_HOST, POD, "203.0.113.9", 40000, 31000, SYN)
+    pkt(t, 0.0, ETH0, PACKET_HOST, POD, NODE, 40001, OPEN, SYN)
+    assert t.syns == 1
+    got = {p.node_port: p.counts for p in t.finish(10.0)}
+    assert got == {OPEN: {"unanswered": {SRC_POD: 1}}}
+
+
+def test_a_syn_ack_looped_to_lo_and_reset_there_is_no_peer_reset() -> None:
+    """accept_local=1: the reply to a VIP-sourced SYN goes to lo and the node's own stack
+    resets it; that is no client expecting the load balancer."""
+    t = table()
+    pkt(t, 0.0, ETH0, PACKET_HOST, "10.0.1.10", NODE, 40000, OPEN, SYN)
+    pkt(t, 0.0, LO, PACKET_OUTGOING, NODE, "10.0.1.10", OPEN, 40000, SYN | ACK)
+    pkt(t, 0.0, LO, PACKET_HOST, "10.0.1.10", NODE, 40000, OPEN, RST)
+    (port,) = t.finish(1.0)
+    (sample,) = [s for s in port.samples if s.outcome == "bypassed"]
+    assert sample.reply_iface == "lo" and sample.peer_reset is False
+
+
+def test_a_failing_progress_callback_does_not_end_the_capture() -> None:
+    from agent.capture.engine import _guarded
+
+    problems: list[str] = []
+    calls: list[float] = []
+
+    def progress(left: float, syns: int, unanswered: int) -> None:
+        calls.append(left)
+        raise BrokenPipeError("stderr closed")
+
+    guarded = _guarded(progress, problems)
+    guarded(3.0, 0, 0)
+    guarded(2.0, 0, 0)  # not called again, no exception
+    assert calls == [3.0]
+    assert problems == ["progress output stopped: BrokenPipeError: stderr closed"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from agent.capture.handshakes import DEFAULT_CAPACITY, DEFAULT_TIMEOUT, HandshakeTable
 from agent.capture.model import CaptureResult, NodePortStats
@@ -27,7 +27,8 @@ def capture(seconds: float, *, classify: Callable[[str], str],
             table_size: int = DEFAULT_CAPACITY,
             handshake_timeout: float = DEFAULT_TIMEOUT,
             progress: Progress | None = None,
-            stop: threading.Event | None = None) -> CaptureResult:
+            stop: threading.Event | None = None,
+            local_addresses: Iterable[str] | None = None) -> CaptureResult:
     """Capture for ``seconds``, then keep reading replies for up to ``handshake_timeout``
     more (new SYNs are no longer accepted) so the last SYNs get their outcome.
 
@@ -38,7 +39,8 @@ def capture(seconds: float, *, classify: Callable[[str], str],
     try:
         port_range = (int(port_range[0]), int(port_range[1]))
         table = HandshakeTable(classify, port_range=port_range, capacity=int(table_size),
-                               timeout=float(handshake_timeout))
+                               timeout=float(handshake_timeout),
+                               local_addresses=local_addresses)
         ring = Ring(port_range=port_range, ring_bytes=int(ring_bytes))
     except (CaptureUnavailable, ValueError, TypeError, IndexError) as e:
         bad = port_range if isinstance(port_range, tuple) and len(port_range) == 2 \
@@ -46,6 +48,8 @@ def capture(seconds: float, *, classify: Callable[[str], str],
         return CaptureResult(seconds=0.0, port_range=bad, table_capacity=table_size,
                              problems=(f"capture unavailable: {e}",))
     problems: list[str] = []
+    if progress is not None:
+        progress = _guarded(progress, problems)
     started = time.monotonic()
     elapsed = 0.0
     ports: tuple[NodePortStats, ...] = ()
@@ -77,6 +81,22 @@ def capture(seconds: float, *, classify: Callable[[str], str],
         table_evictions=table.evictions, table_capacity=table.capacity,
         decode_errors=table.decoder.error_count,
         problems=tuple(table.problems + problems))
+
+
+def _guarded(progress: Progress, problems: list[str]) -> Progress:
+    """A progress callback that cannot end the capture (e.g. stderr is a closed pipe)."""
+    broken: list[bool] = []
+
+    def call(left: float, syns: int, unanswered: int) -> None:
+        if broken:
+            return
+        try:
+            progress(left, syns, unanswered)
+        except Exception as e:
+            broken.append(True)
+            problems.append(f"progress output stopped: {type(e).__name__}: {e}")
+
+    return call
 
 
 def _run(ring: Ring, table: HandshakeTable, end: float, stop: threading.Event | None,

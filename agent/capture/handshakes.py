@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from struct import error as struct_error
 from typing import Any
@@ -53,6 +53,7 @@ from agent.capture.packets import (
     TCP_RST,
     TCP_SYN,
     Decoder,
+    ip_int,
     wire16,
     wire32,
     wire_ip_text,
@@ -161,7 +162,8 @@ class HandshakeTable:
                  timeout: float = DEFAULT_TIMEOUT,
                  samples_per: int = DEFAULT_SAMPLES,
                  interfaces: Interfaces | None = None,
-                 decoder: Decoder | None = None) -> None:
+                 decoder: Decoder | None = None,
+                 local_addresses: Iterable[str] | None = None) -> None:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         lo, hi = port_range
@@ -173,6 +175,11 @@ class HandshakeTable:
         for p in range(lo, hi + 1):
             flags[wire16(p)] = 1
         self._in_range = bytes(flags)
+        # Only SYNs *to this node* are NodePort handshakes: a pod's SYN to another host's
+        # port 31000, forwarded through here, is not. None: accept any destination.
+        self.local_dst: frozenset[int] | None = (
+            None if local_addresses is None
+            else frozenset(wire32(ip_int(a)) for a in local_addresses if ":" not in a))
         self.capacity = capacity
         self.timeout = timeout
         self.samples_per = samples_per
@@ -220,7 +227,8 @@ class HandshakeTable:
         in_range = self._in_range
         kind = flags & (TCP_SYN | TCP_ACK)
         if kind == TCP_SYN:
-            if pkttype != PACKET_OUTGOING and in_range[dport]:
+            if (pkttype != PACKET_OUTGOING and in_range[dport]
+                    and (self.local_dst is None or dst in self.local_dst)):
                 self._syn(now, (src, sport, dst, dport), ifindex)
                 return
         elif kind == TCP_SYN | TCP_ACK:
@@ -270,7 +278,10 @@ class HandshakeTable:
         e = self._table.get(key)
         if e is not None and len(e) == 3:
             del self._table[key]
-            self._finish(key, e[1], _BYPASSED, e[2], peer_reset=True)
+            # a SYN-ACK routed to lo (accept_local=1, source = a local VIP) is reset by the
+            # node's own stack: that is no client expecting the load balancer
+            peer = self.interfaces.name(e[2]) != "lo"
+            self._finish(key, e[1], _BYPASSED, e[2], peer_reset=peer)
 
     # -- per block (the hot path) ------------------------------------------------------
 
@@ -294,6 +305,7 @@ class HandshakeTable:
         get = table.get
         popitem = table.popitem
         in_range = self._in_range
+        local_dst = self.local_dst
         cap = self.capacity
         accepting = self.accepting
         classes = self._classes
@@ -320,7 +332,7 @@ class HandshakeTable:
             off += nxt
             kind = flags & 0x12
             if kind == 0x02:  # SYN
-                if pkttype != 4 and in_range[dport]:
+                if pkttype != 4 and in_range[dport] and (local_dst is None or dst in local_dst):
                     key = (src, sport, dst, dport)
                     e = get(key)
                     if e is None:

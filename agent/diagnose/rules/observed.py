@@ -44,13 +44,18 @@ def check(ctx: Context) -> list[Finding]:
     for port in cap.ports:
         svc, lb_ip = services.get(port.node_port, (None, None))
         pod = _count(port, (BYPASSED, UNANSWERED), SRC_POD)
-        if pod:
+        # a reply that leaves through another interface bypasses the load balancer
+        # whoever the client is (pods outside the node's podCIDR: Calico blocks, VPC-CNI)
+        bypassed_other = _count(port, (BYPASSED,), SRC_OTHER) + _count(port, (BYPASSED,),
+                                                                       SRC_LB)
+        if pod or bypassed_other:
             out.append(_finding(
-                ctx, cap, port, svc, lb_ip, LOOPBACK_OBSERVED, "critical", SRC_POD,
-                (BYPASSED, UNANSWERED),
-                f"Loopback observed on NodePort {port.node_port}: {pod} SYNs from pods of "
-                "this node came back through the load balancer and the handshake failed "
-                "(reply bypassed the load balancer, or the SYN was dropped)",
+                ctx, cap, port, svc, lb_ip, LOOPBACK_OBSERVED, "critical",
+                SRC_POD if pod else SRC_OTHER, (BYPASSED, UNANSWERED),
+                f"Loopback observed on NodePort {port.node_port}: {pod + bypassed_other} "
+                "SYNs came back through the load balancer from clients on this node and the "
+                "handshake failed (the reply bypassed the load balancer, or the SYN was "
+                "dropped)",
                 "Stop pods reaching this Service through the load balancer address: use the "
                 "Service DNS name; see the static findings for the remedy that fits."))
         local = _count(port, (UNANSWERED, BYPASSED), SRC_LOCAL)
@@ -59,8 +64,9 @@ def check(ctx: Context) -> list[Finding]:
                 ctx, cap, port, svc, lb_ip, HEALTHCHECK_DROPPED, "critical", SRC_LOCAL,
                 (UNANSWERED, BYPASSED),
                 f"{local} SYNs to NodePort {port.node_port} came from an address that is "
-                "local on this node (a load balancer VIP bound here) and were dropped as "
-                "martian source: the load balancer's health checks fail on this node",
+                "local on this node and were dropped as martian source: a load balancer VIP "
+                "bound here (its health checks fail on this node) or a host-network client "
+                "reaching the load balancer (see the sample sources)",
                 "Stop binding the VIP on this node or make the load balancer health-check "
                 "from a non-local address (on TKE: the prevent-loopback annotation with "
                 "health checks from 100.64.0.0/10)."))
