@@ -886,3 +886,28 @@ def test_a_failing_progress_callback_does_not_end_the_capture() -> None:
     guarded(2.0, 0, 0)  # not called again, no exception
     assert calls == [3.0]
     assert problems == ["progress output stopped: BrokenPipeError: stderr closed"]
+
+
+def test_retransmissions_after_the_timeout_are_not_new_handshakes() -> None:
+    """Linux retransmits a dropped SYN at 1, 3, 7, 15 s: one handshake, unanswered once."""
+    t = table(timeout=3.0)
+    for at in (0.0, 1.0, 3.0, 7.0, 15.0):
+        t.expire(at)
+        pkt(t, at, ETH0, PACKET_HOST, POD, NODE, 40000, OPEN, SYN)
+        t.expire(at)
+    (port,) = t.finish(30.0)
+    assert t.syns == 1 and t.retransmissions == 4
+    assert port.counts == {"unanswered": {SRC_POD: 1}}
+    assert len(port.samples) == 1
+
+
+def test_retransmissions_after_the_timeout_on_the_block_path() -> None:
+    t = table(timeout=3.0)
+    for at in (0.0, 1.0, 3.0, 7.0, 15.0):
+        t.expire(at)
+        buf, off, num = ring_block([(ETH0, PACKET_HOST, frame(POD, NODE, 40000, OPEN, SYN), 1)])
+        t.feed_block(buf, off, num, at)
+        t.expire(at)
+    (port,) = t.finish(30.0)
+    assert t.syns == 1 and t.retransmissions == 4
+    assert port.counts == {"unanswered": {SRC_POD: 1}}

@@ -153,6 +153,9 @@ class Interfaces:
         return cur
 
 
+RECENT_WINDOW = 60.0  # seconds a judged handshake's retransmitted SYNs are recognised
+
+
 class HandshakeTable:
     """See the module docstring. ``now`` is any clock in seconds, the same for all calls."""
 
@@ -193,6 +196,10 @@ class HandshakeTable:
         # degrades to O(n) per removal when entries are deleted from its front.
         self._table: OrderedDict[Key, tuple[float, int] | tuple[float, int, int]] = \
             OrderedDict()
+        # Handshakes already judged unanswered or bypassed, by the time of their first SYN:
+        # the client keeps retransmitting that SYN (1, 3, 7, 15 s ...) and each must count
+        # as a retransmission, not as a new handshake. Bounded like the table.
+        self._recent: OrderedDict[Key, float] = OrderedDict()
         # Counters: one row list per source class, [outcome index] -> {wire port: n},
         # the class name last. The class cache maps a source address straight to its
         # class's row list, so counting a finished handshake is two lookups.
@@ -248,6 +255,10 @@ class HandshakeTable:
     def _syn(self, now: float, key: Key, ifindex: int) -> None:
         e = self._table.get(key)
         if e is None:
+            seen = self._recent.get(key)
+            if seen is not None and now - seen < RECENT_WINDOW:
+                self.retransmissions += 1
+                return
             if self.accepting:
                 if len(self._table) >= self.capacity:
                     self._evict()
@@ -278,6 +289,7 @@ class HandshakeTable:
         e = self._table.get(key)
         if e is not None and len(e) == 3:
             del self._table[key]
+            self._remember(key, e[0])
             # a SYN-ACK routed to lo (accept_local=1, source = a local VIP) is reset by the
             # node's own stack: that is no client expecting the load balancer
             peer = self.interfaces.name(e[2]) != "lo"
@@ -306,6 +318,8 @@ class HandshakeTable:
         popitem = table.popitem
         in_range = self._in_range
         local_dst = self.local_dst
+        recent = self._recent
+        recent_get = recent.get
         cap = self.capacity
         accepting = self.accepting
         classes = self._classes
@@ -336,6 +350,10 @@ class HandshakeTable:
                     key = (src, sport, dst, dport)
                     e = get(key)
                     if e is None:
+                        if recent and (seen := recent_get(key)) is not None \
+                                and now - seen < RECENT_WINDOW:
+                            retx += 1  # a handshake already judged: its client retries
+                            continue
                         if accepting:
                             if len(table) >= cap:
                                 # full: the oldest entry goes, counted as pending
@@ -426,11 +444,18 @@ class HandshakeTable:
             if e[0] > cutoff:
                 break
             del table[key]
+            self._remember(key, e[0])
             if len(e) == 2:
                 self.unanswered += 1
                 self._finish(key, e[1], _UNANSWERED, None)
             else:
                 self._finish(key, e[1], _BYPASSED, e[2])
+
+    def _remember(self, key: Key, first_syn: float) -> None:
+        recent = self._recent
+        recent[key] = first_syn
+        if len(recent) > self.capacity:
+            recent.popitem(last=False)
 
     def _evict(self) -> None:
         key, e = self._table.popitem(last=False)
