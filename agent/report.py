@@ -10,6 +10,8 @@ _STATUS_LINE = {
     "at-risk": "AT RISK: this node is exposed to CLB loopback",
     "loopback": "LOOPBACK OBSERVED: traffic through the load balancer loops back and fails",
 }
+# findings that mean "could not decide", not "exposed"
+_UNDECIDED = {"lb-ips-unknown", "pod-to-lb-undetermined", "diagnosis-incomplete"}
 _MARK = {"critical": "CRITICAL", "warning": "WARNING", "info": "info"}
 
 
@@ -24,7 +26,11 @@ def render(v: dict[str, Any], verbose: bool = False, width: int = 100) -> str:
 
     out.append(f"loopback-agent {v['agent_version']}  node {v['node']}  {v['time']}  "
                f"({ctx.get('origin', 'live')})")
-    out.append(_STATUS_LINE.get(v["status"], v["status"]))
+    serious = {f["id"] for f in v["findings"] if f["severity"] != "info"}
+    if v["status"] == "at-risk" and serious and serious <= _UNDECIDED:
+        out.append("AT RISK: loopback could not be ruled out on this node (see below why)")
+    else:
+        out.append(_STATUS_LINE.get(v["status"], v["status"]))
     out.append(f"kube-proxy mode: {v['kube_proxy_mode']}"
                + (f" ({ctx['kube_proxy_mode_from']})" if ctx.get("kube_proxy_mode_from") else ""))
     node_bits = []
