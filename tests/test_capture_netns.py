@@ -11,8 +11,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import jsonschema
 import pytest
 
+from agent.cli import schema_text
 from agent.lab.clb import (
     CONNECTED,
     Cluster,
@@ -50,7 +52,9 @@ def check_while(c: Cluster, drive: Callable[[], Any]) -> tuple[int, dict[str, An
             proc.kill()
     assert "Traceback" not in err, err
     assert "capturing NodePorts 30000-32767" in err  # the progress line
-    return proc.returncode, json.loads(out), err
+    verdict = json.loads(out)
+    jsonschema.validate(verdict, json.loads(schema_text()))
+    return proc.returncode, verdict, err
 
 
 def observed(v: dict[str, Any]) -> dict[str, dict[str, Any]]:

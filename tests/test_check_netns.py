@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
+from agent.cli import schema_text
 from agent.lab.netns import Netns
 from agent.lab.node import build_lab
 from agent.lab.scenarios import SCENARIOS
@@ -22,6 +24,7 @@ from tests.nodestate import capture
 pytestmark = pytest.mark.netns
 
 BACKENDS = ("legacy", "nft")
+SCHEMA = json.loads(schema_text())
 LOOP_IDS = {"lb-ip-local", "pod-to-lb-not-masqueraded"}
 
 
@@ -71,6 +74,7 @@ def test_live_check_finds_what_the_scenario_expects(name: str, backend: str,
                         "--kube-json", kube)
         assert live.returncode in (0, 1), live.stderr
         verdict = json.loads(live.stdout)
+        jsonschema.validate(verdict, SCHEMA)
         got = ids_by_ip(verdict)
         for ip, expected in scenario.expect.items():
             assert expected <= got.get(ip, set()), (ip, got, verdict)

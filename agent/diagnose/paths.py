@@ -4,6 +4,7 @@ is its source kept?). The evidence is the walk, rule by rule."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 
@@ -293,8 +294,6 @@ def _snat_address(res: HookResult) -> str | None:
 
 
 def _in(addr: str, prefix: str) -> bool:
-    import ipaddress
-
     return ipaddress.ip_address(addr) in ipaddress.ip_network(prefix, strict=False)
 
 
