@@ -384,7 +384,9 @@ def test_table_bound_evicts_oldest_as_pending_and_memory_stays_flat() -> None:
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert t.evictions == 79_000 and len(t) == 1000
+    # evicted in batches of capacity/16 (62): every SYN is either evicted or still held
+    assert t.evictions + len(t) == 80_000
+    assert 1000 - 62 < len(t) <= 1000
     # per-port counters (2768 ports x a few outcomes) and 3 samples each are allowed to
     # fill in; the table itself must not grow with the flood
     assert peak - after_20k < 512 * 1024, (after_20k, peak)
@@ -809,12 +811,13 @@ def test_capture_flood_beyond_the_table_bound(lab: Lab) -> None:
     result = cap.result()
     assert result["problems"] == [] and result["kernel_drops"] == 0
     assert result["table_capacity"] == 1000
-    assert result["table_evictions"] == 4000
+    evicted = result["table_evictions"]
+    assert 4000 <= evicted < 4000 + 62  # batches of capacity/16
     got = counts(result)
     total = {o: sum(c.get(o, {}).get(SRC_OTHER, 0) for c in got.values())
              for o in (PENDING, UNANSWERED, ANSWERED)}
-    # evicted handshakes are pending, never answered; the last 1000 timed out
-    assert total == {PENDING: 4000, UNANSWERED: 1000, ANSWERED: 0}
+    # evicted handshakes are pending, never answered; the ones still held timed out
+    assert total == {PENDING: evicted, UNANSWERED: 5000 - evicted, ANSWERED: 0}
     assert sum(p["syns"] for p in result["ports"]) == 5000
     # the bound holds memory: 1000 entries plus per-port counters and samples
     assert result["traced_peak"] < 6 * 1024 * 1024, result["traced_peak"]
