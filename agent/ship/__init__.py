@@ -1,0 +1,1 @@
+"""Getting verdicts off the node: durable spool, shipping to the collector."""
