@@ -43,6 +43,7 @@ class Spool:
         self.max_bytes = max_bytes
         self.dropped = 0  # oldest verdicts dropped because the spool was full
         self.corrupt = 0  # files that could not be read back (moved aside, reported)
+        self.rejected = 0  # verdicts the collector refused for good (moved aside)
         self.problems: list[str] = []
         self._last_ns = 0
         # leftovers of a write interrupted by a crash: never renamed, so never complete
@@ -70,6 +71,16 @@ class Spool:
         self._fsync_dir()
         self._enforce_bounds()
         return key
+
+    def set_aside(self, name: str, why: str) -> None:
+        """Keep a verdict the collector refuses for good out of the queue, on disk
+        (NAME.rejected) for a person to look at; counted and reported."""
+        path = self.dir / name
+        if path.exists():
+            path.rename(path.with_name(name + ".rejected"))
+            self.rejected += 1
+            self.problems.append(f"spool file {name} set aside: {why}")
+            self._fsync_dir()
 
     def remove(self, name: str) -> None:
         """The collector accepted it (2xx)."""
