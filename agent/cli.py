@@ -73,6 +73,16 @@ def _port_range(text: str) -> tuple[int, int]:
     return a, b
 
 
+def _env_opt(p: argparse.ArgumentParser, flag: str, **kw: object) -> None:
+    """An option whose default comes from LOOPBACK_AGENT_<NAME> when set."""
+    env = "LOOPBACK_AGENT_" + flag.lstrip("-").replace("-", "_").upper()
+    if env in os.environ:
+        conv = kw.get("type", str)
+        kw["default"] = conv(os.environ[env])  # type: ignore[operator]
+    kw["help"] = f"{kw.get('help', '')} [env {env}]"
+    p.add_argument(flag, **kw)  # type: ignore[arg-type]
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
@@ -144,6 +154,31 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("directory", metavar="DIR")
     live_opts(b)
 
+    r = sub.add_parser(
+        "run", help="daemon mode: a verdict every interval, shipped to a collector",
+        description="The DaemonSet mode. Every interval: snapshot, watch NodePort handshakes, "
+                    "diagnose; one JSON line per verdict on stdout (human logs on stderr); "
+                    "verdicts are spooled durably and shipped when they change and as a "
+                    "heartbeat. Every option can also be set with an environment variable "
+                    "named LOOPBACK_AGENT_<OPTION> (e.g. LOOPBACK_AGENT_COLLECTOR).",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    _env_opt(r, "--collector", metavar="URL", help="collector base URL (POST URL/v1/verdicts)")
+    _env_opt(r, "--token-file", metavar="F", help="bearer token file, re-read when it changes")
+    _env_opt(r, "--ca-file", metavar="F", help="CA bundle for the collector's TLS certificate")
+    _env_opt(r, "--spool", metavar="DIR", default="/var/lib/loopback-agent/spool",
+             help="durable spool directory (default /var/lib/loopback-agent/spool)")
+    _env_opt(r, "--interval", metavar="SECONDS", type=float, default=60.0,
+             help="seconds per verdict, all of it capturing (default 60)")
+    _env_opt(r, "--heartbeat-every", metavar="N", type=int, default=10,
+             help="ship an unchanged verdict every N intervals (default 10)")
+    _env_opt(r, "--listen", metavar="HOST:PORT", default="0.0.0.0:9808",
+             help="/metrics and /healthz (default 0.0.0.0:9808; '' to disable)")
+    _env_opt(r, "--nodeport-range", metavar="LOW-HIGH", type=_port_range, default=(30000, 32767),
+             help="NodePort range to watch (default 30000-32767)")
+    r.add_argument("--no-capture", action="store_true", help="static checks only")
+    r.add_argument("--cycles", type=int, help=argparse.SUPPRESS)  # tests and one-off runs
+    live_opts(r)
+
     sub.add_parser("schema", help="print the verdict JSON Schema")
     return p
 
@@ -161,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             return _snapshot(args)
         if args.command == "bundle":
             return _bundle(args)
+        if args.command == "run":
+            return _run(args)
         if args.command == "schema":
             sys.stdout.write(schema_text())
             return 0
@@ -326,6 +363,25 @@ def _capture(args: argparse.Namespace, snap: NodeSnapshot):  # type: ignore[no-u
     if stop.is_set():
         print("loopback-agent: capture stopped early by a signal", file=sys.stderr)
     return result
+
+
+def _run(args: argparse.Namespace) -> int:
+    from agent.daemon import Daemon, DaemonConfig
+
+    if not args.collector:
+        print("loopback-agent: no --collector: verdicts go to stdout and the spool only",
+              file=sys.stderr)
+    try:
+        Path(args.spool).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _Exit(EXIT_CANTCREAT, f"{args.spool}: {e.strerror or e}") from e
+    cfg = DaemonConfig(
+        collector=args.collector, spool_dir=args.spool, interval=args.interval,
+        heartbeat_every=args.heartbeat_every, listen=args.listen or None,
+        token_file=args.token_file, ca_file=args.ca_file, capture=not args.no_capture,
+        nodeport_range=args.nodeport_range, node_name=_node(args, None),
+        use_kube_api=not args.no_kube_api, kubeconfig=args.kubeconfig, cycles=args.cycles)
+    return Daemon(cfg).run()
 
 
 def _snapshot(args: argparse.Namespace) -> int:

@@ -1,0 +1,253 @@
+"""`loopback-agent run`: the DaemonSet mode.
+
+Every interval: snapshot the node, watch NodePort handshakes for the interval, diagnose,
+print the verdict as one JSON line on stdout (for the log pipeline), spool it when it
+changed or a heartbeat is due, and ship the spool to the collector. /metrics and /healthz
+are served on --listen. SIGTERM: finish the current verdict, ship what the grace period
+allows, leave the rest in the spool, exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from agent.capture.model import OUTCOMES, SOURCE_CLASSES
+from agent.ship.sender import Backoff, Sender, drain
+from agent.ship.spool import Spool
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    collector: str | None
+    spool_dir: str
+    interval: float = 60.0
+    heartbeat_every: int = 10  # intervals between verdicts shipped although unchanged
+    listen: str | None = "0.0.0.0:9808"
+    token_file: str | None = None
+    ca_file: str | None = None
+    grace: float = 10.0  # seconds to keep shipping after SIGTERM
+    capture: bool = True
+    nodeport_range: tuple[int, int] = (30000, 32767)
+    node_name: str | None = None
+    use_kube_api: bool = True
+    kubeconfig: str | None = None
+    cycles: int | None = None  # stop after this many verdicts (tests, one-off runs)
+
+
+class Metrics:
+    """Node-level series a dashboard needs; labels are low-cardinality enums only."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        p = "loopback_agent_"
+        self.status = Gauge(p + "status", "1 for the node's current verdict status",
+                            ["status"], registry=r)
+        self.findings = Gauge(p + "findings", "Findings in the current verdict",
+                              ["id", "severity"], registry=r)
+        self.lb_ips_local = Gauge(p + "lb_ips_local",
+                                  "LoadBalancer IPs that are local addresses here", registry=r)
+        self.syns = Counter(p + "nodeport_syns", "NodePort SYNs by outcome and source class",
+                            ["outcome", "source_class"], registry=r)
+        self.kernel_drops = Counter(p + "capture_kernel_drops",
+                                    "Packets the kernel dropped from the capture ring",
+                                    registry=r)
+        self.martian = Counter(p + "martian_source_drops",
+                               "in_martian_src increase seen during captures (host-wide)",
+                               registry=r)
+        self.spool_depth = Gauge(p + "spool_depth", "Verdicts waiting to be shipped",
+                                 registry=r)
+        self.spool_dropped = Gauge(p + "spool_dropped", "Verdicts dropped: spool was full",
+                                   registry=r)
+        self.shipped = Counter(p + "shipped_verdicts", "Verdicts accepted by the collector",
+                               registry=r)
+        self.ship_failures = Counter(p + "ship_failures", "Failed shipping attempts",
+                                     registry=r)
+        self.probe_seconds = Gauge(p + "cycle_duration_seconds",
+                                   "Duration of the last cycle's phases", ["phase"],
+                                   registry=r)
+        self.last_verdict = Gauge(p + "last_verdict_timestamp_seconds",
+                                  "When the last verdict was made", registry=r)
+
+    def verdict(self, v: dict[str, Any]) -> None:
+        for s in ("healthy", "at-risk", "loopback"):
+            self.status.labels(s).set(1 if v["status"] == s else 0)
+        self.findings.clear()
+        for f in v["findings"]:
+            self.findings.labels(f["id"], f["severity"]).inc()
+        self.lb_ips_local.set(sum(1 for r in v.get("lb_ips", []) if r.get("local")))
+        cap = v.get("capture")
+        if cap:
+            for port in cap["ports"]:
+                for outcome, by_src in port["counts"].items():
+                    for src, n in by_src.items():
+                        if outcome in OUTCOMES and src in SOURCE_CLASSES:
+                            self.syns.labels(outcome, src).inc(n)
+            self.kernel_drops.inc(cap["kernel_drops"])
+            for c in cap["corroboration"]:
+                if c["source"] == "in_martian_src" and c["value"]:
+                    self.martian.inc(c["value"])
+        self.last_verdict.set(time.time())
+
+
+class Daemon:
+    def __init__(self, cfg: DaemonConfig) -> None:
+        self.cfg = cfg
+        self.stop = threading.Event()
+        self.metrics = Metrics()
+        self.spool = Spool(cfg.spool_dir)
+        self.sender = (Sender(cfg.collector, token_file=cfg.token_file, ca_file=cfg.ca_file)
+                       if cfg.collector else None)
+        self.backoff = Backoff()
+        self.next_ship = 0.0
+        self.last_cycle_end = time.monotonic()
+        self._server: ThreadingHTTPServer | None = None
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def run(self) -> int:
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, lambda *_: self.stop.set())
+        if self.cfg.listen:
+            self._serve(self.cfg.listen)
+        last_key: Any = None
+        since_ship = 0
+        cycles = 0
+        try:
+            while True:
+                verdict = self.cycle()
+                cycles += 1
+                sys.stdout.write(json.dumps(verdict, separators=(",", ":")) + "\n")
+                sys.stdout.flush()
+                key = _change_key(verdict)
+                since_ship += 1
+                if key != last_key or since_ship >= self.cfg.heartbeat_every:
+                    self.spool.put(verdict)
+                    last_key, since_ship = key, 0
+                self.ship(deadline=None)
+                self.last_cycle_end = time.monotonic()
+                if self.stop.is_set() or (self.cfg.cycles and cycles >= self.cfg.cycles):
+                    break
+            self.ship(deadline=time.monotonic() + self.cfg.grace)
+        finally:
+            if self._server:
+                self._server.shutdown()
+        log(f"stopped; {len(self.spool)} verdicts left in the spool {self.cfg.spool_dir}")
+        return 0
+
+    def cycle(self) -> dict[str, Any]:
+        import os
+
+        from agent.diagnose import diagnose, node_name
+        from agent.probes import collect_live
+        from agent.probes.base import ProbeContext
+
+        t0 = time.monotonic()
+        snap = collect_live(ProbeContext(node_name=self.cfg.node_name,
+                                         use_kube_api=self.cfg.use_kube_api,
+                                         kubeconfig=self.cfg.kubeconfig))
+        t1 = time.monotonic()
+        capture = None
+        if self.cfg.capture:
+            capture = self._capture(snap)
+        t2 = time.monotonic()
+        v = diagnose(snap, node_name(self.cfg.node_name, snap, dict(os.environ)),
+                     capture=capture).to_dict()
+        t3 = time.monotonic()
+        for phase, secs in (("probes", t1 - t0), ("capture", t2 - t1), ("diagnose", t3 - t2)):
+            self.metrics.probe_seconds.labels(phase).set(secs)
+        self.metrics.verdict(v)
+        return v
+
+    def _capture(self, snap: Any) -> Any:
+        from agent.capture.classify import make_classifier
+        from agent.capture.corroborate import corroborators
+        from agent.capture.engine import capture
+        from agent.diagnose.lb_ip import discover
+        from agent.diagnose.node_facts import build_facts
+
+        facts = build_facts(snap)
+        classify = make_classifier(facts, (t.ip for t in discover(snap)))
+        local = sorted(facts.local_ips) if snap.local_routes is not None else None
+        with corroborators() as corr:
+            result = capture(self.cfg.interval, classify=classify,
+                             port_range=self.cfg.nodeport_range, stop=self.stop,
+                             local_addresses=local)
+            return corr.attach(result)
+
+    def ship(self, deadline: float | None) -> None:
+        """One drain pass (several until ``deadline`` when stopping), with backoff."""
+        m = self.metrics
+        while self.sender is not None and len(self.spool):
+            now = time.monotonic()
+            if deadline is None and now < self.next_ship:
+                break
+            res = drain(self.spool, self.sender)
+            m.shipped.inc(res.sent)
+            if res.last is None:
+                self.backoff.success()
+                break
+            m.ship_failures.inc()
+            delay = self.backoff.next_delay(res.last.retry_after)
+            self.next_ship = time.monotonic() + delay
+            log(f"shipping failed ({res.last.error}); retrying in {delay:.1f}s")
+            if deadline is None or time.monotonic() + min(delay, 1.0) > deadline:
+                break
+            time.sleep(min(delay, 1.0, max(0.0, deadline - time.monotonic())))
+        m.spool_depth.set(len(self.spool))
+        m.spool_dropped.set(self.spool.dropped)
+
+    # -- /metrics and /healthz --------------------------------------------------------
+
+    def healthy(self) -> tuple[bool, str]:
+        # a cycle lasts one interval (the capture) plus probes: 3 intervals is stuck
+        age = time.monotonic() - self.last_cycle_end
+        if age > 3 * self.cfg.interval + 30:
+            return False, f"no verdict for {age:.0f}s (interval {self.cfg.interval:.0f}s)"
+        return True, "ok"
+
+    def _serve(self, listen: str) -> None:
+        host, _, port = listen.rpartition(":")
+        daemon = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path == "/metrics":
+                    body, ctype, code = (generate_latest(daemon.metrics.registry),
+                                         CONTENT_TYPE_LATEST, 200)
+                elif self.path == "/healthz":
+                    ok, why = daemon.healthy()
+                    body, ctype, code = why.encode() + b"\n", "text/plain", 200 if ok else 503
+                else:
+                    body, ctype, code = b"not found\n", "text/plain", 404
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer((host or "0.0.0.0", int(port)), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+
+def _change_key(v: dict[str, Any]) -> Any:
+    """What makes a verdict different enough to ship at once."""
+    return (v["status"], tuple(sorted((f["id"], f["lb_ip"] or "", f["port"] or 0)
+                                      for f in v["findings"])))
+
+
+def log(msg: str) -> None:
+    """Human logs go to stderr; stdout carries only the verdict JSON lines."""
+    print(f"loopback-agent: {msg}", file=sys.stderr, flush=True)
