@@ -179,6 +179,20 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--cycles", type=int, help=argparse.SUPPRESS)  # tests and one-off runs
     live_opts(r)
 
+    col = sub.add_parser(
+        "collector", help="the fleet collector: verdicts in, fleet page and API out",
+        description="An HTTP service: POST /v1/verdicts, GET /v1/nodes, /v1/nodes/NODE, "
+                    "/v1/services, /metrics, /healthz, /openapi.json and / (the fleet page). "
+                    "Options also read LOOPBACK_AGENT_<OPTION> from the environment.")
+    _env_opt(col, "--listen", metavar="HOST:PORT", default="0.0.0.0:8080",
+             help="where to listen (default 0.0.0.0:8080)")
+    _env_opt(col, "--db", metavar="URL", default="sqlite:///var/lib/loopback-agent/collector.db",
+             help="sqlite:///PATH (default sqlite:///var/lib/loopback-agent/collector.db)")
+    _env_opt(col, "--token-file", metavar="F",
+             help="require this bearer token for POSTs (re-read when it changes)")
+    _env_opt(col, "--retention-days", metavar="DAYS", type=float, default=14.0,
+             help="keep verdict history this long (the latest per node is always kept)")
+
     sub.add_parser("schema", help="print the verdict JSON Schema")
     return p
 
@@ -198,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
             return _bundle(args)
         if args.command == "run":
             return _run(args)
+        if args.command == "collector":
+            return _collector(args)
         if args.command == "schema":
             sys.stdout.write(schema_text())
             return 0
@@ -382,6 +398,36 @@ def _run(args: argparse.Namespace) -> int:
         nodeport_range=args.nodeport_range, node_name=_node(args, None),
         use_kube_api=not args.no_kube_api, kubeconfig=args.kubeconfig, cycles=args.cycles)
     return Daemon(cfg).run()
+
+
+def _collector(args: argparse.Namespace) -> int:
+    from agent.collector.server import serve
+    from agent.collector.store import Store
+
+    db = args.db
+    if db.startswith(("postgresql://", "postgres://")):
+        raise _Exit(EXIT_USAGE, "PostgreSQL storage is not built yet: use sqlite:///PATH")
+    path = db.removeprefix("sqlite://") if db.startswith("sqlite://") else db
+    try:
+        store = Store(path, retention_days=args.retention_days)
+    except Exception as e:
+        raise _Exit(EXIT_CANTCREAT, f"{db}: {e}") from e
+    try:
+        server = serve(args.listen, store, args.token_file)
+    except OSError as e:
+        raise _Exit(EXIT_CANTCREAT, f"cannot listen on {args.listen}: {e.strerror or e}") from e
+    stop = threading.Event()
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, lambda *_: stop.set())
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    host, port = server.server_address[:2]
+    print(f"loopback-agent collector on http://{host}:{port}/ ({db})", file=sys.stderr,
+          flush=True)
+    while not stop.wait(3600):
+        store.prune()
+    server.shutdown()
+    store.close()
+    return 0
 
 
 def _snapshot(args: argparse.Namespace) -> int:

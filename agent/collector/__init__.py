@@ -1,0 +1,1 @@
+"""The collector: verdicts from every node in, the fleet view out."""

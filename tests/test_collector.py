@@ -1,0 +1,168 @@
+"""The collector as a real process on loopback with its SQLite store: ingest, idempotency,
+bad input (422 naming the field, 413, 400, 401), views, escaping, restart, and the
+agent's shipping path end to end."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from agent.ship.sender import Sender, drain
+from agent.ship.spool import Spool
+
+TKE = Path(__file__).parent / "data" / "bundles" / "tke-etp-local"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    def __init__(self, db: Path, token: Path | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "agent", "collector", "--listen",
+               f"127.0.0.1:{self.port}", "--db", f"sqlite://{db}"]
+        if token:
+            cmd += ["--token-file", str(token)]
+        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        raise RuntimeError(self.p.stderr.read() if self.p.stderr else "no collector")
+
+    def stop(self) -> None:
+        self.p.terminate()
+        self.p.wait(timeout=10)
+
+
+@pytest.fixture
+def collector(tmp_path: Path) -> Iterator[Proc]:
+    c = Proc(tmp_path / "c.db")
+    yield c
+    c.stop()
+
+
+def verdict(node: str = "n1") -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "agent", "check", "--from", str(TKE), "--json",
+                          "--node-name", node], capture_output=True, text=True)
+    return json.loads(out.stdout)
+
+
+def test_ingest_is_idempotent_and_feeds_the_views(collector: Proc) -> None:
+    v = {**verdict("node-a"), "idempotency_key": "k1"}
+    r = requests.post(collector.url + "/v1/verdicts", json=v, timeout=5)
+    assert r.status_code == 200 and r.json() == {"stored": 1, "duplicates": 0}
+    r = requests.post(collector.url + "/v1/verdicts", json=[v], timeout=5)
+    assert r.json() == {"stored": 0, "duplicates": 1}
+    nodes = requests.get(collector.url + "/v1/nodes", timeout=5).json()
+    assert [(n["node"], n["status"]) for n in nodes] == [("node-a", "at-risk")]
+    assert "pod-to-lb-not-masqueraded" in nodes[0]["ids"]
+    services = requests.get(collector.url + "/v1/services", timeout=5).json()
+    assert services[0]["service"] == "default/web" and services[0]["exposed_nodes"] == [
+        "node-a"]
+    hist = requests.get(collector.url + "/v1/nodes/node-a", timeout=5).json()
+    assert len(hist) == 1
+    assert requests.get(collector.url + "/v1/nodes/nope", timeout=5).status_code == 404
+    metrics = requests.get(collector.url + "/metrics", timeout=5).text
+    assert "loopback_collector_verdicts_duplicate_total 1.0" in metrics
+    assert requests.get(collector.url + "/openapi.json", timeout=5).json()["openapi"]
+
+
+@pytest.mark.parametrize(("body", "code", "needle"), [
+    (b"{not json", 400, "not JSON"),
+    (b'{"a": 1, "a": 2}', 400, "duplicate key 'a'"),
+    (json.dumps({"schema": "loopback-agent/verdict/v9"}).encode(), 422, ""),
+    (json.dumps([]).encode(), 422, "empty batch"),
+])
+def test_bad_bodies_are_refused_with_the_reason(collector: Proc, body: bytes, code: int,
+                                                needle: str) -> None:
+    r = requests.post(collector.url + "/v1/verdicts", data=body,
+                      headers={"Content-Type": "application/json"}, timeout=5)
+    assert r.status_code == code and needle in r.json()["error"]
+
+
+def test_422_names_the_bad_field_and_index(collector: Proc) -> None:
+    good = verdict()
+    bad = json.loads(json.dumps(good))
+    bad["findings"][0]["severity"] = "catastrophic"
+    r = requests.post(collector.url + "/v1/verdicts", json=[good, bad], timeout=5)
+    assert r.status_code == 422
+    assert r.json()["error"].startswith("[1]/findings/0/severity:")
+    # nothing of a refused batch is stored
+    assert requests.get(collector.url + "/v1/nodes", timeout=5).json() == []
+
+
+def test_huge_bodies_and_batches_are_413(collector: Proc) -> None:
+    r = requests.post(collector.url + "/v1/verdicts", data=b"x" * (5 * 1024 * 1024),
+                      timeout=10)
+    assert r.status_code == 413
+    v = verdict()
+    r = requests.post(collector.url + "/v1/verdicts", json=[v] * 501, timeout=10)
+    assert r.status_code == 413
+
+
+def test_markup_from_nodes_stays_inert_in_the_page(collector: Proc) -> None:
+    v = verdict("<script>alert(1)</script>")
+    v["findings"][0]["service"] = "ns/<img src=x onerror=alert(2)>"
+    assert requests.post(collector.url + "/v1/verdicts", json=v, timeout=5).status_code == 200
+    page = requests.get(collector.url + "/", timeout=5).text
+    assert "<script>alert(1)" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<img src=x" not in page
+    assert 'http-equiv="refresh"' in page
+
+
+def test_token_required_when_configured(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    c = Proc(tmp_path / "t.db", token)
+    try:
+        v = verdict()
+        assert requests.post(c.url + "/v1/verdicts", json=v, timeout=5).status_code == 401
+        r = requests.post(c.url + "/v1/verdicts", json=v, timeout=5,
+                          headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401
+        r = requests.post(c.url + "/v1/verdicts", json=v, timeout=5,
+                          headers={"Authorization": "Bearer s3cret"})
+        assert r.status_code == 200
+    finally:
+        c.stop()
+
+
+def test_the_agents_spool_arrives_exactly_once_across_a_collector_restart(
+        tmp_path: Path) -> None:
+    db = tmp_path / "r.db"
+    spool = Spool(tmp_path / "spool")
+    for i in range(5):
+        spool.put({**verdict(f"node-{i % 2}"), "time": f"2026-11-22T00:00:0{i}Z"})
+    down = drain(spool, Sender("http://127.0.0.1:9", timeout=1))
+    assert down.sent == 0 and len(spool) == 5  # collector not running: kept
+    c = Proc(db)
+    try:
+        assert drain(spool, Sender(c.url), batch=2).sent == 5
+    finally:
+        c.stop()
+    c = Proc(db)  # restarted on the same database
+    try:
+        hist = {n: requests.get(f"{c.url}/v1/nodes/{n}", timeout=5).json()
+                for n in ("node-0", "node-1")}
+        assert [v["time"][-3:-1] for v in hist["node-0"]] == ["04", "02", "00"]
+        assert len(hist["node-1"]) == 2
+    finally:
+        c.stop()
