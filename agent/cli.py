@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -187,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     _env_opt(col, "--listen", metavar="HOST:PORT", default="0.0.0.0:8080",
              help="where to listen (default 0.0.0.0:8080)")
     _env_opt(col, "--db", metavar="URL", default="sqlite:///var/lib/loopback-agent/collector.db",
-             help="sqlite:///PATH (default sqlite:///var/lib/loopback-agent/collector.db)")
+             help="sqlite:///PATH or postgresql://USER@HOST/DB (default "
+                  "sqlite:///var/lib/loopback-agent/collector.db)")
     _env_opt(col, "--token-file", metavar="F",
              help="require this bearer token for POSTs (re-read when it changes)")
     _env_opt(col, "--retention-days", metavar="DAYS", type=float, default=14.0,
@@ -402,16 +404,16 @@ def _run(args: argparse.Namespace) -> int:
 
 def _collector(args: argparse.Namespace) -> int:
     from agent.collector.server import serve
-    from agent.collector.store import Store
+    from agent.collector.store import open_store
 
     db = args.db
-    if db.startswith(("postgresql://", "postgres://")):
-        raise _Exit(EXIT_USAGE, "PostgreSQL storage is not built yet: use sqlite:///PATH")
-    path = db.removeprefix("sqlite://") if db.startswith("sqlite://") else db
     try:
-        store = Store(path, retention_days=args.retention_days)
+        store = open_store(db, retention_days=args.retention_days)
+    except ImportError as e:
+        raise _Exit(EXIT_USAGE, f"{db}: {e} (pip install 'loopback-agent[postgres]')") from e
     except Exception as e:
-        raise _Exit(EXIT_CANTCREAT, f"{db}: {e}") from e
+        shown = re.sub(r"//[^@/]*@", "//***@", db)  # no password in the message
+        raise _Exit(EXIT_CANTCREAT, f"{shown}: {type(e).__name__}: {e}") from e
     try:
         server = serve(args.listen, store, args.token_file)
     except OSError as e:

@@ -5,9 +5,11 @@ agent's shipping path end to end."""
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,12 +30,65 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class Postgres:
+    """A real PostgreSQL server for the tests: its own data directory and port, started
+    as the postgres user, stopped and removed afterwards."""
+
+    def __init__(self) -> None:
+        bins = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
+        if not bins:
+            raise RuntimeError("PostgreSQL is not installed (make test installs it)")
+        self.bin = bins[-1]
+        self.dir = Path(tempfile.mkdtemp(prefix="lbpg"))
+        shutil.chown(self.dir, "postgres")
+        self.port = free_port()
+        self._pg("initdb", "-D", f"{self.dir}/data", "-A", "trust", "-U", "postgres")
+        self._pg("pg_ctl", "-D", f"{self.dir}/data", "-l", f"{self.dir}/log", "-w", "-o",
+                 f"-k {self.dir} -p {self.port} -h 127.0.0.1", "start")
+        self.n = 0
+
+    def _pg(self, tool: str, *args: str) -> None:
+        subprocess.run(["runuser", "-u", "postgres", "--", str(self.bin / tool), *args],
+                       check=True, capture_output=True)
+
+    def new_db(self) -> str:
+        import psycopg
+
+        self.n += 1
+        name = f"t{self.n}"
+        with psycopg.connect(self.url("postgres"), autocommit=True) as c:
+            c.execute(f"CREATE DATABASE {name}")
+        return self.url(name)
+
+    def url(self, db: str) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{db}"
+
+    def stop(self) -> None:
+        self._pg("pg_ctl", "-D", f"{self.dir}/data", "-m", "fast", "-w", "stop")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[Postgres]:
+    pg = Postgres()
+    yield pg
+    pg.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite://{tmp_path / 'c.db'}"
+    return request.getfixturevalue("postgres").new_db()
+
+
 class Proc:
-    def __init__(self, db: Path, token: Path | None = None) -> None:
+    def __init__(self, db: Path | str, token: Path | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        url = db if isinstance(db, str) else f"sqlite://{db}"
         cmd = [sys.executable, "-m", "agent", "collector", "--listen",
-               f"127.0.0.1:{self.port}", "--db", f"sqlite://{db}"]
+               f"127.0.0.1:{self.port}", "--db", url]
         if token:
             cmd += ["--token-file", str(token)]
         self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -53,8 +108,8 @@ class Proc:
 
 
 @pytest.fixture
-def collector(tmp_path: Path) -> Iterator[Proc]:
-    c = Proc(tmp_path / "c.db")
+def collector(db_url: str) -> Iterator[Proc]:
+    c = Proc(db_url)
     yield c
     c.stop()
 
@@ -146,8 +201,8 @@ def test_token_required_when_configured(tmp_path: Path) -> None:
 
 
 def test_the_agents_spool_arrives_exactly_once_across_a_collector_restart(
-        tmp_path: Path) -> None:
-    db = tmp_path / "r.db"
+        tmp_path: Path, db_url: str) -> None:
+    db = db_url
     spool = Spool(tmp_path / "spool")
     for i in range(5):
         spool.put({**verdict(f"node-{i % 2}"), "time": f"2026-11-22T00:00:0{i}Z"})
@@ -166,3 +221,18 @@ def test_the_agents_spool_arrives_exactly_once_across_a_collector_restart(
         assert len(hist["node-1"]) == 2
     finally:
         c.stop()
+
+
+def test_two_replicas_on_one_postgresql_store_a_retried_verdict_once(
+        postgres: Postgres) -> None:
+    url = postgres.new_db()
+    a, b = Proc(url), Proc(url)
+    try:
+        v = {**verdict("node-r"), "idempotency_key": "same"}
+        assert requests.post(a.url + "/v1/verdicts", json=v, timeout=5).json()["stored"] == 1
+        assert requests.post(b.url + "/v1/verdicts", json=v, timeout=5).json() == {
+            "stored": 0, "duplicates": 1}
+        assert len(requests.get(b.url + "/v1/nodes/node-r", timeout=5).json()) == 1
+    finally:
+        a.stop()
+        b.stop()
