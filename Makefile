@@ -34,6 +34,7 @@ bench: deps venv
 	  apt-get install -y -qq $$p >/dev/null; done
 	$(PY) tests/bench/check_from.py
 	$(PY) tests/bench/capture_rate.py
+	$(PY) tests/bench/collector_load.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
