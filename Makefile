@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-DEB_PKGS := iptables ipset ipvsadm iproute2 nftables kmod procps postgresql
+DEB_PKGS := iptables ipset ipvsadm iproute2 nftables kmod procps postgresql chromium
 PYTEST_ARGS ?=
 
 .PHONY: test lint bench deps venv clean
