@@ -35,6 +35,7 @@ bench: deps venv
 	$(PY) tests/bench/check_from.py
 	$(PY) tests/bench/capture_rate.py
 	$(PY) tests/bench/collector_load.py
+	$(PY) tests/bench/agent_idle.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
