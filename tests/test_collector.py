@@ -236,3 +236,35 @@ def test_two_replicas_on_one_postgresql_store_a_retried_verdict_once(
     finally:
         a.stop()
         b.stop()
+
+
+def test_agent_killed_mid_run_loses_nothing_and_duplicates_nothing(tmp_path: Path) -> None:
+    """The daemon (static checks only: this test is about shipping) is SIGKILLed twice
+    while shipping a verdict every cycle, then runs to the end on the same spool: every
+    verdict it spooled reaches the collector exactly once."""
+    c = Proc(tmp_path / "k.db")
+    spool = tmp_path / "spool"
+    cmd = [sys.executable, "-m", "agent", "run", "--no-capture", "--interval", "0.2",
+           "--heartbeat-every", "1", "--collector", c.url, "--spool", str(spool),
+           "--listen", "", "--no-kube-api", "--node-name", "killed"]
+    printed = 0
+    try:
+        for _ in range(2):
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                 text=True)
+            time.sleep(2.5)
+            p.kill()
+            out, _ = p.communicate()
+            printed += len(out.splitlines())
+        last = subprocess.run([*cmd, "--cycles", "2"], capture_output=True, text=True,
+                              timeout=120)
+        assert last.returncode == 0, last.stderr
+        printed += len(last.stdout.splitlines())
+        hist = requests.get(c.url + "/v1/nodes/killed?", timeout=10).json()
+    finally:
+        c.stop()
+    keys = [v["idempotency_key"] for v in hist]
+    assert len(keys) == len(set(keys))  # nothing stored twice
+    # a kill can land between printing a verdict and spooling it: at most one per kill
+    assert printed - 2 <= len(keys) <= printed, (printed, len(keys))
+    assert not list(spool.glob("*.json"))  # and nothing is left behind
