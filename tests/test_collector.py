@@ -268,3 +268,38 @@ def test_agent_killed_mid_run_loses_nothing_and_duplicates_nothing(tmp_path: Pat
     # a kill can land between printing a verdict and spooling it: at most one per kill
     assert printed - 2 <= len(keys) <= printed, (printed, len(keys))
     assert not list(spool.glob("*.json"))  # and nothing is left behind
+
+
+def test_wrong_token_then_fixed_token_delivers_everything(tmp_path: Path) -> None:
+    """401s are retried with backoff (the verdicts stay spooled); once the mounted token
+    file is fixed the daemon re-reads it and delivers."""
+    token = tmp_path / "server-token"
+    token.write_text("right\n")
+    agent_token = tmp_path / "agent-token"
+    agent_token.write_text("wrong\n")
+    c = Proc(tmp_path / "t.db", token)
+    spool = tmp_path / "spool"
+    p = subprocess.Popen([sys.executable, "-m", "agent", "run", "--no-capture", "--interval",
+                          "0.3", "--heartbeat-every", "1", "--collector", c.url, "--spool",
+                          str(spool), "--token-file", str(agent_token), "--listen", "",
+                          "--no-kube-api", "--node-name", "tok"],
+                         # stdout unread here: a pipe would fill and block the daemon
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)
+        assert requests.get(c.url + "/v1/nodes/tok", timeout=5).status_code == 404
+        assert list(spool.glob("*.json"))  # kept while refused
+        agent_token.write_text("right\n")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if requests.get(c.url + "/v1/nodes/tok", timeout=5).status_code == 200:
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError("nothing delivered after the token was fixed")
+    finally:
+        p.terminate()
+        _, err = p.communicate(timeout=30)
+        c.stop()
+    assert p.returncode == 0
+    assert "HTTP 401" in err and "retrying in" in err
