@@ -303,3 +303,23 @@ def test_wrong_token_then_fixed_token_delivers_everything(tmp_path: Path) -> Non
         c.stop()
     assert p.returncode == 0
     assert "HTTP 401" in err and "retrying in" in err
+
+
+def test_unicode_node_names_round_trip(collector: Proc) -> None:
+    name = "节点-ü-🚀"
+    v = verdict(name)
+    assert requests.post(collector.url + "/v1/verdicts", json=v, timeout=5).status_code == 200
+    hist = requests.get(collector.url + "/v1/nodes/" + requests.utils.quote(name), timeout=5)
+    assert hist.status_code == 200 and hist.json()[0]["node"] == name
+    assert name in requests.get(collector.url + "/", timeout=5).text
+
+
+def test_healthz_of_the_daemon_fails_when_cycles_stop(tmp_path: Path) -> None:
+    from agent.daemon import Daemon, DaemonConfig
+
+    d = Daemon(DaemonConfig(collector=None, spool_dir=str(tmp_path / "s"), interval=1.0,
+                            listen=None))
+    assert d.healthy() == (True, "ok")
+    d.last_cycle_end -= 100
+    ok, why = d.healthy()
+    assert not ok and "no verdict for" in why

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -25,11 +26,13 @@ class Collector:
         self.received: list[dict[str, Any]] = []
         self.auth: list[str | None] = []
         self.reject_seq: set[int] = set()
+        self.delay = 0.0  # seconds before answering: a slow collector
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                time.sleep(outer.delay)
                 outer.auth.append(self.headers.get("Authorization"))
                 status, headers = outer.script.pop(0) if outer.script else (200, {})
                 if status == 200 and any(v.get("seq") in outer.reject_seq for v in body):
@@ -128,3 +131,16 @@ def test_backoff_grows_with_jitter_and_resets() -> None:
     assert max(delays[5:]) > max(delays[:2])
     b.success()
     assert b.next_delay() <= 1
+
+
+def test_a_slow_collector_times_out_and_the_spool_is_kept(tmp_path: Path,
+                                                          collector: Collector) -> None:
+    s = spool_with(tmp_path, 2)
+    collector.delay = 1.5
+    res = drain(s, Sender(collector.url, timeout=0.5))
+    assert res.sent == 0 and len(s) == 2 and "Timeout" in (res.last.error or "")
+    collector.delay = 0.0
+    assert drain(s, Sender(collector.url)).sent == 2
+    # the timed-out batch may have been stored too: the idempotency keys make that harmless
+    keys = [v["idempotency_key"] for v in collector.received]
+    assert len(set(keys)) == 2
