@@ -339,14 +339,8 @@ def _check(args: argparse.Namespace) -> int:
 
 def _capture(args: argparse.Namespace, snap: NodeSnapshot):  # type: ignore[no-untyped-def]
     """Watch NodePort handshakes, with a progress line on stderr."""
-    from agent.capture.classify import make_classifier
-    from agent.capture.corroborate import corroborators
-    from agent.capture.engine import capture
-    from agent.diagnose.lb_ip import discover
-    from agent.diagnose.node_facts import build_facts
+    from agent.capture.node import watch_node
 
-    facts = build_facts(snap)
-    classify = make_classifier(facts, (t.ip for t in discover(snap)))
     tty = sys.stderr.isatty()
     last = [0.0]
 
@@ -359,9 +353,6 @@ def _capture(args: argparse.Namespace, snap: NodeSnapshot):  # type: ignore[no-u
             last[0] = left or 0.001
             print(line, file=sys.stderr, flush=True)
 
-    # NodePort handshakes are SYNs to this node's own addresses (None: could not tell)
-    local = (sorted(facts.local_ips) if snap.local_routes is not None
-             or snap.addresses is not None else None)
     # SIGTERM (pod stop, `timeout`), SIGHUP (a lost kubectl session) and Ctrl-C end the
     # capture early but normally: the verdict is still printed and the corroborators
     # (our own tracefs instance) are cleaned up.
@@ -369,10 +360,8 @@ def _capture(args: argparse.Namespace, snap: NodeSnapshot):  # type: ignore[no-u
     old = {s: signal.signal(s, lambda *_: stop.set())
            for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     try:
-        with corroborators() as corr:
-            result = capture(args.capture, classify=classify, port_range=args.nodeport_range,
-                             progress=progress, stop=stop, local_addresses=local)
-            result = corr.attach(result)
+        result = watch_node(snap, args.capture, port_range=args.nodeport_range, stop=stop,
+                            progress=progress)
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)

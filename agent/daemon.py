@@ -10,6 +10,7 @@ allows, leave the rest in the spool, exit 0.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -22,6 +23,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from agent.capture.model import OUTCOMES, SOURCE_CLASSES
+from agent.capture.node import watch_node
+from agent.diagnose import diagnose, node_name
+from agent.probes import collect_live
+from agent.probes.base import ProbeContext
 from agent.ship.sender import Backoff, Sender, drain
 from agent.ship.spool import Spool
 
@@ -145,12 +150,6 @@ class Daemon:
         return 0
 
     def cycle(self) -> dict[str, Any]:
-        import os
-
-        from agent.diagnose import diagnose, node_name
-        from agent.probes import collect_live
-        from agent.probes.base import ProbeContext
-
         t0 = time.monotonic()
         snap = collect_live(ProbeContext(node_name=self.cfg.node_name,
                                          use_kube_api=self.cfg.use_kube_api,
@@ -158,7 +157,8 @@ class Daemon:
         t1 = time.monotonic()
         capture = None
         if self.cfg.capture:
-            capture = self._capture(snap)
+            capture = watch_node(snap, self.cfg.interval, port_range=self.cfg.nodeport_range,
+                                 stop=self.stop)
         t2 = time.monotonic()
         v = diagnose(snap, node_name(self.cfg.node_name, snap, dict(os.environ)),
                      capture=capture).to_dict()
@@ -167,22 +167,6 @@ class Daemon:
             self.metrics.probe_seconds.labels(phase).set(secs)
         self.metrics.verdict(v)
         return v
-
-    def _capture(self, snap: Any) -> Any:
-        from agent.capture.classify import make_classifier
-        from agent.capture.corroborate import corroborators
-        from agent.capture.engine import capture
-        from agent.diagnose.lb_ip import discover
-        from agent.diagnose.node_facts import build_facts
-
-        facts = build_facts(snap)
-        classify = make_classifier(facts, (t.ip for t in discover(snap)))
-        local = sorted(facts.local_ips) if snap.local_routes is not None else None
-        with corroborators() as corr:
-            result = capture(self.cfg.interval, classify=classify,
-                             port_range=self.cfg.nodeport_range, stop=self.stop,
-                             local_addresses=local)
-            return corr.attach(result)
 
     def ship(self, deadline: float | None) -> None:
         """One drain pass (several until ``deadline`` when stopping), with backoff."""
