@@ -49,6 +49,10 @@ class Spool:
         # leftovers of a write interrupted by a crash: never renamed, so never complete
         for tmp in self.dir.glob(_TMP_PREFIX + "*"):
             tmp.unlink(missing_ok=True)
+        # names must keep increasing after a restart, even if the clock went back
+        names = self.names()
+        if names:
+            self._last_ns = int(names[-1].split("-", 1)[0])
 
     # -- writing --------------------------------------------------------------------
 
@@ -122,9 +126,6 @@ class Spool:
     def _next_ns(self) -> int:
         # strictly increasing even when the clock stands still or steps back
         ns = max(time.time_ns(), self._last_ns + 1)
-        names = self.names()
-        if names:  # another process (a restarted agent) may have written later names
-            ns = max(ns, int(names[-1].split("-", 1)[0]) + 1)
         self._last_ns = ns
         return ns
 
