@@ -62,6 +62,16 @@ def _duration(text: str) -> float:
     return value
 
 
+def _listen(text: str) -> str:
+    """'HOST:PORT', ':PORT' or '' (off)."""
+    if text == "":
+        return text
+    _, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"not HOST:PORT: {text!r} (try 0.0.0.0:9808)")
+    return text
+
+
 def _port_range(text: str) -> tuple[int, int]:
     lo, sep, hi = text.partition("-")
     try:
@@ -79,7 +89,12 @@ def _env_opt(p: argparse.ArgumentParser, flag: str, **kw: object) -> None:
     env = "LOOPBACK_AGENT_" + flag.lstrip("-").replace("-", "_").upper()
     if env in os.environ:
         conv = kw.get("type", str)
-        kw["default"] = conv(os.environ[env])  # type: ignore[operator]
+        try:
+            kw["default"] = conv(os.environ[env])  # type: ignore[operator]
+        except (ValueError, argparse.ArgumentTypeError) as e:
+            print(f"loopback-agent: environment {env}={os.environ[env]!r}: {e}",
+                  file=sys.stderr)
+            raise SystemExit(EXIT_USAGE) from None
     kw["help"] = f"{kw.get('help', '')} [env {env}]"
     p.add_argument(flag, **kw)  # type: ignore[arg-type]
 
@@ -172,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
              help="seconds per verdict, all of it capturing (default 60)")
     _env_opt(r, "--heartbeat-every", metavar="N", type=int, default=10,
              help="ship an unchanged verdict every N intervals (default 10)")
-    _env_opt(r, "--listen", metavar="HOST:PORT", default="0.0.0.0:9808",
+    _env_opt(r, "--listen", metavar="HOST:PORT", default="0.0.0.0:9808", type=_listen,
              help="/metrics and /healthz (default 0.0.0.0:9808; '' to disable)")
     _env_opt(r, "--nodeport-range", metavar="LOW-HIGH", type=_port_range, default=(30000, 32767),
              help="NodePort range to watch (default 30000-32767)")
@@ -185,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="An HTTP service: POST /v1/verdicts, GET /v1/nodes, /v1/nodes/NODE, "
                     "/v1/services, /metrics, /healthz, /openapi.json and / (the fleet page). "
                     "Options also read LOOPBACK_AGENT_<OPTION> from the environment.")
-    _env_opt(col, "--listen", metavar="HOST:PORT", default="0.0.0.0:8080",
+    _env_opt(col, "--listen", metavar="HOST:PORT", default="0.0.0.0:8080", type=_listen,
              help="where to listen (default 0.0.0.0:8080)")
     _env_opt(col, "--db", metavar="URL", default="sqlite:///var/lib/loopback-agent/collector.db",
              help="sqlite:///PATH or postgresql://USER@HOST/DB (default "

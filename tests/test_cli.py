@@ -238,3 +238,17 @@ def test_capture_needs_the_live_node_and_a_duration() -> None:
     assert r.returncode == 64 and "not a duration" in r.stderr
     r = run("check", "--capture", "5s", "--nodeport-range", "32767-30000")
     assert r.returncode == 64 and "not a port range" in r.stderr
+
+
+def test_bad_listen_address_is_a_usage_error() -> None:
+    for cmd in (["run", "--listen", "nowhere"], ["collector", "--listen", "host:99999"]):
+        r = run(*cmd)
+        assert r.returncode == 64 and "not HOST:PORT" in r.stderr
+
+
+def test_bad_environment_value_names_the_variable() -> None:
+    r = subprocess.run([sys.executable, "-m", "agent", "run", "--help"], capture_output=True,
+                       text=True, env={**__import__("os").environ,
+                                       "LOOPBACK_AGENT_INTERVAL": "soon"})
+    assert r.returncode == 64 and "LOOPBACK_AGENT_INTERVAL='soon'" in r.stderr
+    assert "Traceback" not in r.stderr
