@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 import time
+from pathlib import Path
 
 from agent.lab.netns import Netns
 
@@ -35,6 +36,8 @@ def capture(ns: Netns) -> dict[str, str]:
     if shutil.which("nft"):
         state["nft list ruleset"] = ns.run("nft", "-s", "list", "ruleset").stdout  # -s: no counters
     state["ipset save"] = ns.run("ipset", "save").stdout
+    if Path("/proc/net/ip_vs").exists():  # never ask for IPVS where ipvsadm would modprobe
+        state["ipvsadm"] = ns.run("ipvsadm", "-Sn").stdout
     state["routes"] = ns.run("ip", "route", "show", "table", "all").stdout
     state["rules"] = ns.run("ip", "rule").stdout
     state["addresses"] = ns.run("ip", "addr", "show").stdout  # -d adds moving timers

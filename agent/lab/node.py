@@ -9,8 +9,11 @@ Three namespaces, wired like a cloud VM::
 
 The node gets kube-proxy's ipsets and nat/filter rules (plus ip-masq-agent / CNI rules
 per scenario) through the chosen iptables backend, the kube-ipvs0 addresses, and the
-scenario's sysctls. IPVS virtual servers are not created: this kernel has no IP_VS,
-so ``ipvsadm`` cannot run; the generated ``ipvsadm -S -n`` text stands in for them.
+scenario's sysctls. IPVS comes in two forms (``ipvs_kind``): where the kernel has IP_VS
+(the VM of ``agent.lab.vm``, a stock distribution kernel) kube-ipvs0 is a real ``dummy``
+device and the virtual servers are created with ``ipvsadm`` as kube-proxy does; where it
+has not (this development machine) kube-ipvs0 is a DOWN bridge, no virtual server
+exists, and the generated ``ipvsadm -S -n`` text stands in for them.
 
 Nothing is done in the root namespace: links are created inside a namespace
 (``netns.veth``), every command runs under ``ip netns exec``. Everything is torn down
@@ -24,6 +27,7 @@ and drives real traffic. ``build_lab`` itself is unchanged by them.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
@@ -191,10 +195,30 @@ def _pod_network(node: Netns, pod: Netns, sc: Scenario) -> None:
     pod.run("ip", "route", "add", "default", "via", sc.pod_gateway, "dev", "eth0")
 
 
+REAL = "real"
+STANDIN = "standin"
+IPVS_KIND_ENV = "LOOPBACK_AGENT_LAB_IPVS"
+PROC_IP_VS = "/proc/net/ip_vs"
+
+
+def ipvs_kind() -> str:
+    """``real`` when this kernel has IP_VS loaded (then it has ``dummy`` too: both are
+    stock in distribution kernels), else ``standin``; LOOPBACK_AGENT_LAB_IPVS overrides.
+    The lab never loads a module itself: the VM guest does that, like kube-proxy."""
+    forced = os.environ.get(IPVS_KIND_ENV, "")
+    if forced in (REAL, STANDIN):
+        return forced
+    if forced:
+        raise ValueError(f"{IPVS_KIND_ENV} must be {REAL!r} or {STANDIN!r}, not {forced!r}")
+    return REAL if os.path.exists(PROC_IP_VS) else STANDIN
+
+
 def _kube_ipvs0(node: Netns, sc: Scenario) -> None:
-    # kube-proxy uses a dummy device; this kernel has no dummy driver. A bridge left
-    # DOWN behaves the same for what matters: its addresses land in table local.
-    node.run("ip", "link", "add", "kube-ipvs0", "type", "bridge")
+    # kube-proxy creates a dummy device and leaves it DOWN. Without the dummy driver a
+    # bridge left DOWN behaves the same for what matters: its addresses land in table
+    # local.
+    kind = "dummy" if ipvs_kind() == REAL else "bridge"
+    node.run("ip", "link", "add", "kube-ipvs0", "type", kind)
     addrs = sc.kube_ipvs0_addresses()
     if addrs:
         batch = "".join(f"address add {a}/32 dev kube-ipvs0\n" for a in addrs)
@@ -222,6 +246,12 @@ def _rules(node: Netns, sc: Scenario, backend: str) -> None:
         # the sets must exist before rules referencing them can be restored
         node.run("ipset", "restore", input=state.ipset_restore)
     node.run(f"iptables-{backend}-restore", input=sc.iptables_restore())
+    if state is not None and ipvs_kind() == REAL:
+        # kube-proxy's IPVS sysctls: conntrack for IPVS connections is what lets its
+        # KUBE-POSTROUTING masquerade them; the other two are its defaults too
+        node.run("sysctl", "-q", "-w", "net.ipv4.vs.conntrack=1",
+                 "net.ipv4.vs.expire_nodest_conn=1", "net.ipv4.vs.expire_quiescent_template=1")
+        node.run("ipvsadm", "-R", input=state.ipvsadm_save)
 
 
 # --- IPVS stand-in -------------------------------------------------------------------
@@ -273,7 +303,9 @@ def ipvs_standin_nft(ipvsadm_save: str) -> str:
 def install_ipvs_standin(node: Netns, scenario: Scenario) -> None:
     """Make the node's IPVS virtual servers (NodePorts, and ClusterIPs/LB IPs bound on
     kube-ipvs0) answer: see ipvs_standin_nft. No-op in iptables mode, where
-    kube-proxy's own rules already DNAT them."""
+    kube-proxy's own rules already DNAT them, and with real IPVS, which does."""
+    if ipvs_kind() == REAL:
+        return
     state = scenario.ipvs_state()
     text = ipvs_standin_nft(state.ipvsadm_save) if state else ""
     if text:
