@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 import jsonschema
 import pytest
 
+from agent.capture.handshakes import DEFAULT_TIMEOUT as HANDSHAKE_TIMEOUT
 from agent.cli import schema_text
 from agent.lab.clb import (
     CONNECTED,
@@ -30,7 +33,6 @@ pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces")]
 
 NODE_PORT = 30080
-CAPTURE = "3s"
 OBSERVED = {"loopback-observed", "healthcheck-dropped-local-source", "nodeport-syn-unanswered"}
 
 
@@ -39,20 +41,47 @@ def rp_filter(value: int) -> dict[str, int]:
 
 
 def check_while(c: Cluster, drive: Callable[[], Any]) -> tuple[int, dict[str, Any], str]:
-    """Run `check --capture` in node 1 while ``drive`` makes traffic."""
+    """Run `check --capture` in node 1 while ``drive`` makes traffic: ``drive`` starts at
+    the first progress line (the ring is open by then, however slow the machine: the VM
+    of test_vm_ipvs emulates its CPU) and Ctrl-C ends the capture once its SYNs are
+    judged."""
     proc = c.node.popen([sys.executable, "-m", "agent", "check", "--json", "--capture",
-                         CAPTURE, "--kube-json", str(c.lab.kube_dir), "--node-name", "node-1"],
+                         "120s", "--kube-json", str(c.lab.kube_dir), "--node-name", "node-1"],
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    lines: list[str] = []
+    capturing = threading.Event()
+
+    def read_stderr() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if "capturing NodePorts" in line:
+                capturing.set()
+
+    out: list[str] = []
+    readers = [threading.Thread(target=read_stderr, daemon=True),
+               threading.Thread(target=lambda: out.append(proc.stdout.read()),  # type: ignore[union-attr]
+                                daemon=True)]
+    for t in readers:
+        t.start()
     try:
-        time.sleep(1.0)  # the ring is open well before this
+        assert capturing.wait(60), "".join(lines)
         drive()
-        out, err = proc.communicate(timeout=60)
+        # every SYN judged: answered, or unanswered after the handshake timeout (a capture
+        # ended by a signal reports what is still waiting as pending)
+        time.sleep(HANDSHAKE_TIMEOUT + 0.5)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+        for t in readers:
+            t.join(10)
     finally:
         if proc.poll() is None:
             proc.kill()
+    err = "".join(lines)
     assert "Traceback" not in err, err
     assert "capturing NodePorts 30000-32767" in err  # the progress line
-    verdict = json.loads(out)
+    assert "capture stopped early by a signal" in err
+    verdict = json.loads(out[0])
     jsonschema.validate(verdict, json.loads(schema_text()))
     return proc.returncode, verdict, err
 
