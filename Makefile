@@ -2,10 +2,12 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-DEB_PKGS := iptables ipset ipvsadm iproute2 nftables kmod procps postgresql chromium
+# qemu-system-x86 and busybox-static: the VM with a stock kernel (real IPVS) of test-vm
+DEB_PKGS := iptables ipset ipvsadm iproute2 nftables kmod procps postgresql chromium \
+	qemu-system-x86 busybox-static
 PYTEST_ARGS ?=
 
-.PHONY: test lint bench deps venv clean
+.PHONY: test test-vm lint bench deps venv clean image demo
 
 deps:
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -26,6 +28,17 @@ venv: $(VENV)/.installed
 test: deps venv
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# Only the tests on real IPVS: a stock Debian kernel booted under virtme-ng (about 6 min
+# under software emulation; make test runs them too). -s shows the VM's timing line.
+test-vm: deps venv
+	$(PY) -m pytest -q -s -m vm $(PYTEST_ARGS)
+
+# A real CLB loopback in network namespaces, diagnosed end to end (root; about 30 s).
+# DEMO_ARGS e.g. --keep-open 300 --screenshot docs/collector-page.png (see --help).
+DEMO_ARGS ?=
+demo: deps venv
+	$(PY) -m agent.lab.demo $(DEMO_ARGS)
+
 lint: venv
 	$(VENV)/bin/ruff check agent tests
 
@@ -39,3 +52,11 @@ bench: deps venv
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+
+# The container image of the agent and the collector (Dockerfile). Needs a Docker engine;
+# `make image IMAGE=registry.example/loopback-agent:0.1.0` to name it.
+IMAGE ?= loopback-agent:dev
+image:
+	@docker info >/dev/null 2>&1 || { echo "make image: no Docker engine answers" \
+	  "(docker info failed); start one or point DOCKER_HOST at one" >&2; exit 1; }
+	docker build -t $(IMAGE) .

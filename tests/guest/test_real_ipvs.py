@@ -1,0 +1,150 @@
+"""Tests that need a kernel with IP_VS and dummy: they run inside the VM that
+tests/test_vm_ipvs.py boots on a stock Debian kernel (tests/conftest.py leaves them out
+anywhere else, and the host test fails if the VM cannot run them)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.lab import netns as _netns
+from agent.lab.clb import Cluster, pod_connect, sysctls
+from agent.lab.netns import Netns
+from agent.lab.node import IPVS_STANDIN_TABLE, REAL, ipvs_kind
+from agent.lab.scenarios import LB_IP
+from tests.test_check_netns import agent_here, agent_in
+
+pytestmark = pytest.mark.netns
+
+# ipvsadm -Ln rows: "TCP  10.96.0.1:443 rr", "FWM  7 rr", "  -> 10.0.0.2:6443  Masq  1 ..."
+_VIRTUAL = re.compile(r"^(TCP|UDP|SCTP)\s+\[?([^\]\s]+?)\]?:(\d+)\s+(\S+)")
+_FWM = re.compile(r"^FWM\s+(\d+)\s+(\S+)")
+_REAL = re.compile(r"^\s+->\s+\[?([^\]\s]+?)\]?:(\d+)\s+(\w+)\s+(\d+)\s")
+
+
+def ipvsadm_listing(ns: Netns) -> list[tuple[Any, ...]]:
+    """``ipvsadm -Ln`` read independently of the agent's parser: one tuple per virtual
+    server, (protocol, address, port, scheduler, sorted real servers)."""
+    out: list[tuple[Any, ...]] = []
+    for line in ns.run("ipvsadm", "-Ln").stdout.splitlines():
+        if m := _VIRTUAL.match(line):
+            out.append((m[1], m[2], int(m[3]), m[4], []))
+        elif m := _FWM.match(line):
+            out.append(("FWM", m[1], 0, m[2], []))
+        elif m := _REAL.match(line):
+            out[-1][4].append((m[1], int(m[2]), m[3], int(m[4])))
+    return sorted((p, a, port, s, tuple(sorted(r))) for p, a, port, s, r in out)
+
+
+def probe_listing(ns: Netns) -> list[tuple[Any, ...]]:
+    """The live IPVS probe (pyroute2) as the agent's snapshot records it."""
+    r = agent_in(ns, "snapshot", "--no-kube-api")
+    assert r.returncode == 0, r.stderr
+    snap = json.loads(r.stdout)
+    assert not [u for u in snap["unknowns"] if u["source"] == "ipvs"], snap["unknowns"]
+    return sorted((v["protocol"], v["address"], v["port"], v["scheduler"],
+                   tuple(sorted((x["address"], x["port"], x["forward"], x["weight"])
+                                for x in v["real_servers"])))
+                  for v in snap["ipvs"])
+
+
+_IPVSADM_SETUP = """\
+-A -t 10.96.0.1:443 -s rr
+-a -t 10.96.0.1:443 -r 10.0.0.2:6443 -m -w 1
+-A -t 10.0.1.10:80 -s wrr
+-a -t 10.0.1.10:80 -r 172.16.1.10:8080 -m -w 3
+-a -t 10.0.1.10:80 -r 172.16.2.10:8080 -g -w 2
+-a -t 10.0.1.10:80 -r 172.16.3.10:8080 -i -w 1
+-A -u 10.96.0.10:53 -s rr
+-a -u 10.96.0.10:53 -r 172.16.1.20:53 -m -w 1
+-A -t 10.0.0.10:30080 -s rr
+-A -t [fd00::10]:80 -s rr
+-a -t [fd00::10]:80 -r [fd00:1::10]:8080 -m -w 1
+-A -f 7 -s rr
+-a -f 7 -r 172.16.1.30:0 -g -w 1
+"""
+
+
+def test_the_ipvs_probe_lists_what_ipvsadm_lists() -> None:
+    """Every virtual server and real server, with forwarding method, weight and
+    scheduler; TCP, UDP, IPv6, a firewall-mark service and one without real servers."""
+    with _netns.netns("lbi") as ns:
+        ns.run("ipvsadm", "-R", input=_IPVSADM_SETUP)
+        expected = ipvsadm_listing(ns)
+        assert len(expected) == 6 and {"Masq", "Route", "Tunnel"} <= {
+            r[2] for v in expected for r in v[4]}
+        assert probe_listing(ns) == expected
+
+
+_FWD = r"""
+import json
+from pyroute2 import IPVS
+from pyroute2.ipvs import IPVSDest, IPVSService
+rows = []
+with IPVS() as s:
+    for sm in s.service("dump"):
+        for dm in s.dest("dump", service=IPVSService.from_message(sm)):
+            raw = dict(dm.get_attr("IPVS_CMD_ATTR_DEST")["attrs"])
+            rows.append([raw["IPVS_DEST_ATTR_ADDR"], raw["IPVS_DEST_ATTR_FWD_METHOD"] & 7,
+                         IPVSDest.from_message(dm).get("fwd_method")])
+print(json.dumps(rows))
+"""
+
+
+def test_forwarding_method_comes_from_the_raw_attribute() -> None:
+    """pyroute2's parsed key keeps IPVSDest's default fwd_method (3, Route) whatever the
+    kernel said; the raw IPVS_DEST_ATTR_FWD_METHOD is what ipvsadm shows."""
+    names = {0: "Masq", 2: "Tunnel", 3: "Route"}
+    with _netns.netns("lbi") as ns:
+        ns.run("ipvsadm", "-R", input="-A -t 10.0.1.10:80 -s rr\n"
+               "-a -t 10.0.1.10:80 -r 172.16.1.11:80 -m\n"
+               "-a -t 10.0.1.10:80 -r 172.16.1.12:80 -g\n"  # Route and Tunnel keep the port,
+               "-a -t 10.0.1.10:80 -r 172.16.1.13:80 -i\n")  # so one per address
+        shown = {r[0]: r[2] for v in ipvsadm_listing(ns) for r in v[4]}
+        rows = json.loads(ns.run(sys.executable, "-c", _FWD).stdout)
+    raw = {addr: names[fwd] for addr, fwd, _ in rows}
+    assert raw == shown == {"172.16.1.11": "Masq", "172.16.1.12": "Route",
+                            "172.16.1.13": "Tunnel"}
+    parsed = {addr: names.get(p, p) for addr, _, p in rows}
+    print("pyroute2 parsed fwd_method:", parsed)  # shown with -rA in the VM's output
+    assert parsed != shown  # the reason the probe reads the raw attribute
+
+
+def test_the_lab_runs_on_real_ipvs(etp_local: Cluster, tmp_path: Path) -> None:
+    """The TKE variant on real IPVS: kube-ipvs0 is a dummy device, the virtual servers
+    are kube-proxy's, no stand-in exists, and the pod's looping connection goes through
+    the NodePort's real virtual server."""
+    c = etp_local
+    assert ipvs_kind() == REAL
+    assert "dummy" in c.node.run("ip", "-d", "link", "show", "kube-ipvs0").stdout
+    assert IPVS_STANDIN_TABLE not in c.node.run("nft", "list", "tables").stdout
+    listing = ipvsadm_listing(c.node)
+    assert ("TCP", LB_IP, 80, "rr", (("172.16.1.10", 8080, "Masq", 1),)) in listing
+    assert LB_IP not in c.node.run("ip", "-4", "addr", "show", "kube-ipvs0").stdout
+
+    def nodeport_conns() -> int:
+        stats = c.node.run("ipvsadm", "-Ln", "--stats", "-t",
+                           f"{c.scenario.node_ip}:30080").stdout
+        row = next(line for line in stats.splitlines() if line.startswith("TCP"))
+        return int(row.split()[2])  # Conns
+
+    c.clb.use_real_server(c.scenario.node_ip)  # the CLB sends it back to this node
+    before = nodeport_conns()
+    with sysctls(c.node, {"net.ipv4.conf.all.rp_filter": 0, "net.ipv4.conf.eth0.rp_filter": 0}):
+        pod_connect(c, LB_IP, 80)  # rp_filter 0: the SYN gets past routing to IPVS
+    assert nodeport_conns() > before
+
+    # a bundle saved here carries the real ipvsadm listing, and reads back the same
+    bundle = tmp_path / "b"
+    assert agent_in(c.node, "bundle", str(bundle), "--no-kube-api").returncode == 0
+    saved = (bundle / "ipvsadm.txt").read_text()
+    assert f"TCP  {c.scenario.node_ip}:30080 rr" in saved
+    back = agent_here("snapshot", "--from", str(bundle))
+    assert back.returncode == 0, back.stderr
+    assert {(v["address"], v["port"]) for v in json.loads(back.stdout)["ipvs"]} == {
+        (v[1], v[2]) for v in listing}
