@@ -393,6 +393,8 @@ def _run(args: argparse.Namespace) -> int:
     if not args.collector:
         print("loopback-agent: no --collector: verdicts go to stdout and the spool only",
               file=sys.stderr)
+    if args.kube_json and not Path(args.kube_json).is_dir():
+        raise _Exit(EXIT_NOINPUT, f"{args.kube_json}: no such directory")
     try:
         Path(args.spool).mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -402,7 +404,8 @@ def _run(args: argparse.Namespace) -> int:
         heartbeat_every=args.heartbeat_every, listen=args.listen or None,
         token_file=args.token_file, ca_file=args.ca_file, capture=not args.no_capture,
         nodeport_range=args.nodeport_range, node_name=_node(args, None),
-        use_kube_api=not args.no_kube_api, kubeconfig=args.kubeconfig, cycles=args.cycles)
+        use_kube_api=not (args.no_kube_api or args.kube_json), kubeconfig=args.kubeconfig,
+        kube_json=args.kube_json, cycles=args.cycles)
     return Daemon(cfg).run()
 
 

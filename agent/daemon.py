@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
@@ -29,6 +30,7 @@ from agent.probes import collect_live
 from agent.probes.base import ProbeContext
 from agent.ship.sender import Backoff, Sender, drain
 from agent.ship.spool import Spool
+from agent.snapshot import NodeSnapshot
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class DaemonConfig:
     node_name: str | None = None
     use_kube_api: bool = True
     kubeconfig: str | None = None
+    kube_json: str | None = None  # saved kubectl JSON (--kube-json DIR), re-read each cycle
     cycles: int | None = None  # stop after this many verdicts (tests, one-off runs)
 
 
@@ -154,6 +157,8 @@ class Daemon:
         snap = collect_live(ProbeContext(node_name=self.cfg.node_name,
                                          use_kube_api=self.cfg.use_kube_api,
                                          kubeconfig=self.cfg.kubeconfig))
+        if self.cfg.kube_json:
+            snap = self._with_kube_json(snap, self.cfg.kube_json)
         t1 = time.monotonic()
         capture = None
         if self.cfg.capture:
@@ -167,6 +172,18 @@ class Daemon:
             self.metrics.probe_seconds.labels(phase).set(secs)
         self.metrics.verdict(v)
         return v
+
+    @staticmethod
+    def _with_kube_json(snap: NodeSnapshot, directory: str) -> NodeSnapshot:
+        """Services/Node/Ingresses from saved kubectl JSON, re-read every cycle (the
+        files may be refreshed by a sidecar); unreadable: keep the live snapshot, say so."""
+        from agent.cli import with_kube_json  # lazy: cli imports this module lazily too
+
+        try:
+            return with_kube_json(snap, Path(directory))
+        except Exception as e:  # a bad file must not stop the daemon
+            log(f"--kube-json {directory}: {getattr(e, 'message', e)}")
+            return snap
 
     def ship(self, deadline: float | None) -> None:
         """One drain pass (several until ``deadline`` when stopping), with backoff."""

@@ -433,8 +433,10 @@ def serve(ns: Netns, ports: Iterable[int]) -> Iterator[subprocess.Popen[str]]:
     connection with "<its address> <the peer's address>\n"; stopped when the block
     ends. The endpoint pods run one; a test may run one on a node (a hostNetwork
     listener) to see where the node's own SYN-ACK goes."""
+    # Own session: a terminal's Ctrl-C goes to whoever runs the lab (demo, pytest), which
+    # stops the server by closing stdin, instead of a KeyboardInterrupt trace per server.
     proc = ns.popen([sys.executable, "-c", _SERVER, *map(str, ports)],
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline().strip()
