@@ -323,3 +323,17 @@ def test_healthz_of_the_daemon_fails_when_cycles_stop(tmp_path: Path) -> None:
     d.last_cycle_end -= 100
     ok, why = d.healthy()
     assert not ok and "no verdict for" in why
+
+
+def test_page_lists_a_node_once_per_service_when_observed_and_exposed() -> None:
+    """The demo's fleet: each node both exposes the LB IP and saw it loop."""
+    from agent.collector.page import render_page
+
+    def finding(fid: str) -> dict[str, Any]:
+        return {"id": fid, "severity": "error", "lb_ip": "10.0.1.10", "service": "demo/web"}
+
+    latest = [{"node": n, "status": "loopback", "kube_proxy_mode": "ipvs", "time": "t",
+               "unknowns": [], "findings": [finding("lb-ip-local"), finding("loopback-observed")]}
+              for n in ("node-a", "node-b")]
+    page = render_page(latest)
+    assert "<td>node-a, node-b</td>" in page

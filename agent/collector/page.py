@@ -31,7 +31,8 @@ def render_page(latest: list[dict[str, Any]]) -> str:
         f'<tr><td>{e(s["service"] or "?")}</td><td>{e(s["lb_ip"] or "")}</td>'
         f'<td>{len(s["observed_nodes"])}</td><td>{len(s["exposed_nodes"])}</td>'
         f'<td>{e(", ".join(s["ids"]))}</td>'
-        f'<td>{e(", ".join((s["observed_nodes"] + s["exposed_nodes"])[:8]))}</td></tr>'
+        f'<td>{e(", ".join(list(dict.fromkeys(s["observed_nodes"] + s["exposed_nodes"]))[:8]))}'
+        '</td></tr>'
         for s in services)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
