@@ -175,8 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="The DaemonSet mode. Every interval: snapshot, watch NodePort handshakes, "
                     "diagnose; one JSON line per verdict on stdout (human logs on stderr); "
                     "verdicts are spooled durably and shipped when they change and as a "
-                    "heartbeat. Every option can also be set with an environment variable "
-                    "named LOOPBACK_AGENT_<OPTION> (e.g. LOOPBACK_AGENT_COLLECTOR).",
+                    "heartbeat. The options marked [env ...] can also be set with that "
+                    "environment variable (LOOPBACK_AGENT_<OPTION>, e.g. "
+                    "LOOPBACK_AGENT_COLLECTOR); the command line wins.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     _env_opt(r, "--collector", metavar="URL", help="collector base URL (POST URL/v1/verdicts)")
     _env_opt(r, "--token-file", metavar="F", help="bearer token file, re-read when it changes")
