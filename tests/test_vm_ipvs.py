@@ -19,6 +19,7 @@ say why; they never skip.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -82,11 +83,13 @@ def guest_run(kernel: vm.Kernel) -> Iterator[tuple[vm.VmResult, ET.Element]]:
         pytest.fail(f"the guest wrote no junit.xml (exit {result.returncode}):\n"
                     f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
     yield result, ET.parse(junit).getroot()
+    shutil.rmtree(result.outdir, ignore_errors=True)
 
 
 def test_the_guest_reports_status_and_output(kernel: vm.Kernel) -> None:
     r = vm.run("uname -r; cat /proc/net/ip_vs | head -1; ip link add d0 type dummy && "
                "echo dummy; echo to-stderr >&2; exit 3", kernel=kernel, timeout=300)
+    shutil.rmtree(r.outdir)
     assert r.returncode == 3
     lines = r.stdout.splitlines()
     assert lines[0] == kernel.release  # the stock kernel, not this machine's

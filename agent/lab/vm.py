@@ -201,7 +201,8 @@ def run(script: str, *, kernel: Kernel, timeout: float = 600, cwd: Path | None =
     output; raises VmError when the guest does not report back within ``timeout``.
 
     The guest sees the host's files read-only; the directory in ``VmResult.outdir`` (and
-    $VM_OUT inside the guest) is the one place it writes to the host.
+    $VM_OUT inside the guest) is the one place it writes to the host: the caller removes
+    it (on VmError it is kept for a look, and named in the message).
     """
     if missing := missing_tools():
         raise VmError("cannot boot the VM, missing: " + "; ".join(missing))
@@ -240,14 +241,15 @@ def run(script: str, *, kernel: Kernel, timeout: float = 600, cwd: Path | None =
         except subprocess.TimeoutExpired:
             _kill(proc)
             raise VmError(f"the VM did not finish within {timeout:.0f} s; console: "
-                          f"{_tail(console)}; guest stderr: {_tail(out / 'stderr')}") from None
+                          f"{_tail(console)}; guest stderr: {_tail(out / 'stderr')} "
+                          f"(all in {out})") from None
         finally:
             _kill(proc)
     seconds = time.monotonic() - started
     rc_file = out / "rc"
     if not rc_file.exists():
         raise VmError(f"the guest never reported an exit status (vng exit {proc.returncode}, "
-                      f"{seconds:.0f} s); console: {_tail(console)}")
+                      f"{seconds:.0f} s); console: {_tail(console)} (all in {out})")
     return VmResult(returncode=int(rc_file.read_text()),
                     stdout=(out / "stdout").read_text(errors="replace"),
                     stderr=(out / "stderr").read_text(errors="replace"),
