@@ -33,7 +33,8 @@ RUN apt-get update \
         iproute2=6.1.0-3 \
         nftables=1.0.6-2+deb12u2 \
     && rm -rf /var/lib/apt/lists/*
-# Installed from the builder's wheels through a bind mount, so the wheels take no layer;
+# Installed from the builder's wheels through a bind mount (BuildKit, the default builder
+# since Docker 23; DOCKER_BUILDKIT=0 cannot build this), so the wheels take no layer;
 # --no-index: exactly the versions resolved in the builder, nothing fetched here.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     pip install --no-cache-dir --no-index --find-links=/wheels /wheels/*.whl

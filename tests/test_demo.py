@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from agent.lab.demo import EXIT_NOPERM, EXIT_SIGINT, EXIT_SIGTERM
+from tests.nodestate import capture
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces")]
@@ -59,13 +60,30 @@ def assert_nothing_left(pid: int, mark: str, out: str) -> None:
         assert not Path(tmp).exists(), tmp
 
 
+class _Here:
+    """The root network namespace, read with the same commands as a lab node's."""
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(args, capture_output=True, text=True, check=check)
+
+
 def test_the_story_end_to_end(tmp_path: Path) -> None:
     env, mark = marked_env()
     shot = tmp_path / "page.png"
+    root_before = capture(_Here())  # type: ignore[arg-type]
+    root_links = _Here().run("ip", "-o", "link", "show").stdout
     t0 = time.monotonic()
     proc = subprocess.run([*DEMO, "--screenshot", str(shot)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=MAX_SECONDS + 60)
     seconds = time.monotonic() - t0
+    # the machine's own network namespace is as it was: rules, sets, routes, addresses,
+    # links, sysctls
+    root_after = capture(_Here())  # type: ignore[arg-type]
+    for key in root_before:
+        assert root_before[key] == root_after[key], f"root namespace: {key} changed"
+    strip = re.compile(r"state \S+|qlen \d+")  # link state of the host's own NICs may move
+    assert strip.sub("", _Here().run("ip", "-o", "link", "show").stdout) == \
+        strip.sub("", root_links)
     out = proc.stdout
     print(f"demo wall time: {seconds:.1f}s")
     assert proc.returncode == 0, out[-3000:] + proc.stderr

@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -335,3 +336,25 @@ def test_kernel_agrees_with_expectations(name: str) -> None:
             hit = re.search(rf"^\[([1-9]\d*):\d+\] -A KUBE-SERVICES -d {re.escape(vip)}/32 .*"
                             r"loadbalancer IP", counted, re.M)
             assert hit, vip
+
+
+def test_real_ipvs_needs_ip_vs_and_dummy_loaded(monkeypatch: pytest.MonkeyPatch,
+                                                tmp_path: Path) -> None:
+    """Creating a dummy device would load ``dummy`` (and its dummy0 in the root
+    namespace): the lab builds real IPVS only where both modules are already loaded."""
+    from agent.lab import node
+
+    monkeypatch.delenv(node.IPVS_KIND_ENV, raising=False)
+    ip_vs, dummy = tmp_path / "ip_vs", tmp_path / "dummy"
+    monkeypatch.setattr(node, "PROC_IP_VS", str(ip_vs))
+    monkeypatch.setattr(node, "SYS_MODULE_DUMMY", str(dummy))
+    assert node.ipvs_kind() == node.STANDIN
+    ip_vs.write_text("")
+    assert node.ipvs_kind() == node.STANDIN  # ip_vs alone (an LVS or Swarm host)
+    dummy.mkdir()
+    assert node.ipvs_kind() == node.REAL
+    monkeypatch.setenv(node.IPVS_KIND_ENV, node.STANDIN)
+    assert node.ipvs_kind() == node.STANDIN
+    monkeypatch.setenv(node.IPVS_KIND_ENV, "yes")
+    with pytest.raises(ValueError, match="LOOPBACK_AGENT_LAB_IPVS"):
+        node.ipvs_kind()

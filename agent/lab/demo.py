@@ -55,7 +55,7 @@ from typing import Any
 from agent.diagnose.remedies import PREVENT_LOOPBACK
 from agent.lab.clb import Cluster, build_cluster, healthcheck, pod_connect
 from agent.lab.kube_proxy_rules import LbService
-from agent.lab.node import IPVS_STANDIN_TABLE, ipvs_standin_nft
+from agent.lab.node import IPVS_KIND_ENV, IPVS_STANDIN_TABLE, STANDIN, ipvs_standin_nft
 from agent.lab.scenarios import HEALTH_CHECK_SOURCE, SCENARIOS, Scenario
 from agent.report import render
 
@@ -742,7 +742,13 @@ def main(argv: list[str] | None = None) -> int:
     def on_term(signum: int, _frame: object) -> None:
         raise Interrupted()
 
+    # SIGHUP too (an ssh session that drops): the children run in their own sessions
+    # and would outlive the demo, in namespaces nobody removes
     signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGHUP, on_term)
+    # The demo's remedy edits the IPVS stand-in; on a host whose kernel has IP_VS and
+    # dummy loaded the lab would otherwise build real IPVS (agent/lab/node.py)
+    os.environ[IPVS_KIND_ENV] = STANDIN
     tmp = Path(tempfile.mkdtemp(prefix="lbdemo-"))
     code = EXIT_OK
     stack = ExitStack()
@@ -753,15 +759,16 @@ def main(argv: list[str] | None = None) -> int:
                 story(args, stack, tmp)
                 say("the story went as expected: both loops seen, both nodes healthy after "
                     "the remedy")
-            except StoryError as e:
+            except Exception as e:  # Interrupted is a KeyboardInterrupt: not caught here
                 code = EXIT_STORY
-                print(f"\ndemo: FAILED: {e}", file=sys.stderr)
+                what = e if isinstance(e, StoryError) else f"{type(e).__name__}: {e}"
+                print(f"\ndemo: FAILED: {what}", file=sys.stderr)
                 for log in sorted(tmp.glob("*.log")):
                     if log.stat().st_size:
                         print(f"  {log.name}:\n{_tail(log)}", file=sys.stderr)
             finally:
                 # a second Ctrl-C must not cut the teardown short
-                for s in (signal.SIGINT, signal.SIGTERM):
+                for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                     signal.signal(s, lambda *_: print("demo: cleaning up, please wait",
                                                       file=sys.stderr, flush=True))
                 say("tearing down: agents, traffic, relays, lab namespaces, collector, "

@@ -199,18 +199,21 @@ REAL = "real"
 STANDIN = "standin"
 IPVS_KIND_ENV = "LOOPBACK_AGENT_LAB_IPVS"
 PROC_IP_VS = "/proc/net/ip_vs"
+SYS_MODULE_DUMMY = "/sys/module/dummy"
 
 
 def ipvs_kind() -> str:
-    """``real`` when this kernel has IP_VS loaded (then it has ``dummy`` too: both are
-    stock in distribution kernels), else ``standin``; LOOPBACK_AGENT_LAB_IPVS overrides.
-    The lab never loads a module itself: the VM guest does that, like kube-proxy."""
+    """``real`` when this kernel has IP_VS and ``dummy`` loaded (the VM guest loads both,
+    as kube-proxy does on a node), else ``standin``; LOOPBACK_AGENT_LAB_IPVS overrides.
+    Loaded, not merely available: the lab never loads a module, and creating a dummy
+    device would load ``dummy``, which adds a ``dummy0`` to the root namespace."""
     forced = os.environ.get(IPVS_KIND_ENV, "")
     if forced in (REAL, STANDIN):
         return forced
     if forced:
         raise ValueError(f"{IPVS_KIND_ENV} must be {REAL!r} or {STANDIN!r}, not {forced!r}")
-    return REAL if os.path.exists(PROC_IP_VS) else STANDIN
+    loaded = os.path.exists(PROC_IP_VS) and os.path.isdir(SYS_MODULE_DUMMY)
+    return REAL if loaded else STANDIN
 
 
 def _kube_ipvs0(node: Netns, sc: Scenario) -> None:

@@ -30,6 +30,7 @@ none``) and whatever it configures lives in its own kernel.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
 import shlex
@@ -45,6 +46,7 @@ from pathlib import Path
 
 META_PACKAGE = "linux-image-amd64"
 CACHE_ENV = "LOOPBACK_AGENT_VM_CACHE"
+KVM_ENV = "LOOPBACK_AGENT_VM_KVM"
 DEFAULT_CACHE = Path.home() / ".cache" / "loopback-agent" / "vm"
 # what the guest loads before anything else, as kube-proxy does on an IPVS node
 # (and br_netfilter, which every Kubernetes node loads: bridged pod-to-pod replies must
@@ -123,8 +125,18 @@ def _found(root: Path, package: str, version: str) -> Kernel | None:
 def ensure_kernel(cache: Path | None = None) -> Kernel:
     """The stock kernel unpacked in ``cache`` (default: $LOOPBACK_AGENT_VM_CACHE or
     ~/.cache/loopback-agent/vm), fetched on first use."""
+    if missing := missing_tools():
+        raise VmError("cannot prepare the VM, missing: " + "; ".join(missing))
     cache = cache or cache_dir()
-    package, version = kernel_package()
+    try:
+        package, version = kernel_package()
+    except VmError as exc:
+        # offline, or no package lists and no root: the newest kernel already cached
+        cached = sorted((k for d in cache.glob("linux-image-*_*") if (k := _found(
+            d, *d.name.split("_", 1))) is not None), key=lambda k: k.root.stat().st_mtime)
+        if cached:
+            return cached[-1]
+        raise VmError(f"{exc}; and no kernel is cached in {cache}") from None
     root = cache / f"{package}_{version}"
     kernel = _found(root, package, version)
     if kernel:
@@ -166,10 +178,12 @@ def _vng() -> str:
 
 
 def missing_tools() -> list[str]:
-    """What the host needs to boot the guest; empty when all is there."""
+    """What the host needs to fetch the kernel and boot the guest; empty when all is
+    there (make deps installs them)."""
     need = {"qemu-system-x86_64": "Debian package qemu-system-x86",
             "busybox": "Debian package busybox-static (vng builds the initramfs with it)",
-            "depmod": "Debian package kmod", "apt-get": "apt"}
+            "depmod": "Debian package kmod", "apt-get": "apt", "apt-cache": "apt",
+            "dpkg": "dpkg"}
     return [f"{tool} ({why})" for tool, why in need.items() if not shutil.which(tool)]
 
 
@@ -189,7 +203,7 @@ def _share_args(trees: Sequence[Path]) -> tuple[list[str], str]:
                     f"readonly=on,multidevs=remap -device virtio-9p-pci,fsdev={tag},"
                     f"mount_tag={tag}")
         mounts.append(f"mount -t 9p -o ro,trans=virtio,version=9p2000.L,cache=loose,"
-                      f"msize=524288 {tag} {shlex.quote(str(tree))} || exit 96\n")
+                      f"msize=524288 {tag} {shlex.quote(str(tree))} || setup_failed 96\n")
     return opts, "".join(mounts)
 
 
@@ -207,6 +221,7 @@ def run(script: str, *, kernel: Kernel, timeout: float = 600, cwd: Path | None =
     if missing := missing_tools():
         raise VmError("cannot boot the VM, missing: " + "; ".join(missing))
     out = Path(tempfile.mkdtemp(prefix="lbvm-"))
+    q = shlex.quote(str(out))
     cwd = (cwd or Path.cwd()).resolve()
     exports = {"PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin",
                "VM_OUT": str(out), **(env or {})}
@@ -218,24 +233,33 @@ def run(script: str, *, kernel: Kernel, timeout: float = 600, cwd: Path | None =
     (out / "modprobe").write_text(
         f'#!/bin/sh\nexec /sbin/modprobe -d {shlex.quote(str(kernel.root))} "$@"\n')
     (out / "modprobe").chmod(0o755)
+    # 95-97: the guest could not be set up (mount, modules, cwd); reported like the
+    # script's own status, with the reason in stderr
     (out / "run.sh").write_text(
-        mounts
-        + f"echo {out}/modprobe > /proc/sys/kernel/modprobe\n"
+        f"setup_failed() {{ echo \"guest setup failed ($1)\" > {q}/stderr; "
+        f"echo $1 > {q}/rc; exit; }}\n"
+        + mounts
+        + f"echo {q}/modprobe > /proc/sys/kernel/modprobe\n"
         + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in exports.items())
-        + f"cd {shlex.quote(str(cwd))} || exit 97\n"
-        + f"{out}/modprobe -a {modules} > {out}/modprobe.log 2>&1 || exit 95\n"
-        + f"sh {out}/script.sh > {out}/stdout 2> {out}/stderr < /dev/null\n"
-        + f"echo $? > {out}/rc.tmp && mv {out}/rc.tmp {out}/rc\n")
+        + f"cd {shlex.quote(str(cwd))} || setup_failed 97\n"
+        + f"{q}/modprobe -a {modules} > {q}/modprobe.log 2>&1 || setup_failed 95\n"
+        # bounded inside too: an orphaned qemu (its caller killed) stops by itself
+        + f"timeout -s KILL {int(timeout) + 1} sh {q}/script.sh > {q}/stdout "
+          f"2> {q}/stderr < /dev/null\n"
+        + f"echo $? > {q}/rc.tmp && mv {q}/rc.tmp {q}/rc\n")
     console = log or out / "console.log"
-    args = [_vng(), "--run", str(kernel.image), "--disable-kvm", "--force-9p",
+    # KVM only when asked: here /dev/kvm is a paravirtual device a stock kernel never
+    # boots on; on a host with real KVM, LOOPBACK_AGENT_VM_KVM=1 saves the emulation
+    kvm = [] if os.environ.get(KVM_ENV) == "1" else ["--disable-kvm"]
+    args = [_vng(), "--run", str(kernel.image), *kvm, "--force-9p",
             "--cpus", str(cpus), "--memory", memory, f"--rwdir={out}", *shares,
-            "--exec", f"sh {out}/run.sh"]
+            "--exec", f"sh {q}/run.sh"]
     vng_env = {**os.environ,
                "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
     started = time.monotonic()
     with open(console, "w") as con:
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=con, stderr=con,
-                                env=vng_env, start_new_session=True)
+                                env=vng_env, start_new_session=True, preexec_fn=_die_with_parent)
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -254,6 +278,14 @@ def run(script: str, *, kernel: Kernel, timeout: float = 600, cwd: Path | None =
                     stdout=(out / "stdout").read_text(errors="replace"),
                     stderr=(out / "stderr").read_text(errors="replace"),
                     seconds=seconds, outdir=out)
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGKILL when the caller dies. That reaches vng only; qemu (which
+    virtme-run, vng's child, execs) would go on, so the guest also bounds its own
+    command with ``timeout`` and powers off by itself (see run)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
