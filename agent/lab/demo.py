@@ -321,6 +321,26 @@ def start_daemon(n: DemoNode, url: str, tmp: Path, interval: float) -> None:
     threading.Thread(target=read, args=(n.daemon,), daemon=True).start()
 
 
+def first_verdicts(nodes: list[DemoNode], indices: Callable[[DemoNode], range],
+                   timeout: float, tick: Callable[[], None],
+                   wanted: Callable[[DemoNode, dict[str, Any]], bool],
+                   failure: Callable[[DemoNode, dict[str, Any]], str],
+                   ) -> dict[str, dict[str, Any]]:
+    """Per node, the first of its verdicts at ``indices`` that is ``wanted``, each one
+    printed as it comes; StoryError with ``failure`` when none is."""
+    found: dict[str, dict[str, Any]] = {}
+    for n in nodes:
+        for i in indices(n):
+            v = wait_verdict(n, i, timeout, tick)
+            say(f"node {n.label}: verdict #{i + 1}: {v['status']} [{', '.join(ids(v))}]")
+            if wanted(n, v):
+                found[n.label] = v
+                break
+        else:
+            raise StoryError(f"node {n.label}: {failure(n, v)}")
+    return found
+
+
 def wait_verdict(n: DemoNode, index: int, timeout: float,
                  tick: Callable[[], None]) -> dict[str, Any]:
     """The daemon's ``index``-th verdict (0-based), waiting for it; ``tick`` runs about
@@ -586,17 +606,11 @@ def story(args: argparse.Namespace, stack: ExitStack, tmp: Path) -> None:
 
     # -- act 1: the loops --------------------------------------------------------------
     say(f"waiting for the agents' verdicts (every {interval:g}s of capture) ...")
-    looping: dict[str, dict[str, Any]] = {}
-    for n in nodes:
-        for i in range(4):  # normally the first verdict; allow for a slow start
-            v = wait_verdict(n, i, cycle_timeout, tick)
-            say(f"node {n.label}: verdict #{i + 1}: {v['status']} [{', '.join(ids(v))}]")
-            if n.expect <= set(ids(v)) and v["status"] == "loopback":
-                looping[n.label] = v
-                break
-        else:
-            raise StoryError(f"node {n.label}: expected {sorted(n.expect)} in the verdict, "
-                             f"got {ids(v)}")
+    # normally the first verdict; allow for a slow start
+    looping = first_verdicts(
+        nodes, lambda n: range(4), cycle_timeout, tick,
+        lambda n, v: n.expect <= set(ids(v)) and v["status"] == "loopback",
+        lambda n, v: f"expected {sorted(n.expect)} in the verdict, got {ids(v)}")
     stored = wait_collector(url, {n.name: looping[n.label] for n in nodes}, tick)
 
     for n in nodes:
@@ -639,18 +653,10 @@ def story(args: argparse.Namespace, stack: ExitStack, tmp: Path) -> None:
 
     # The cycle running during the change mixes the old snapshot with new traffic: the
     # second verdict after the change is the first one wholly after it.
-    healthy: dict[str, dict[str, Any]] = {}
-    for n in nodes:
-        start = changed_at[n.label] + 1
-        for i in range(start, start + 3):
-            v = wait_verdict(n, i, cycle_timeout, tick)
-            say(f"node {n.label}: verdict #{i + 1}: {v['status']} [{', '.join(ids(v))}]")
-            if v["status"] == "healthy":
-                healthy[n.label] = v
-                break
-        else:
-            raise StoryError(f"node {n.label}: still {v['status']} after the remedy: "
-                             f"{ids(v, serious=True)}")
+    healthy = first_verdicts(
+        nodes, lambda n: range(changed_at[n.label] + 1, changed_at[n.label] + 4),
+        cycle_timeout, tick, lambda n, v: v["status"] == "healthy",
+        lambda n, v: f"still {v['status']} after the remedy: {ids(v, serious=True)}")
     stored = wait_collector(url, {n.name: healthy[n.label] for n in nodes}, tick)
     print()
     for n in nodes:
