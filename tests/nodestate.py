@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 import shutil
 import time
-from pathlib import Path
 
 from agent.lab.netns import Netns
+from agent.probes.ipvs import ipvs_available
 
 # Counters and timers move by themselves; they are not configuration.
 _VOLATILE = ("nf_conntrack_count", "base_reachable_time", "random", "stable_secret",
@@ -36,7 +36,7 @@ def capture(ns: Netns) -> dict[str, str]:
     if shutil.which("nft"):
         state["nft list ruleset"] = ns.run("nft", "-s", "list", "ruleset").stdout  # -s: no counters
     state["ipset save"] = ns.run("ipset", "save").stdout
-    if Path("/proc/net/ip_vs").exists():  # never ask for IPVS where ipvsadm would modprobe
+    if ipvs_available():  # never ask for IPVS where ipvsadm would modprobe
         state["ipvsadm"] = ns.run("ipvsadm", "-Sn").stdout
     state["routes"] = ns.run("ip", "route", "show", "table", "all").stdout
     state["rules"] = ns.run("ip", "rule").stdout

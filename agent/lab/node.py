@@ -41,6 +41,7 @@ from pathlib import Path
 from agent.lab import netns as _netns
 from agent.lab.netns import Netns
 from agent.lab.scenarios import Scenario
+from agent.probes import ipvs as _probe_ipvs
 
 BACKENDS = ("legacy", "nft")
 
@@ -198,7 +199,7 @@ def _pod_network(node: Netns, pod: Netns, sc: Scenario) -> None:
 REAL = "real"
 STANDIN = "standin"
 IPVS_KIND_ENV = "LOOPBACK_AGENT_LAB_IPVS"
-PROC_IP_VS = "/proc/net/ip_vs"
+PROC_IP_VS = _probe_ipvs.PROC_IP_VS  # one place for where ip_vs shows it is loaded
 SYS_MODULE_DUMMY = "/sys/module/dummy"
 
 
