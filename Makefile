@@ -2,9 +2,17 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# qemu-system-x86 and busybox-static: the VM with a stock kernel (real IPVS) of test-vm
+# qemu-system-x86, busybox-static, file and binutils: the VM with a stock kernel (real IPVS)
+# of test-vm (virtme-ng reads the kernel's version with `file`, else `strings`)
 DEB_PKGS := iptables ipset ipvsadm iproute2 nftables kmod procps postgresql chromium \
-	qemu-system-x86 busybox-static
+	qemu-system-x86 busybox-static file binutils
+# what running `make test` presumes: make itself (python3 comes with the machine)
+BOOT_PKGS := make
+# The suite runs with a PATH of only the commands of the packages above (and of a minimal
+# Debian): a test that needs an undeclared command fails on every machine, not only on a
+# fresh one (tests/declared_path.py).
+DECLARED_PATH = $$($(PY) tests/declared_path.py $(VENV)/declared-bin $(VENV)/bin \
+	$(DEB_PKGS) $(BOOT_PKGS))
 PYTEST_ARGS ?=
 
 .PHONY: test test-vm lint bench deps venv clean image demo
@@ -26,12 +34,12 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 test: deps venv
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	PATH="$(DECLARED_PATH)" $(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Only the tests on real IPVS: a stock Debian kernel booted under virtme-ng (about 6 min
 # under software emulation; make test runs them too). -s shows the VM's timing line.
 test-vm: deps venv
-	$(PY) -m pytest -q -s -m vm $(PYTEST_ARGS)
+	PATH="$(DECLARED_PATH)" $(PY) -m pytest -q -s -m vm $(PYTEST_ARGS)
 
 # A real CLB loopback in network namespaces, diagnosed end to end (root; about 30 s).
 # DEMO_ARGS e.g. --keep-open 300 --screenshot docs/collector-page.png (see --help).

@@ -183,7 +183,9 @@ def missing_tools() -> list[str]:
     need = {"qemu-system-x86_64": "Debian package qemu-system-x86",
             "busybox": "Debian package busybox-static (vng builds the initramfs with it)",
             "depmod": "Debian package kmod", "apt-get": "apt", "apt-cache": "apt",
-            "dpkg": "dpkg"}
+            "dpkg": "dpkg",
+            "file": "Debian package file (vng reads the kernel's version with it)",
+            "strings": "Debian package binutils (vng's fallback when file cannot tell)"}
     return [f"{tool} ({why})" for tool, why in need.items() if not shutil.which(tool)]
 
 
