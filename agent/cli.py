@@ -49,6 +49,16 @@ examples:
 """
 
 
+def _cidr(text: str) -> str:
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_network(text.strip(), strict=False))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a CIDR: {text!r} (e.g. 10.244.1.0/24)"
+                                         ) from None
+
+
 def _duration(text: str) -> float:
     """'30s', '2m', '1.5m', '45' -> seconds."""
     t = text.strip().lower()
@@ -136,10 +146,15 @@ def build_parser() -> argparse.ArgumentParser:
                     "live node (run as root in the host network namespace).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = c.add_mutually_exclusive_group()
-    src.add_argument("--from", dest="from_dir", metavar="DIR",
-                     help="read saved command outputs (iptables-save.txt, ipset.txt, "
-                          "ipvsadm.txt, route-local.txt, addr.txt, sysctl.txt, services.json, "
-                          "node.json, ingresses.json; any subset) instead of the live node")
+    src.add_argument("--from", dest="from_dir", metavar="PATH",
+                     help="read saved or pasted command outputs instead of the live node: a "
+                          "directory (every file in it, any names), one file, or '-' "
+                          "(stdin). Each file may hold several outputs one after another "
+                          "(with or without shell prompts): iptables-save, iptables -S, "
+                          "iptables -L -n -v, ipset save/list, ipvsadm -Ln / -S -n, ip addr "
+                          "(-br, -j), ip route show table local, sysctl -a, kubectl get "
+                          "svc/node/ingress -o yaml|json, kubectl get svc -A -o wide; "
+                          "excerpts are fine")
     src.add_argument("--snapshot", metavar="FILE",
                      help="read a snapshot written by `loopback-agent snapshot` ('-' = stdin)")
     c.add_argument("--capture", metavar="DURATION", type=_duration,
@@ -149,6 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
                    default=(30000, 32767),
                    help="NodePort range to watch (default 30000-32767, kube-apiserver's "
                         "--service-node-port-range)")
+    c.add_argument("--pod-cidr", metavar="CIDR", action="append", type=_cidr,
+                   help="this node's pod CIDR (repeatable), where the input does not show it "
+                        "(no Node object, no rule naming it); stated in the verdict")
+    c.add_argument("--mode", choices=("iptables", "ipvs"),
+                   help="kube-proxy's mode, where the input does not settle it; stated in "
+                        "the verdict")
     c.add_argument("--json", action="store_true", help="print the verdict document (JSON)")
     c.add_argument("-v", "--verbose", action="store_true",
                    help="show the evidence of informational notes too")
@@ -281,14 +302,14 @@ def load_snapshot(args: argparse.Namespace) -> NodeSnapshot:
         from agent.bundle import load_bundle
 
         d = Path(args.from_dir)
-        if not d.is_dir():
-            raise _Exit(EXIT_NOINPUT, f"{d}: no such directory")
+        if args.from_dir != "-" and not d.exists():
+            raise _Exit(EXIT_NOINPUT, f"{d}: no such file or directory")
         try:
-            snap = load_bundle(d)
+            snap = load_bundle(args.from_dir)
         except InputError as e:
             raise _Exit(EXIT_DATAERR, str(e)) from e
         for u in snap.unknowns:
-            if u.reason != "not in bundle" and u.source != "kube-proxy":
+            if not u.reason.startswith("not given") and u.source != "kube-proxy":
                 print(f"loopback-agent: warning: {u.source}: {u.reason}", file=sys.stderr)
         return snap
     if getattr(args, "snapshot", None):
@@ -321,7 +342,7 @@ def with_kube_json(snap: NodeSnapshot, directory: Path) -> NodeSnapshot:
     """Replace the API objects of a live snapshot with saved kubectl JSON."""
     from dataclasses import replace
 
-    from agent import bundle_files
+    from agent.bundle import files as bundle_files
     from agent.bundle import load_bundle
 
     names = (bundle_files.SERVICES, bundle_files.NODE, bundle_files.INGRESSES)
@@ -342,6 +363,12 @@ def _check(args: argparse.Namespace) -> int:
         raise _Exit(EXIT_USAGE, "--capture watches the live node: it cannot be combined "
                                 "with --from or --snapshot")
     snap = load_snapshot(args)
+    given = {k: v for k, v in (("mode", args.mode),
+                               ("pod_cidr", ",".join(args.pod_cidr or ()))) if v}
+    if given:
+        from dataclasses import replace
+
+        snap = replace(snap, given=given)
     capture = _capture(args, snap) if args.capture else None
     verdict = diagnose(snap, _node(args, snap), capture=capture).to_dict()
     if args.json:
@@ -458,7 +485,7 @@ def _snapshot(args: argparse.Namespace) -> int:
 
 
 def _bundle(args: argparse.Namespace) -> int:
-    from agent.bundle_write import write_bundle
+    from agent.bundle.write import write_bundle
 
     d = Path(args.directory)
     try:

@@ -205,6 +205,9 @@ class NodeSnapshot:
     ingresses: tuple[Ingress, ...] | None = None
     node_info: NodeInfo | None = None
     unknowns: tuple[Unknown, ...] = ()
+    # what the user stated where detection cannot reach (check --mode, --pod-cidr):
+    # "mode" -> "ipvs", "pod_cidr" -> "10.244.1.0/24,..."
+    given: dict[str, str] | None = None
     schema: str = SNAPSHOT_SCHEMA
 
     def ipset(self, name: str) -> IpSet | None:

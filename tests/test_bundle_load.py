@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import bundle_files
+from agent.bundle import files as bundle_files
 from agent.bundle import load_bundle
 from agent.errors import InputError
 from agent.snapshot import NodeSnapshot, Unknown
@@ -26,7 +26,10 @@ SAMPLES = {
     bundle_files.NODE: "node.json",
     bundle_files.INGRESSES: "ingresses.json",
 }
-KUBE_PROXY = Unknown("kube-proxy", "process flags are not part of a bundle")
+KUBE_PROXY = Unknown("kube-proxy", "process flags are not part of saved outputs")
+README = Unknown("README.txt", "README.txt: no known command output in it (give iptables-save, "
+                 "ipset save, ipvsadm -Ln, ip addr, ip route show table local, sysctl -a, "
+                 "or kubectl get svc -A -o yaml)")
 
 
 @pytest.fixture
@@ -41,7 +44,7 @@ def test_full_bundle(bundle: Path) -> None:
     snap = load_bundle(bundle)
     assert snap.node == "node-1"
     assert snap.origin == f"bundle:{bundle}"
-    assert snap.unknowns == (KUBE_PROXY,)
+    assert snap.unknowns == (README, KUBE_PROXY)
     assert snap.kube_proxy is None
     assert snap.netfilter is not None and snap.netfilter.backend == "nft"
     nat = snap.netfilter.table("nat")
@@ -67,7 +70,7 @@ def test_json_forms_of_ip_output(bundle: Path) -> None:
     shutil.copy(DATA / "ipvsadm-S.txt", bundle / bundle_files.IPVSADM)
     assert load_bundle(str(bundle)) == load_bundle(bundle)  # str or Path
     snap = load_bundle(bundle)
-    assert snap.unknowns == (KUBE_PROXY,)
+    assert snap.unknowns == (README, KUBE_PROXY)
 
 
 def test_missing_file(bundle: Path) -> None:
@@ -76,8 +79,8 @@ def test_missing_file(bundle: Path) -> None:
     snap = load_bundle(bundle)
     assert snap.ipvs is None
     assert snap.node_info is None and snap.node is None
-    assert snap.unknowns == (Unknown("ipvsadm.txt", "not in bundle"),
-                             Unknown("node.json", "not in bundle"), KUBE_PROXY)
+    assert snap.unknowns == (Unknown("ipvs", "not given (`ipvsadm -Ln` output would show "
+                                     "it)"), README, KUBE_PROXY)
     assert snap.addresses is not None
 
 
@@ -86,11 +89,15 @@ def test_garbage_file(bundle: Path) -> None:
     (bundle / bundle_files.IPTABLES).write_text("*nat\n:PREROUTING ACCEPT [0:0]\n")
     (bundle / bundle_files.SERVICES).write_text('{"kind": "List", "items": [,]}')
     snap = load_bundle(bundle)
-    assert snap.local_routes is None and snap.netfilter is None and snap.services is None
+    # the readable route is used, the unreadable line named; the nat table without COMMIT
+    # is read and named; bad JSON leaves the Services unknown
+    assert snap.local_routes is not None and [r.dst for r in snap.local_routes] == ["10.0.0.5"]
+    assert snap.netfilter is not None and snap.services is None
     reasons = {u.source: u.reason for u in snap.unknowns}
     assert reasons["route-local.txt"].startswith("route-local.txt:2: ")
-    assert reasons["iptables-save.txt"].startswith("iptables-save.txt:1: ")
-    assert reasons["services.json"].startswith("services.json:1: bad JSON")
+    assert reasons["iptables-save.txt"] == ("iptables-save.txt:1: table 'nat' is not closed "
+                                            "by COMMIT (file truncated?)")
+    assert reasons["services.json"].startswith("services.json:1: not valid YAML/JSON")
     assert snap.addresses is not None
 
 
@@ -102,6 +109,7 @@ def test_not_utf8_names_the_line(bundle: Path) -> None:
     assert snap.addresses is None
     (reason,) = [u.reason for u in snap.unknowns if u.source == "addr.txt"]
     assert reason == "addr.txt:3: not UTF-8 text (byte 0xff at column 17)"
+    assert Unknown("addresses", "not given (`ip addr` output would show it)") in snap.unknowns
 
 
 def test_unreadable_file(bundle: Path) -> None:
@@ -111,38 +119,40 @@ def test_unreadable_file(bundle: Path) -> None:
     snap = load_bundle(bundle)
     assert snap.sysctls is None
     (reason,) = [u.reason for u in snap.unknowns if u.source == "sysctl.txt"]
-    assert reason.startswith("sysctl.txt: cannot read")
+    assert reason == "sysctl.txt: not a regular file: skipped"
 
 
-def test_empty_ipset_file_is_no_sets(bundle: Path) -> None:
+def test_empty_files_are_not_evidence(bundle: Path) -> None:
     (bundle / bundle_files.IPSET).write_text("")
     (bundle / bundle_files.ADDR).write_text("")
     snap = load_bundle(bundle)
-    assert snap.ipsets == ()
-    assert snap.addresses is None
-    assert Unknown("addr.txt", "addr.txt: empty file") in snap.unknowns
+    # an empty file says nothing: neither "no sets" nor "no addresses"
+    assert snap.ipsets is None and snap.addresses is None
+    assert Unknown("addr.txt", "addr.txt: empty") in snap.unknowns
 
 
 def test_single_file_bundle(tmp_path: Path) -> None:
     shutil.copy(DATA / "sysctl.txt", tmp_path / bundle_files.SYSCTL)
     snap = load_bundle(tmp_path)
     assert snap.sysctls is not None
-    assert [u.source for u in snap.unknowns] == [
-        n for n in bundle_files.ALL if n != bundle_files.SYSCTL] + ["kube-proxy"]
+    assert [u.source for u in snap.unknowns] == ["iptables", "ipsets", "ipvs", "addresses",
+                                                 "local table", "services", "kube-proxy"]
+    # the same file given alone, or on standard input, reads the same
+    assert load_bundle(tmp_path / bundle_files.SYSCTL).sysctls == snap.sysctls
 
 
 def test_no_such_directory(tmp_path: Path) -> None:
     missing = tmp_path / "nope"
-    with pytest.raises(InputError, match="no such directory") as err:
+    with pytest.raises(InputError, match="no such file or directory") as err:
         load_bundle(missing)
     assert err.value.source == str(missing)
     a_file = tmp_path / "file"
     a_file.write_text("x")
-    with pytest.raises(InputError, match="no such directory"):
+    with pytest.raises(InputError, match=r"nothing usable found: .*no known command output"):
         load_bundle(a_file)
 
 
 def test_no_bundle_files(tmp_path: Path) -> None:
     (tmp_path / "other.txt").write_text("hello\n")
-    with pytest.raises(InputError, match=r"no bundle files found \(expected iptables-save.txt, "):
+    with pytest.raises(InputError, match=r"nothing usable found: other.txt: no known command"):
         load_bundle(tmp_path)

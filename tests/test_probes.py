@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from agent.lab.netns import Netns, netns, veth
-from agent.netfilter.save_format import parse_iptables_save
+from agent.netfilter.rules_text import parse_iptables_save
 from agent.probes import ProbeContext, ProbeResult, collect_live, ipvs, kube_api, kube_proxy
 from agent.probes import base as probe_base
 from agent.probes.nat_rules import Dump, choose, kube_score
@@ -561,7 +561,7 @@ def test_write_bundle_writes_what_the_probes_read_and_changes_nothing(
     before = node_state(node)
     out = tmp_path / "bundle" / "sub"
     script = ("import json, sys\n"
-              "from agent.bundle_write import write_bundle\n"
+              "from agent.bundle.write import write_bundle\n"
               "from agent.probes import ProbeContext\n"
               f"print(json.dumps(write_bundle({str(out)!r}, "
               "ProbeContext(use_kube_api=False))))\n")
@@ -569,7 +569,7 @@ def test_write_bundle_writes_what_the_probes_read_and_changes_nothing(
     after = node_state(node)
     assert after == before
 
-    from agent import bundle_files
+    from agent.bundle import files as bundle_files
 
     assert list(report) == list(bundle_files.ALL)
     for name in (bundle_files.IPSET, bundle_files.ROUTE_LOCAL, bundle_files.ADDR,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from agent.netfilter.rules import parse_rule, tokenize
-from agent.netfilter.save_format import parse_iptables_save
+from agent.netfilter.rules_text import parse_iptables_save
 from agent.netfilter.walk import Packet, TableWalker
 from agent.snapshot import Rule
 
@@ -153,13 +153,18 @@ def test_ipset_dimensions_and_nomatch() -> None:
         "4.4.4.4"
 
 
-def test_missing_ipset_is_unknown() -> None:
+def test_missing_ipset_forks_and_names_the_assumption() -> None:
     w = nat("""
 :PREROUTING ACCEPT [0:0]
 -A PREROUTING -m set --match-set NOPE dst,dst -j DROP
 """)
-    (res,) = w.walk("PREROUTING", POD)
-    assert res.verdict == "UNKNOWN" and "NOPE" in res.detail
+    paths = w.walk("PREROUTING", POD)
+    assert sorted(r.verdict for r in paths) == ["ACCEPT", "DROP"]
+    for r in paths:
+        (assumed,) = r.assumed
+        assert "ipset NOPE is not known" in assumed
+    drop = next(r for r in paths if r.verdict == "DROP")
+    assert drop.assumed[0].startswith("assumed matching:")
 
 
 def test_mark_arithmetic_or_and_xor_and_set_mark() -> None:

@@ -65,7 +65,7 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
     reports = tuple(
         LbIpReport(
             ip=ip,
-            ports=tuple(sorted({f"{t.protocol}/{t.port}" for t in ts})),
+            ports=tuple(sorted({f"{t.protocol}/{t.port}" for t in ts if t.port})),
             kind=ts[0].kind,
             services=tuple(sorted({t.service for t in ts if t.service})),
             learned_from=tuple(dict.fromkeys(s for t in ts for s in t.learned_from)),
@@ -83,6 +83,7 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
         "pod_interface": facts.pod.iface if facts.pod else None,
         "iptables_backend": snap.netfilter.backend if snap.netfilter else None,
         "assumed_rules": list(ctx.paths.notes),
+        **({"given_by_user": dict(snap.given)} if snap.given else {}),
     }
     now = now or dt.datetime.now(dt.timezone.utc)
     return Verdict(

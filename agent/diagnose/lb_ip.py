@@ -130,6 +130,8 @@ def discover(snap: NodeSnapshot) -> list[LbTarget]:
 
     _from_ipsets(snap, add)
     _from_rules(snap, add)
+    _from_filter(snap, add)
+    _from_kube_ipvs0(snap, add, {t.ip for t in found.values()})
     # the Service objects give NodePorts; read kube-proxy's comments only where they miss
     missing = any(t.node_port is None and t.service for t in found.values())
     ports = _node_ports_from_rules(snap) if missing else {}
@@ -194,28 +196,103 @@ def _node_ports_from_rules(snap: NodeSnapshot) -> dict[tuple[str, int, str], int
     return result
 
 
+# kube-proxy IPVS mode's sets that hold "ip,proto:port[,...]" of LB and external IPs:
+# name -> (kind, the set that lists the externalTrafficPolicy=Local ones)
+_LB_SETS = {
+    "KUBE-LOAD-BALANCER": ("loadbalancer", "KUBE-LOAD-BALANCER-LOCAL"),
+    "KUBE-LOAD-BALANCER-LOCAL": ("loadbalancer", "KUBE-LOAD-BALANCER-LOCAL"),
+    "KUBE-LOAD-BALANCER-FW": ("loadbalancer", "KUBE-LOAD-BALANCER-LOCAL"),
+    "KUBE-LOAD-BALANCER-SOURCE-IP": ("loadbalancer", "KUBE-LOAD-BALANCER-LOCAL"),
+    "KUBE-LOAD-BALANCER-SOURCE-CIDR": ("loadbalancer", "KUBE-LOAD-BALANCER-LOCAL"),
+    "KUBE-EXTERNAL-IP": ("external", "KUBE-EXTERNAL-IP-LOCAL"),
+    "KUBE-EXTERNAL-IP-LOCAL": ("external", "KUBE-EXTERNAL-IP-LOCAL"),
+}
+
+
 def _from_ipsets(snap: NodeSnapshot, add) -> None:  # type: ignore[no-untyped-def]
-    """kube-proxy IPVS mode lists LB and external IPs as "ip,proto:port" in ipsets."""
-    local_sets = {}
-    for name in ("KUBE-LOAD-BALANCER-LOCAL", "KUBE-EXTERNAL-IP-LOCAL"):
-        s = snap.ipset(name)
-        local_sets[name] = set(s.members) if s else set()
-    for name, kind, local_name in (
-        ("KUBE-LOAD-BALANCER", "loadbalancer", "KUBE-LOAD-BALANCER-LOCAL"),
-        ("KUBE-EXTERNAL-IP", "external", "KUBE-EXTERNAL-IP-LOCAL"),
-    ):
+    """kube-proxy IPVS mode lists LB and external IPs as "ip,proto:port" in ipsets; a
+    pasted excerpt may hold any one of them."""
+    for name, (kind, local_name) in _LB_SETS.items():
         s = snap.ipset(name)
         if s is None:
             continue
+        local = snap.ipset(local_name)
+        local_keys = {_ip_proto_port(m) for m in local.members} if local else set()
         for m in s.members:
             parsed = _ip_proto_port(m)
             if parsed is None:
                 continue
             ip, proto, port = parsed
-            is_local = m in local_sets[local_name]
-            add(LbTarget(ip, port, proto, kind, None, (f"ipset {name} entry {m}",),
-                         "Local" if is_local else "Cluster",
-                         f"ipset {local_name} {'lists' if is_local else 'does not list'} {m}"))
+            if local is None:
+                etp, how = None, ""  # not given: no claim either way
+            else:
+                is_local = parsed in local_keys
+                etp = "Local" if is_local else "Cluster"
+                how = f"ipset {local_name} {'lists' if is_local else 'does not list'} " \
+                      f"{ip},{proto.lower()}:{port}"
+            add(LbTarget(ip, port, proto, kind, None, (f"ipset {name} entry {m}",), etp, how))
+
+
+# kube-proxy's filter-table rules name LB and external IPs too: "ns/svc:port has no
+# endpoints" (REJECT), "has no local endpoints" (DROP, externalTrafficPolicy=Local),
+# "traffic not accepted by KUBE-FW-..." (loadBalancerSourceRanges)
+_FILTER_CHAINS = ("KUBE-EXTERNAL-SERVICES", "KUBE-PROXY-FIREWALL", "KUBE-FIREWALL")
+
+
+def _from_filter(snap: NodeSnapshot, add) -> None:  # type: ignore[no-untyped-def]
+    flt = snap.netfilter.table("filter") if snap.netfilter else None
+    for chain_name in _FILTER_CHAINS:
+        chain = flt.chain(chain_name) if flt else None
+        for rule in chain.rules if chain else ():
+            if "--comment" not in rule.text or " -d " not in rule.text:
+                continue
+            r = parse_rule(rule)
+            ip, proto, port = _dst_proto_port(r.conds)
+            if ip is None or port is None or proto is None or "/" in ip or not r.comment:
+                continue
+            m = _SVC_IN_COMMENT.match(r.comment)
+            service = f"{m.group(1)}/{m.group(2)}" if m else None
+            etp = "Local" if "has no local endpoints" in r.comment else None
+            kind = "loadbalancer" if "KUBE-FW-" in r.comment or "KUBE-PROXY-FIREWALL" in \
+                chain_name else "external"
+            src = f"filter {chain_name} rule ({rule.source})" if rule.source \
+                else f"filter {chain_name} rule"
+            add(LbTarget(ip, port, proto, kind, service, (src,), etp,
+                         f"filter rule '{r.comment}'" if etp else ""))
+
+
+def _from_kube_ipvs0(snap: NodeSnapshot, add, known: set[str]) -> None:  # type: ignore[no-untyped-def]
+    """IPVS mode binds every service address on kube-ipvs0. A globally routable one is
+    no ClusterIP (service ranges are private): it is an LB or external IP, ports unknown."""
+    cluster = snap.ipset("KUBE-CLUSTER-IP")
+    cluster_ips = {m.split(",", 1)[0] for m in cluster.members} if cluster else set()
+    cluster_ips |= {s.cluster_ip for s in snap.services or () if s.cluster_ip}
+    seen = {a.address: f"address {a.address} on kube-ipvs0" for a in snap.addresses or ()
+            if a.ifname == "kube-ipvs0"}
+    for r in snap.local_routes or ():
+        if r.dev == "kube-ipvs0" and r.type == "local":
+            seen.setdefault(r.dst, f"local table: {r.line}")
+    for ip, how in seen.items():
+        try:
+            routable = ipaddress.ip_address(ip).is_global
+        except ValueError:
+            continue
+        if routable and ip not in known and ip not in cluster_ips:
+            add(LbTarget(ip, 0, "TCP", "loadbalancer", None,
+                         (f"{how}: a globally routable address on kube-ipvs0 is no ClusterIP "
+                          "(an LB or external IP; its ports are not in the input)",)))
+
+
+def _dst_proto_port(conds) -> tuple[str | None, str | None, int | None]:  # type: ignore[no-untyped-def]
+    ip = port = proto = None
+    for ckind, negate, args in conds:
+        if ckind == "dst" and not negate:
+            ip = args[0].removesuffix("/32")
+        elif ckind == "proto" and not negate:
+            proto = args[0].upper()
+        elif ckind.endswith("--dport") and not negate and args[0].isdigit():
+            port = int(args[0])
+    return ip, proto, port
 
 
 def _from_rules(snap: NodeSnapshot, add) -> None:  # type: ignore[no-untyped-def]
@@ -239,14 +316,7 @@ def _from_rules(snap: NodeSnapshot, add) -> None:  # type: ignore[no-untyped-def
         kind = next((k for marker, k in _KIND_BY_COMMENT if r.comment.endswith(marker)), None)
         if kind is None:
             continue
-        ip = port = proto = None
-        for ckind, negate, args in r.conds:
-            if ckind == "dst" and not negate:
-                ip = args[0].removesuffix("/32")
-            elif ckind == "proto" and not negate:
-                proto = args[0].upper()
-            elif ckind.endswith("--dport") and not negate and args[0].isdigit():
-                port = int(args[0])
+        ip, proto, port = _dst_proto_port(r.conds)
         if ip is None or port is None or proto is None or "/" in ip:
             continue
         m = _SVC_IN_COMMENT.match(r.comment)

@@ -154,8 +154,10 @@ def _find_uplink(f: NodeFacts) -> None:
 
 def _find_pod_network(f: NodeFacts) -> None:
     snap = f.snapshot
-    if snap.addresses is None and not (snap.node_info and snap.node_info.pod_cidrs):
-        f.pod_unknown = "no addresses and no Node podCIDR: cannot tell the pod network"
+    if snap.addresses is None and not (snap.node_info and snap.node_info.pod_cidrs) \
+            and not (snap.given or {}).get("pod_cidr") and not pod_cidrs_in_rules(snap):
+        f.pod_unknown = ("no addresses, no Node podCIDR and no rule naming the pod CIDR: "
+                         "cannot tell the pod network (give --pod-cidr)")
         return
     connected = [a for a in _v4_global(snap) if a.prefixlen < 32 and a.ifname != f.uplink]
 
@@ -166,9 +168,24 @@ def _find_pod_network(f: NodeFacts) -> None:
         return None
 
     cidrs: list[tuple[str, str]] = []
-    if snap.node_info:
+    given = (snap.given or {}).get("pod_cidr")
+    if given:
+        cidrs += [(c, f"the pod CIDR {c} given with --pod-cidr") for c in given.split(",")
+                  if ":" not in c]
+    if not cidrs and snap.node_info:
         cidrs += [(c, f"the Node's podCIDR {c}") for c in snap.node_info.pod_cidrs
                   if ":" not in c]
+    if not cidrs:
+        for c, rule in pod_cidrs_in_rules(snap):
+            net = ipaddress.ip_network(c, strict=False)
+            a = iface_for(net)
+            if a is not None:  # this node's pod bridge inside it: the narrower, same answer
+                sub = ipaddress.ip_network(f"{a.address}/{a.prefixlen}", strict=False)
+                cidrs.append((str(sub), f"{a.ifname}'s subnet {sub} inside the pod CIDR {c} "
+                              f"kube-proxy's rules name: {rule}"))
+            else:
+                cidrs.append((c, f"the pod CIDR {c} kube-proxy's rules name: {rule}"))
+            break
     if not cidrs and snap.kube_proxy and snap.kube_proxy.cluster_cidr:
         for c in snap.kube_proxy.cluster_cidr.split(","):
             net = ipaddress.ip_network(c.strip(), strict=False)
@@ -211,6 +228,9 @@ def _find_pod_network(f: NodeFacts) -> None:
 
 def kube_proxy_mode(snap: NodeSnapshot) -> tuple[str, str]:
     """("ipvs" | "iptables" | "unknown", why)."""
+    given = (snap.given or {}).get("mode")
+    if given:
+        return given, f"given with --mode {given}"
     kp = snap.kube_proxy
     if kp and kp.mode in ("ipvs", "iptables"):
         return kp.mode, f"kube-proxy --proxy-mode={kp.mode}"
@@ -220,12 +240,62 @@ def kube_proxy_mode(snap: NodeSnapshot) -> tuple[str, str]:
         return "ipvs", "ipset KUBE-CLUSTER-IP exists (kube-proxy IPVS mode)"
     if snap.addresses is not None and any(a.ifname == KUBE_IPVS0 for a in snap.addresses):
         return "ipvs", "interface kube-ipvs0 holds service addresses"
+    if any(r.dev == KUBE_IPVS0 for r in snap.local_routes or ()):
+        return "ipvs", "the local table has routes on kube-ipvs0"
     if snap.ipvs:
         return "ipvs", "IPVS virtual servers exist"
-    if snap.netfilter is not None:
-        nat = snap.netfilter.table("nat")
-        if nat is not None and any(c.name.startswith("KUBE-SVC-") for c in nat.chains):
-            return "iptables", "nat table has KUBE-SVC-* chains (kube-proxy iptables mode)"
-        if nat is not None and nat.chain("KUBE-SERVICES") is not None:
+    ipvs_sets = sorted(s.name for s in snap.ipsets or () if s.name in _IPVS_SETS)
+    if ipvs_sets:
+        return "ipvs", f"kube-proxy IPVS mode's ipset {ipvs_sets[0]} exists"
+    nat = snap.netfilter.table("nat") if snap.netfilter is not None else None
+    if nat is not None:
+        names = {c.name for c in nat.chains}
+        if any(n.startswith(("KUBE-SVC-", "KUBE-SEP-", "KUBE-EXT-", "KUBE-XLB-", "KUBE-SVL-"))
+               for n in names):
+            return "iptables", "nat table has KUBE-SVC/SEP/EXT/XLB chains (kube-proxy " \
+                               "iptables mode)"
+        if "KUBE-LOAD-BALANCER" in names or _matches_ipvs_set(nat):
+            return "ipvs", "nat rules match kube-proxy IPVS mode's ipsets (KUBE-CLUSTER-IP, " \
+                           "KUBE-LOAD-BALANCER)"
+        if nat.chain("KUBE-SERVICES") is not None:
             return "iptables", "nat table has KUBE-SERVICES without IPVS ipsets"
     return "unknown", "no kube-proxy process, no kube-ipvs0, no KUBE-* chains or ipsets"
+
+
+# ipsets only kube-proxy's IPVS mode creates
+_IPVS_SETS = frozenset({
+    "KUBE-CLUSTER-IP", "KUBE-LOAD-BALANCER", "KUBE-LOAD-BALANCER-LOCAL", "KUBE-LOOP-BACK",
+    "KUBE-LOAD-BALANCER-FW", "KUBE-LOAD-BALANCER-SOURCE-IP", "KUBE-LOAD-BALANCER-SOURCE-CIDR",
+    "KUBE-NODE-PORT-TCP", "KUBE-NODE-PORT-LOCAL-TCP", "KUBE-EXTERNAL-IP",
+    "KUBE-EXTERNAL-IP-LOCAL", "KUBE-HEALTH-CHECK-NODE-PORT", "KUBE-IPVS-IPS",
+})
+
+
+def _matches_ipvs_set(nat) -> bool:  # type: ignore[no-untyped-def]
+    needles = tuple(f"--match-set {n} " for n in ("KUBE-CLUSTER-IP", "KUBE-LOAD-BALANCER",
+                                                    "KUBE-LOOP-BACK", "KUBE-NODE-PORT-TCP"))
+    return any(n in r.text for c in nat.chains for r in c.rules for n in needles)
+
+
+# kube-proxy's rules that name the cluster's pod CIDR (its --cluster-cidr):
+# "! -s CIDR ... -j KUBE-MARK-MASQ" (masquerade what is not from a pod) and "-s CIDR"
+# with "Redirect pods trying to reach external loadbalancer VIP" / "pod traffic for"
+_NOT_FROM_PODS = re.compile(r"! -s (\d+\.\d+\.\d+\.\d+/\d+)\b.*-j KUBE-MARK-MASQ\b")
+_FROM_PODS = re.compile(r"(?<!! )-s (\d+\.\d+\.\d+\.\d+/\d+)\b.*--comment \"?(?:Redirect pods "
+                        r"trying to reach external loadbalancer VIP|pod traffic for)")
+
+
+def pod_cidrs_in_rules(snap: NodeSnapshot) -> list[tuple[str, str]]:
+    """The pod CIDRs kube-proxy's own rules name, each with the rule that names it."""
+    nat = snap.netfilter.table("nat") if snap.netfilter is not None else None
+    found: dict[str, str] = {}
+    for chain in nat.chains if nat else ():
+        if not chain.name.startswith(("KUBE-SERVICES", "KUBE-SVC-", "KUBE-XLB-", "KUBE-EXT-")):
+            continue
+        for r in chain.rules:
+            if "-s " not in r.text:
+                continue
+            m = _NOT_FROM_PODS.search(r.text) or _FROM_PODS.search(r.text)
+            if m and m.group(1) not in found:
+                found[m.group(1)] = f"{r.text[:120]}" + (f" ({r.source})" if r.source else "")
+    return list(found.items())

@@ -35,6 +35,13 @@ _KUBE_HOOKS = {
                 "kubernetes externally-visible service portals", _NEW)),
 }
 
+# Marks an evidence line that assumes a fact the input lacks (a walk forked on it).
+ASSUMED = ": assumed"
+DECIDES_LOCAL = (" [not given: `ip addr show kube-ipvs0` or `ip route show table local` "
+                 "decides it]")
+# Outcomes that all mean "no loop": branches that end in different ones of these agree.
+_NO_LOOP = frozenset({"captured", "masqueraded", "dropped"})
+
 # Ranking when branches (statistic, recent) disagree: the worst one is reported.
 _RANK = {"not-masqueraded": 0, "unknown": 1, "dropped": 2, "masqueraded": 3, "captured": 4}
 
@@ -150,11 +157,15 @@ class PathFinder:
             return [PathOutcome("captured", how, (*ev, f"result: {how}; the packet never "
                                                   "goes to the load balancer"))]
         local = self.facts.is_local(p.dst)
+        results: list[PathOutcome] = []
         if local is None:
-            return [PathOutcome("unknown", "local addresses unknown",
-                                (*ev, "routing: cannot tell whether the LB IP is local "
-                                 "(no route-local.txt / addr.txt)"))]
-        if local:
+            # not given the node's addresses: follow both answers (_merge decides)
+            how, line = self._ipvs_capture(p)
+            results.append(PathOutcome("captured", how, (
+                *ev, f"routing{ASSUMED} {p.dst} is a local address (bound on kube-ipvs0 "
+                     f"or another interface){DECIDES_LOCAL} -> INPUT", line, f"result: {how}")))
+            ev = (*ev, f"routing{ASSUMED} {p.dst} is NOT a local address{DECIDES_LOCAL}")
+        elif local:
             how, line = self._ipvs_capture(p)
             route = self.facts.local_route(p.dst)
             return [PathOutcome("captured", how,
@@ -165,7 +176,6 @@ class PathFinder:
                    f"{out_iface or '(uplink unknown)'}"
               + (f" [{self.facts.uplink_how}]" if self.facts.uplink_how else ""))
         p = p._replace(out_iface=out_iface)
-        results: list[PathOutcome] = []
         for fr in self._filter("FORWARD", p):
             ev2 = ev + tuple(s.render() for s in fr.steps if s.table == "filter")
             if fr.verdict == "UNKNOWN":
@@ -302,7 +312,42 @@ def _merge(outcomes: list[PathOutcome]) -> PathOutcome:
         return PathOutcome("unknown", "no path", ())
     kinds = {o.kind for o in outcomes}
     worst = min(outcomes, key=lambda o: _RANK[o.kind])
+    assumed = [o for o in outcomes if _assumptions(o)]
+    if assumed and len(kinds) > 1 and not kinds <= _NO_LOOP:
+        # the answer depends on a fact the input lacks: name it, decide nothing
+        facts = list(dict.fromkeys(a for o in assumed for a in _assumptions(o)))
+        loop = next((o for o in outcomes if o.kind == "not-masqueraded"), worst)
+        return PathOutcome("unknown", "it depends on a fact the input does not show: "
+                           + "; ".join(_fact(a) for a in facts[:2]),
+                           (*loop.evidence, "the other answer: " + next(
+                               (o.how for o in outcomes if o.kind != loop.kind), "")))
+    if assumed:
+        notes = tuple(dict.fromkeys(
+            f"either way ({len(outcomes)} paths over what the input does not show): "
+            f"{_fact(a)}" for o in assumed for a in _assumptions(o)))
+        best = min(outcomes, key=lambda o: _RANK[o.kind]) if kinds <= _NO_LOOP else worst
+        return PathOutcome(best.kind, best.how + " (decided without a fact the input lacks: "
+                           "every answer to it leads here)", (*best.evidence, *notes))
     if len(kinds) > 1:
         return PathOutcome(worst.kind, worst.how + " (on some of the paths kube-proxy's "
                            "random endpoint choice can take)", worst.evidence, mixed=True)
     return worst
+
+
+def _assumptions(o: PathOutcome) -> list[str]:
+    return [e for e in o.evidence if ASSUMED in e or ": assumed " in e]
+
+
+def _fact(line: str) -> str:
+    """What an assumption line asks, and the command that shows it."""
+    if "addrtype" in line:
+        return ("which addresses are local on this node (an `addrtype` match); "
+                "`ip route show table local` shows it")
+    m = re.search(r"ipset (\S+) is not known", line)
+    if m:
+        return f"the members of ipset {m.group(1)}; `ipset list {m.group(1)}` shows them"
+    m = re.search(r"assumed (\S+) is", line)
+    if m:
+        return (f"whether {m.group(1)} is bound on this node; `ip addr show kube-ipvs0` or "
+                "`ip route show table local` shows it")
+    return line

@@ -28,6 +28,9 @@ from agent.netfilter.rules import (
 from agent.snapshot import Chain, Rule, Table
 
 TRUE, FALSE, MAYBE = 1, 0, 2
+ASSUME = "assume"  # the action of a Step that records an assumed answer
+# reasons a match cannot be decided that name a fact of the node the input lacks
+ASSUMABLE = ("addrtype --", "ipset ")
 MAX_DEPTH = 64
 MAX_PATHS = 32
 
@@ -90,6 +93,11 @@ class HookResult:
     packet: Packet
     steps: tuple[Step, ...]
     detail: str = ""
+
+    @property
+    def assumed(self) -> tuple[str, ...]:
+        """The facts this path assumed (a match the input could not decide)."""
+        return tuple(s.text for s in self.steps if s.action == ASSUME)
 
 
 _DST_RE = re.compile(r"(?<!! )-d (\d+\.\d+\.\d+\.\d+)(?:/32)?(?=\s)")
@@ -192,6 +200,18 @@ class TableWalker:
                 return results
             if m == FALSE:
                 continue
+            if m is None and why.startswith(ASSUMABLE) and self._budget > 0:
+                # a fact of the node we were not given (its addresses, a set's members):
+                # follow both answers; the caller decides whether they agree
+                self._budget -= 1
+                where = f" ({r.source})" if r.source else ""
+                no = Step(self.table.name, ix.chain.name,
+                          f"assumed NOT matching: {r.text}{where}: {why}", r.source, ASSUME)
+                results.extend(self._run(ix, i + 1, pkt, (*steps, no), depth))
+                steps = (*steps, Step(self.table.name, ix.chain.name,
+                                      f"assumed matching: {r.text}{where}: {why}", r.source,
+                                      ASSUME))
+                m = TRUE
             if m is None:
                 results.append(("UNKNOWN", pkt, steps, _unknown(r, why)))
                 return results
@@ -392,6 +412,9 @@ class TableWalker:
             return FALSE, ""  # a packet on the netfilter path we walk is not IPVS's
         if module == "comment":
             return TRUE, ""
+        if module == "listing":
+            return None, ("a rule whose match text in the `iptables -L` listing could not be "
+                          "read (give iptables-save output)")
         return None, f"match '-m {module}' option {opt} is not supported"
 
     def _set(self, name: str, flags: str, pkt: Packet) -> tuple[int | None, str]:

@@ -48,6 +48,7 @@ def parse_ipvsadm(text: str, source: str = "ipvsadm.txt") -> tuple[IpvsVirtualSe
     services: dict[tuple[str, str, int], _Service] = {}
     current: _Service | None = None
     in_fwmark = False  # real servers of a skipped FWM service are skipped too
+    stats = False  # `ipvsadm -Ln --stats/--rate`: counters where scheduler and method were
     for lineno, raw in enumerate(text.split("\n"), 1):
         line = raw.strip()
         if not line:
@@ -61,11 +62,17 @@ def parse_ipvsadm(text: str, source: str = "ipvsadm.txt") -> tuple[IpvsVirtualSe
                 if current is None:
                     raise InputError(source, lineno,
                                      "real server line before any virtual server line")
+                if stats:
+                    # no forwarding method in the stats listing: kube-proxy only uses Masq
+                    address, port = _addr_port(line.split()[1], source, lineno)
+                    current.reals.append(IpvsRealServer(address, port, "Masq", 1))
+                    continue
                 current.reals.append(_list_real(line, source, lineno))
                 continue
             _save_line(line, services, source, lineno)
             continue
         if line.startswith("IP Virtual Server version") or line.startswith("Prot "):
+            stats = stats or (line.startswith("Prot ") and ("Conns" in line or "CPS" in line))
             continue  # headers are optional: `ipvsadm -Ln | tail -n +4` is fine too
         m = _SERVICE_LINE.match(line)
         if not m:
@@ -77,7 +84,10 @@ def parse_ipvsadm(text: str, source: str = "ipvsadm.txt") -> tuple[IpvsVirtualSe
             continue
         in_fwmark = False
         address, port = _addr_port(addrport, source, lineno)
-        _check_scheduler(scheduler, source, lineno)
+        if stats:
+            scheduler = "?"  # not in the stats listing
+        else:
+            _check_scheduler(scheduler, source, lineno)
         key = (_LIST_PROTOCOLS[prot], address, port)
         current = services.setdefault(key, _Service(*key, scheduler))
     return tuple(

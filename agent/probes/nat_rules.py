@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import InputError
-from agent.netfilter.save_format import parse_iptables_save
+from agent.netfilter.rules_text import parse_iptables_save
 from agent.probes.base import (
     CommandError,
     Probe,

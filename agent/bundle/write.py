@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from agent import bundle_files
+from agent.bundle import files as bundle_files
 from agent.probes import ipsets as ipsets_probe
 from agent.probes import ipvs as ipvs_probe
 from agent.probes import kube_api, nat_rules, sysctls

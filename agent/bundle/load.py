@@ -1,0 +1,501 @@
+"""Read saved or pasted command outputs into a NodeSnapshot, by content, not by name.
+
+``check --from`` takes a directory of files with any names (a bundle that `bundle DIR`
+wrote, or what a ticket holds), one file, or standard input. Each file is split into
+the outputs it holds (agent.bundle.sections) and each output goes to the reader of its
+format. Nothing is all-or-nothing: lines that cannot be read are reported (file, line,
+why) and the rest is used; a file is refused only when nothing in it is usable, with the
+format it looked like and the command that gives what is needed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import stat
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from agent.bundle import files as bundle_files
+from agent.bundle import sections as fmt
+from agent.bundle.sections import Section, split_sections
+from agent.errors import InputError
+from agent.netfilter.listing import listing_to_rules
+from agent.netfilter.rules_text import RulesText, read_rules_text, settle
+from agent.parse.addr_text import parse_addresses
+from agent.parse.ipset_text import parse_ipsets
+from agent.parse.ipvsadm_text import parse_ipvsadm
+from agent.parse.kube import parse_ingresses, parse_node, parse_services
+from agent.parse.route_text import parse_local_routes
+from agent.parse.svc_table import parse_svc_table
+from agent.parse.sysctl_text import parse_sysctls
+from agent.snapshot import (
+    Address,
+    IpSet,
+    IpvsVirtualServer,
+    LocalRoute,
+    NodeInfo,
+    NodeSnapshot,
+    Service,
+    Unknown,
+)
+
+MAX_FILE_BYTES = 256 * 1024 * 1024  # a bigger "paste" is not a paste
+MAX_FILES = 1000
+_PROBLEMS_SHOWN = 20
+T = TypeVar("T")
+
+
+@dataclass
+class _Evidence:
+    """Everything read so far, from every file."""
+
+    rules: RulesText = field(default_factory=RulesText)
+    ipsets: dict[str, IpSet] = field(default_factory=dict)
+    ipvs: dict[tuple[str, str, int], IpvsVirtualServer] = field(default_factory=dict)
+    addresses: dict[tuple[str, str], Address] = field(default_factory=dict)
+    local_routes: dict[tuple[str, str, str | None], LocalRoute] = field(default_factory=dict)
+    sysctls: dict[str, str] = field(default_factory=dict)
+    services: dict[str, Service] = field(default_factory=dict)
+    node: NodeInfo | None = None
+    ingresses: dict[str, Any] = field(default_factory=dict)
+    services_read: bool = False  # a Service list was read (it may be empty)
+    seen: dict[str, list[str]] = field(default_factory=dict)  # format -> sources
+    problems: list[tuple[str, int | None, str]] = field(default_factory=list)
+    notes: list[Unknown] = field(default_factory=list)
+
+    def saw(self, format_: str, where: str) -> None:
+        self.seen.setdefault(format_, []).append(where)
+
+
+def load_bundle(path: str | Path) -> NodeSnapshot:
+    """Read a directory (every regular file in it), one file, or '-' (standard input).
+
+    Raises InputError only when nothing usable was found; problems with single lines
+    and files become ``unknowns``.
+    """
+    p = Path(path)
+    if str(path) == "-":
+        texts = [("<stdin>", sys.stdin.read(), fmt.UNKNOWN)]
+    elif p.is_dir():
+        texts = list(_dir_texts(p))
+    elif p.exists():
+        texts = [(str(p), _read_text(p, str(p)), fmt.name_format(p.name))]  # type: ignore[list-item]
+    else:
+        raise InputError(str(path), None, "no such file or directory")
+    return load_texts(texts, origin=f"bundle:{path}")
+
+
+def load_texts(texts: list[tuple[str, str | InputError, str]], origin: str) -> NodeSnapshot:
+    """(source name, text or why it could not be read, format hint from the name) ->
+    the snapshot."""
+    ev = _Evidence()
+    refused: list[str] = []
+    for source, text, hint in texts:
+        if isinstance(text, InputError):
+            refused.append(str(text))
+            continue
+        before = sum(len(v) for v in ev.seen.values())
+        sections = split_sections(text, source, hint)
+        for s in sections:
+            _read_section(s, ev)
+        if sum(len(v) for v in ev.seen.values()) == before:
+            named = any(p[0] == source for p in ev.problems) or \
+                any(p[0] == source for p in ev.rules.problems)
+            refused.append(_refusal(source, text, sections, named))
+    if not ev.seen:
+        lines = [f"{src}:{n}: {why}" if n else f"{src}: {why}"
+                 for src, n, why in ev.problems[:5]]
+        lines += [f"{src}:{p.line}: {p.why}" for src, p in ev.rules.problems[:5]]
+        raise InputError(texts[0][0] if len(texts) == 1 else origin.removeprefix("bundle:"),
+                         None, "nothing usable found" + (": " + "; ".join(refused + lines)
+                                                         if refused else " (no files)"))
+    return _snapshot(ev, origin, refused)
+
+
+def _dir_texts(d: Path):  # type: ignore[no-untyped-def]
+    names = sorted(os.listdir(d))
+    if len(names) > MAX_FILES:
+        raise InputError(str(d), None, f"{len(names)} files: more than {MAX_FILES}")
+    for name in names:
+        if name.startswith("."):
+            continue
+        f = d / name
+        try:
+            st = os.stat(f, follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            # FIFOs, devices, directories, symlinks: never opened
+            yield name, InputError(name, None, "not a regular file: skipped"), fmt.UNKNOWN
+            continue
+        try:
+            yield name, _read_text(f, name), fmt.name_format(name)
+        except InputError as e:
+            yield name, e, fmt.UNKNOWN
+
+
+def _read_text(file: Path, name: str) -> str:
+    """The file as UTF-8 text; a read failure or a bad byte is an InputError."""
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as e:
+        raise InputError(name, None, f"cannot read: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(name, None, "not a regular file")
+        if st.st_size > MAX_FILE_BYTES:
+            raise InputError(name, None, f"{st.st_size} bytes: larger than "
+                             f"{MAX_FILE_BYTES // 2**20} MiB")
+        with os.fdopen(fd, "rb") as fh:
+            fd = -1
+            data = fh.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise InputError(name, None, f"cannot read: {e.strerror or e}") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    try:
+        return data.decode("utf-8").replace("\r\n", "\n")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise InputError(name, line,
+                         f"not UTF-8 text (byte 0x{data[e.start]:02x} at column {column})"
+                         ) from None
+
+
+# --- one reader per format ---------------------------------------------------------------
+
+
+def _read_section(s: Section, ev: _Evidence) -> None:
+    where = f"{s.source}:{s.first_line}"
+    if s.hint.get("family") == "ipv6":
+        ev.notes.append(Unknown(where, f"`{s.command}`: IPv6 rules are not analysed"))
+        return
+    reader = _READERS.get(s.format)
+    if reader is None:
+        return
+    if reader(s, ev):
+        ev.saw(s.format, where)
+
+
+def _iptables(s: Section, ev: _Evidence) -> bool:
+    before = len(ev.rules.rules) + len(ev.rules.chains)
+    table = s.hint.get("table") if s.command else None
+    read_rules_text(s.lines, s.source, ev.rules, table=table)
+    return len(ev.rules.rules) + len(ev.rules.chains) > before
+
+
+def _iptables_list(s: Section, ev: _Evidence) -> bool:
+    pairs, problems = listing_to_rules(s.lines)
+    ev.problems += [(s.source, n, why) for n, why in problems]
+    if not pairs:
+        return False
+    read_rules_text(pairs, s.source, ev.rules, table=s.hint.get("table", "filter"))
+    return True
+
+
+def _tolerant(parse: Callable[[str, str], T], s: Section, ev: _Evidence,
+              lines: list[tuple[int, str]] | None = None) -> T | None:
+    """Run a strict parser on the section; at each line it refuses, report the line,
+    drop it and read the rest again (a bounded number of times)."""
+    kept = list(lines if lines is not None else s.lines)
+    for _ in range(25):
+        try:
+            return parse("\n".join(t for _, t in kept) + "\n", s.source)
+        except InputError as e:
+            if e.line is None or not 1 <= e.line <= len(kept):
+                ev.problems.append((s.source, s.first_line, e.message))
+                return None
+            ev.problems.append((s.source, kept[e.line - 1][0], e.message))
+            del kept[e.line - 1]
+    ev.problems.append((s.source, s.first_line, "too many unreadable lines: section skipped"))
+    return None
+
+
+def _ipset(s: Section, ev: _Evidence) -> bool:
+    lines = s.lines
+    name = s.hint.get("set")
+    if name and not any(t.lstrip().startswith(("Name:", "create ", "add ")) for _, t in lines):
+        # `ipset list NAME | grep ...`: bare members, the name is the command's
+        members = tuple(t.strip() for _, t in lines if t.strip())
+        old = ev.ipsets.get(name)
+        ev.ipsets[name] = IpSet(name, old.type if old else _guess_type(members),
+                                tuple(dict.fromkeys((old.members if old else ()) + members)))
+        return bool(members)
+    sets = _tolerant(parse_ipsets, s, ev, _without_ipset_counts(lines))
+    for st in sets or ():
+        old = ev.ipsets.get(st.name)
+        ev.ipsets[st.name] = st if old is None else IpSet(
+            st.name, st.type, tuple(dict.fromkeys(old.members + st.members)))
+    return bool(sets)
+
+
+def _without_ipset_counts(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """An excerpt of `ipset list` (grep, head) lacks members its header counts: drop the
+    count so the reader takes what is there."""
+    return [(n, t) for n, t in lines if not t.lstrip().startswith("Number of entries:")]
+
+
+def _guess_type(members: tuple[str, ...]) -> str:
+    m = members[0] if members else ""
+    if m.isdigit():
+        return "bitmap:port"
+    parts = m.split(",")
+    dims = ["net" if "/" in p else "port" if ":" in p else "ip" for p in parts]
+    return "hash:" + ",".join(dims)
+
+
+def _ipvsadm(s: Section, ev: _Evidence) -> bool:
+    servers = _tolerant(parse_ipvsadm, s, ev)
+    for vs in servers or ():
+        ev.ipvs[(vs.protocol, vs.address, vs.port)] = vs
+    return servers is not None
+
+
+_BR = re.compile(r"^([\w@.-]+)\s+(UP|DOWN|UNKNOWN|LOWERLAYERDOWN|DORMANT)\s+(.*)$")
+
+
+def _addr(s: Section, ev: _Evidence) -> bool:
+    lines = [(n, t) for n, t in s.lines if t.strip()]
+    if lines and lines[0][1].lstrip().startswith("["):
+        got = _tolerant(parse_addresses, s, ev)
+    elif lines and all(_BR.match(t.strip()) for _, t in lines):
+        got = tuple(_brief(t.strip()) for _, t in lines)  # `ip -br addr`
+        got = tuple(a for group in got for a in group)
+    else:
+        if lines and lines[0][1][:1].isspace():
+            # an excerpt that starts inside an interface: the command names it, or the
+            # address lines do ("inet 10.0.0.5/32 scope global kube-ipvs0")
+            dev = s.hint.get("dev") or _label(lines) or "unknown-interface"
+            lines = [(lines[0][0], f"0: {dev}: <BROADCAST,NOARP> mtu 1500 state UNKNOWN"),
+                     *lines]
+            ev.notes.append(Unknown(f"{s.source}:{s.first_line}", f"addresses read without "
+                                    f"their interface line: taken as interface {dev}"))
+        got = _tolerant(parse_addresses, s, ev, lines)
+    for a in got or ():
+        ev.addresses[(a.ifname, a.address)] = a
+    return bool(got)
+
+
+def _label(lines: list[tuple[int, str]]) -> str | None:
+    for _, t in lines:
+        words = t.split()
+        if words[:1] in (["inet"], ["inet6"]) and "scope" in words:
+            tail = words[words.index("scope") + 2:]
+            names = [w for w in tail if re.match(r"^[a-z][\w@.:-]*$", w) and w not in (
+                "secondary", "dynamic", "noprefixroute", "deprecated", "tentative")]
+            if names:
+                return names[-1].split(":")[0]
+    return None
+
+
+def _brief(line: str) -> list[Address]:
+    m = _BR.match(line)
+    assert m
+    ifname = m.group(1).split("@")[0]
+    up = m.group(2) != "DOWN"
+    out = []
+    for word in m.group(3).split():
+        try:
+            iface = ipaddress.ip_interface(word)
+        except ValueError:
+            continue
+        scope = "link" if iface.ip.is_link_local else "host" if iface.ip.is_loopback \
+            else "global"
+        out.append(Address(ifname, str(iface.ip), iface.network.prefixlen, scope, up))
+    return out
+
+
+_ROUTE_TYPES = ("local ", "broadcast ", "anycast ", "unicast ", "multicast ")
+
+
+def _route(s: Section, ev: _Evidence) -> bool:
+    table = s.hint.get("route_table")
+    lines = [(n, t) for n, t in s.lines if t.strip()]
+    if lines and lines[0][1].lstrip().startswith("["):  # `ip -j route show table local`
+        routes = _tolerant(parse_local_routes, s, ev)
+        if not routes or not any(r.type == "local" for r in routes):
+            return False
+        for r in routes:
+            ev.local_routes[(r.type, r.dst, r.dev)] = r
+        return True
+    typed = [t.lstrip().startswith(_ROUTE_TYPES) for _, t in lines]
+    if table not in (None, "local", "255", "all") and not any(typed):
+        return False  # the main table: not the node's own addresses
+    if table is None and not any(t.lstrip().startswith(("local ", "broadcast "))
+                                 for _, t in lines):
+        return False
+    if s.hint.get("route_type") == "local" or (table in ("local", "255") and not any(typed)):
+        # `ip route show table local type local` prints no type word
+        lines = [(n, t if t.lstrip().startswith(_ROUTE_TYPES) else "local " + t.strip())
+                 for n, t in lines]
+    routes = _tolerant(parse_local_routes, s, ev, lines)
+    for r in routes or ():
+        ev.local_routes[(r.type, r.dst, r.dev)] = r
+    return bool(routes)
+
+
+def _sysctl(s: Section, ev: _Evidence) -> bool:
+    got = _tolerant(parse_sysctls, s, ev)
+    if got is None:
+        return False
+    ev.sysctls.update(got)
+    return True
+
+
+def _kube(s: Section, ev: _Evidence) -> bool:
+    text = "\n".join(t for _, t in s.lines)
+    try:
+        docs = [json.loads(text)] if text.lstrip().startswith(("{", "[")) else \
+            [d for d in yaml.safe_load_all(text) if d is not None]
+    except (ValueError, yaml.YAMLError) as e:
+        mark = getattr(e, "problem_mark", None)
+        line = s.first_line + (mark.line if mark else getattr(e, "lineno", 1) - 1)
+        ev.problems.append((s.source, line, f"not valid YAML/JSON: "
+                            f"{getattr(e, 'problem', None) or e}"))
+        return False
+    used = False
+    items: list[Any] = []
+    for d in docs:
+        if isinstance(d, dict) and ("items" in d or str(d.get("kind", "")).endswith("List")):
+            if not d.get("items") and (d.get("kind") == "ServiceList" or
+                                       (fmt.name_format(s.source) == fmt.KUBE and
+                                       re.search(r"svc|service", s.source, re.I))):
+                ev.services_read = used = True
+            items += d.get("items") or []
+        else:
+            items.append(d)
+    by_kind: dict[str, list[Any]] = {}
+    for item in items:
+        if not isinstance(item, dict):
+            ev.problems.append((s.source, s.first_line, "a YAML/JSON document that is not "
+                                "an object"))
+            continue
+        kind = item.get("kind") or ("Service" if isinstance(item.get("spec"), dict) and
+                                    "ports" in item["spec"] else None)
+        by_kind.setdefault(str(kind), []).append(item)
+    where = f"{s.source}:{s.first_line}"
+    for n, item in enumerate(by_kind.get("Service", ())):
+        if not isinstance(item.get("metadata"), dict) or "name" not in item["metadata"]:
+            # trimmed by its author: keep the object, name it by where it stands
+            item["metadata"] = {"name": f"unnamed-{s.first_line}-{n}",
+                                "namespace": "unknown", **(item.get("metadata") or {})}
+    for kind, objs in by_kind.items():
+        doc = {"kind": "List", "items": [{**o, "kind": kind} for o in objs]}
+        try:
+            if kind == "Service":
+                for svc in parse_services(doc, where):
+                    ev.services[svc.key] = svc
+                ev.services_read = True
+            elif kind == "Node":
+                ev.node = parse_node(objs[0], where)
+            elif kind == "Ingress":
+                for ing in parse_ingresses(doc, where):
+                    ev.ingresses[ing.key] = ing
+            else:
+                ev.notes.append(Unknown(where, f"{len(objs)} {kind} objects: not used"))
+                continue
+        except InputError as e:
+            ev.problems.append((s.source, s.first_line, e.message))
+            continue
+        used = True
+    return used
+
+
+def _svc_table(s: Section, ev: _Evidence) -> bool:
+    got = _tolerant(parse_svc_table, s, ev)
+    for svc in got or ():
+        ev.services.setdefault(svc.key, svc)
+    if got is not None:
+        ev.services_read = True
+    if got:
+        ev.notes.append(Unknown(f"{s.source}:{s.first_line}", "Services read from `kubectl "
+                                "get svc` text: externalTrafficPolicy and annotations are "
+                                "not in it"))
+    return bool(got)
+
+
+_READERS: dict[str, Callable[[Section, _Evidence], bool]] = {
+    fmt.IPTABLES: _iptables, fmt.IPTABLES_LIST: _iptables_list, fmt.IPSET: _ipset,
+    fmt.IPVSADM: _ipvsadm, fmt.ADDR: _addr, fmt.ROUTE: _route, fmt.SYSCTL: _sysctl,
+    fmt.KUBE: _kube, fmt.SVC_TABLE: _svc_table,
+}
+
+
+def _refusal(source: str, text: str, sections: list[Section], named: bool) -> str:
+    if not text.strip():
+        return f"{source}: empty"
+    looked = [s.format for s in sections if s.format != fmt.UNKNOWN]
+    if looked and named:
+        return f"{source}: nothing in it could be read (the lines are named above)"
+    if looked:
+        f = looked[0]
+        return (f"{source}: looked like {f} output but no line of it could be read "
+                f"(give `{fmt.COMMAND_FOR.get(f, f)}` output)")
+    return (f"{source}: no known command output in it (give iptables-save, ipset save, "
+            "ipvsadm -Ln, ip addr, ip route show table local, sysctl -a, or kubectl "
+            "get svc -A -o yaml)")
+
+
+# --- the snapshot ------------------------------------------------------------------------
+
+
+def _snapshot(ev: _Evidence, origin: str, refused: list[str]) -> NodeSnapshot:
+    unknowns: list[Unknown] = []
+    netfilter = None
+    if ev.rules.rules or ev.rules.chains:
+        netfilter = settle(ev.rules)
+        if ev.rules.headerless:
+            placed = ", ".join(f"{n} to {t}" for t, n in sorted(ev.rules.inferred.items()))
+            unknowns.append(Unknown("iptables", f"{ev.rules.headerless} rules had no table "
+                                    f"header: placed by their chains and targets ({placed})"))
+    for source, p in ev.rules.problems:
+        ev.problems.append((source, p.line, p.why))
+    for what, attr, cmd in (
+            ("iptables", fmt.IPTABLES, "iptables-save"), ("ipsets", fmt.IPSET, "ipset save"),
+            ("ipvs", fmt.IPVSADM, "ipvsadm -Ln"), ("addresses", fmt.ADDR, "ip addr"),
+            ("local table", fmt.ROUTE, "ip route show table local"),
+            ("sysctls", fmt.SYSCTL, "sysctl -a"),
+            ("services", fmt.KUBE, "kubectl get svc -A -o yaml")):
+        if attr in ev.seen or (attr == fmt.IPTABLES and fmt.IPTABLES_LIST in ev.seen) or \
+                (attr == fmt.KUBE and ev.services_read):
+            continue
+        unknowns.append(Unknown(what, f"not given (`{cmd}` output would show it)"))
+    for source, line, why in ev.problems[:_PROBLEMS_SHOWN]:
+        unknowns.append(Unknown(source, f"{source}:{line}: {why}" if line else
+                                f"{source}: {why}"))
+    if len(ev.problems) > _PROBLEMS_SHOWN:
+        unknowns.append(Unknown("input", f"{len(ev.problems) - _PROBLEMS_SHOWN} more lines "
+                                "were not read"))
+    unknowns += ev.notes
+    unknowns += [Unknown(r.split(":", 1)[0], r) for r in refused
+                 if "(the lines are named above)" not in r]
+    unknowns.append(Unknown("kube-proxy", "process flags are not part of saved outputs"))
+    return NodeSnapshot(
+        node=ev.node.name if ev.node else None,
+        origin=origin,
+        netfilter=netfilter,
+        ipsets=tuple(sorted(ev.ipsets.values(), key=lambda s: s.name))
+        if fmt.IPSET in ev.seen else None,
+        ipvs=tuple(ev.ipvs[k] for k in sorted(ev.ipvs)) if fmt.IPVSADM in ev.seen else None,
+        addresses=tuple(ev.addresses.values()) if fmt.ADDR in ev.seen else None,
+        local_routes=tuple(ev.local_routes.values()) if fmt.ROUTE in ev.seen else None,
+        sysctls=dict(sorted(ev.sysctls.items())) if fmt.SYSCTL in ev.seen else None,
+        services=tuple(ev.services.values()) if ev.services_read else None,
+        ingresses=tuple(ev.ingresses.values()) if ev.ingresses else None,
+        node_info=ev.node,
+        unknowns=tuple(unknowns),
+    )
+
+
+__all__ = ["bundle_files", "load_bundle", "load_texts"]
