@@ -35,8 +35,8 @@ exit codes:
   1   at risk: exposure found (see the findings)
   2   loopback observed (with capture)
   64  usage error (bad command line)
-  65  input unusable (not a snapshot document, no bundle file in DIR)
-  66  input missing (--from DIR or --snapshot FILE does not exist / is unreadable)
+  65  input unusable (not a snapshot document; nothing usable in --from PATH)
+  66  input missing (--from PATH or --snapshot FILE does not exist / is unreadable)
   70  internal error (a bug: please report it with the bundle)
   73  output cannot be written (bundle DIR, -o FILE)
 
@@ -45,6 +45,8 @@ examples:
   loopback-agent check --json | jq .status
   loopback-agent bundle /tmp/lb-bundle       # save what support needs
   loopback-agent check --from /tmp/lb-bundle # same verdict from the saved files
+  loopback-agent check --from ticket.txt     # outputs pasted into one file, any formats
+  xclip -o | loopback-agent check --from -   # ... or on standard input
   loopback-agent snapshot > node.json && loopback-agent check --snapshot node.json
 """
 

@@ -277,8 +277,9 @@ def _addr(s: Section, ev: _Evidence) -> bool:
             # an excerpt that starts inside an interface: the command names it, or the
             # address lines do ("inet 10.0.0.5/32 scope global kube-ipvs0")
             dev = s.hint.get("dev") or _label(lines) or "unknown-interface"
-            lines = [(lines[0][0], f"0: {dev}: <BROADCAST,NOARP> mtu 1500 state UNKNOWN"),
-                     *lines]
+            # kube-proxy keeps kube-ipvs0 DOWN; of another interface the state is not known
+            flags = "BROADCAST,NOARP" if dev == "kube-ipvs0" else "BROADCAST,UP"
+            lines = [(lines[0][0], f"0: {dev}: <{flags}> mtu 1500 state UNKNOWN"), *lines]
             ev.notes.append(Unknown(f"{s.source}:{s.first_line}", f"addresses read without "
                                     f"their interface line: taken as interface {dev}"))
         got = _tolerant(parse_addresses, s, ev, lines)

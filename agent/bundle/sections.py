@@ -225,6 +225,10 @@ def _prompt(line: str) -> str | None:
     return None
 
 
+# How most lines of a format's body start: such a line continues its section at once.
+_BODY = {IPTABLES: ("-A ", ":KUBE-", "[0:0] -A "), IPSET: ("add ",),
+         IPVSADM: ("  -> ", "TCP  ", "UDP  "), SYSCTL: ("net.",)}
+
 # Formats whose body runs on after lines that look like another format's (YAML/JSON hold
 # addresses and words that other patterns would take; so do iptables rule comments).
 _STICKY = {KUBE}
@@ -244,6 +248,9 @@ def split_sections(text: str, source: str, name_hint: str = UNKNOWN) -> list[Sec
         return s
 
     for lineno, line in enumerate(text.splitlines(), 1):
+        if cur is not None and line.startswith(_BODY.get(cur.format, "\0")):
+            cur.lines.append((lineno, line))  # the bulk of a big dump: no pattern needed
+            continue
         cmd = _prompt(line)
         if cmd is not None:
             fmt, hint = command_format(cmd)

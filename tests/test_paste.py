@@ -1,0 +1,233 @@
+"""Reading what people paste (agent/bundle, agent/netfilter/rules_text, listing): each
+format and inference on a real excerpt from tests/data/realworld/ (its source is in that
+case's case.json), plus the hostile shapes (a FIFO, stdin)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+from agent.bundle import load_bundle, load_texts
+from agent.bundle import sections as fmt
+from agent.bundle.sections import command_format, split_sections
+from agent.diagnose import diagnose
+from agent.netfilter.listing import listing_to_rules
+from agent.netfilter.rules_text import RulesText, read_rules_text, settle
+from agent.snapshot import NodeSnapshot
+
+REAL = Path(__file__).parent / "data" / "realworld"
+
+
+def real(case: str, name: str = "paste.txt") -> str:
+    return (REAL / case / name).read_text()
+
+
+def load(text: str, name: str = "paste.txt") -> NodeSnapshot:
+    return load_texts([(name, text, fmt.UNKNOWN)], origin="bundle:test")
+
+
+def test_prompts_split_a_paste_into_its_commands() -> None:
+    text = real("k8s-issue-89869-ipvs-lb-local-ipset")
+    secs = split_sections(text, "paste.txt")
+    assert [s.format for s in secs[:2]] == [fmt.IPTABLES, fmt.IPSET]
+    assert secs[0].command == "iptables -t nat -S | grep LOAD-BALANCER"
+    assert secs[0].hint["table"] == "nat" and secs[1].hint["set"] == "KUBE-LOAD-BALANCER-LOCAL"
+
+
+def test_command_formats() -> None:
+    assert command_format("iptables -t nat -S KUBE-SERVICES") == (
+        fmt.IPTABLES, {"table": "nat", "chain": "KUBE-SERVICES"})
+    assert command_format("sudo iptables -nvL -t nat")[0] == fmt.IPTABLES_LIST
+    assert command_format("iptables -S")[1]["table"] == "filter"  # -S alone lists filter
+    assert command_format("ip r s t local") == (fmt.ROUTE, {"route_table": "local"})
+    assert command_format("ip a show kube-ipvs0 | grep -A2 1.2.3.4") == (
+        fmt.ADDR, {"dev": "kube-ipvs0"})
+    assert command_format("kubectl get svc -A -o wide")[0] == fmt.SVC_TABLE
+    assert command_format("kubectl get svc foo -oyaml")[0] == fmt.KUBE
+
+
+def test_iptables_s_excerpt_takes_the_commands_table() -> None:
+    snap = load(real("k8s-issue-89869-ipvs-lb-local-ipset"))
+    assert snap.netfilter is not None
+    nat = snap.netfilter.table("nat")
+    assert nat is not None and len(nat.chain("KUBE-LOAD-BALANCER").rules) == 2
+    # ipset list of one set, and the mode from the sets and the chain
+    assert set(snap.ipset("KUBE-LOAD-BALANCER-LOCAL").members) == {"172.23.133.0,tcp:80",
+                                                                  "172.23.133.0,tcp:443"}
+    v = diagnose(snap, "n").to_dict()
+    assert v["kube_proxy_mode"] == "ipvs"
+    assert {r["ip"] for r in v["lb_ips"]} == {"172.23.133.0"}
+
+
+def test_numbered_and_terminal_wrapped_rules_are_unwrapped() -> None:
+    """An editor's line numbers and a terminal's wrapping (two rules on one line, a chain
+    name broken by padding), as pasted in kubernetes/kubernetes#44516."""
+    into = RulesText()
+    read_rules_text(real("k8s-issue-44516-externalip-numbered-wrapped-iptables-save"),
+                    "paste.txt", into)
+    texts = [r.text for r in into.rules]
+    assert any(t.endswith("-j KUBE-SVC-FKYB3VE56PGE3NL6") and "physdev" in t for t in texts)
+    assert len([t for t in texts if "10.200.0.246/32" in t]) >= 4
+    assert not [p for _, p in into.problems if "KUBE-" in p.why and "SVC-" in p.why]
+    nf = settle(into)
+    assert nf.table("nat") is not None and into.headerless == len(into.rules)
+    assert into.inferred == {"nat": len(into.rules)}
+
+
+def test_headerless_tables_are_inferred_and_said() -> None:
+    text = (  # from kube-proxy's own output shapes: a grep mixing the nat and filter tables
+        '-A KUBE-SERVICES -d 10.0.0.9/32 -p tcp -m comment --comment "ns/a:http has no '
+        'endpoints" -m tcp --dport 80 -j REJECT --reject-with icmp-port-unreachable\n'
+        '-A KUBE-SERVICES -d 10.96.0.1/32 -p tcp -m comment --comment "default/kubernetes:'
+        'https cluster IP" -m tcp --dport 443 -j KUBE-SVC-NPX46M4PTMTKRN6Y\n'
+        '-A KUBE-SVC-NPX46M4PTMTKRN6Y -j KUBE-SEP-X\n'
+        '-A KUBE-SEP-X -p tcp -m tcp -j DNAT --to-destination 10.0.0.1:6443\n')
+    snap = load(text)
+    assert snap.netfilter is not None
+    assert [r.text.split()[-2] for r in snap.netfilter.table("filter").chain(
+        "KUBE-SERVICES").rules] == ["--reject-with"]
+    assert len(snap.netfilter.table("nat").chain("KUBE-SERVICES").rules) == 1
+    reason = next(u.reason for u in snap.unknowns if u.source == "iptables")
+    assert "4 rules had no table header" in reason and "3 to nat" in reason
+
+
+def test_s_v_counters_and_backslash_continuation() -> None:
+    # constructed from the shapes `iptables -S -v` and a wrapped shell paste print
+    text = ("-P PREROUTING ACCEPT -c 10 600\n"
+            "-A PREROUTING -m comment --comment \"kubernetes service portals\" -c 5 300 \\\n"
+            "    -j KUBE-SERVICES\n")
+    into = RulesText()
+    read_rules_text(text, "t", into, table="nat")
+    assert [r.text for r in into.rules] == [
+        '-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES']
+    assert into.chains[("nat", "PREROUTING")] == "ACCEPT" and not into.problems
+
+
+def test_listing_rows_become_rules_and_unreadable_rows_stay_undecided() -> None:
+    # `iptables -t nat -L -n -v` as kube-proxy's rules print there (columns as iptables
+    # 1.8 prints them)
+    rows = [
+        "Chain KUBE-SERVICES (2 references)",
+        " pkts bytes target     prot opt in     out     source               destination",
+        "    0     0 KUBE-MARK-MASQ  tcp  --  *      *      !10.244.0.0/16        10.96.0.1"
+        "            /* default/kubernetes:https cluster IP */ tcp dpt:443",
+        "    0     0 KUBE-SVC-NPX46M4PTMTKRN6Y  tcp  --  *      *       0.0.0.0/0            "
+        "10.96.0.1            /* default/kubernetes:https cluster IP */ tcp dpt:443",
+        "    0     0 KUBE-NODEPORTS  all  --  *      *       0.0.0.0/0            0.0.0.0/0"
+        "            /* kubernetes service nodeports */ ADDRTYPE match dst-type LOCAL",
+        "    0     0 KUBE-FOO  all  --  *      *       0.0.0.0/0            0.0.0.0/0"
+        "            u32 0x0&0x1=0x1",
+    ]
+    pairs, problems = listing_to_rules(list(enumerate(rows, 1)))
+    texts = [t for _, t in pairs]
+    assert texts[0] == "-N KUBE-SERVICES"
+    assert texts[1] == ('-A KUBE-SERVICES ! -s 10.244.0.0/16 -d 10.96.0.1 -p tcp -m comment '
+                        '--comment "default/kubernetes:https cluster IP" -m tcp --dport 443 '
+                        '-j KUBE-MARK-MASQ')
+    assert texts[3].endswith("-m addrtype --dst-type LOCAL -j KUBE-NODEPORTS")
+    assert "-m listing --unreadable row -j KUBE-FOO" in texts[4]
+    assert problems == [(6, "match text not understood: 'u32 0x0&0x1=0x1'")]
+
+
+def test_svc_table_without_header_and_yaml_without_metadata() -> None:
+    snap = load(real("k8s-issue-113105-kubectl-get-svc-text-no-header"))
+    assert snap.services is not None
+    assert {(s.name, s.lb_ingress[0].ip) for s in snap.services} == {
+        ("service-a", "10.253.32.102"), ("service-b", "10.253.32.101")}
+    snap = load(real("k8s-issue-121909-svc-yaml-externalips-etp-local"))
+    (svc,) = snap.services or ()
+    assert svc.external_traffic_policy == "Local" and svc.external_ips == ("10.3.49.15",
+                                                                           "10.3.49.16")
+
+
+def test_excerpt_inside_an_interface_and_typeless_routes() -> None:
+    snap = load(real("k8s-issue-79783-tke-ipvs-lb-ip-on-kube-ipvs0"))
+    assert [(a.ifname, a.address) for a in snap.addresses or ()] == [("kube-ipvs0",
+                                                                      "170.106.134.124")]
+    assert [r.dst for r in snap.local_routes or ()] == ["170.106.134.124"]
+    typeless = load("$ ip route show table local type local\n"
+                    "10.0.0.5 dev kube-ipvs0 proto kernel scope host src 10.0.0.5\n")
+    assert [(r.type, r.dev) for r in typeless.local_routes or ()] == [("local", "kube-ipvs0")]
+    brief = load("$ ip -br a\nlo UNKNOWN 127.0.0.1/8 ::1/128\n"
+                 "kube-ipvs0 DOWN 10.96.0.1/32 203.0.113.7/32\n")
+    assert ("kube-ipvs0", "203.0.113.7", False) in {
+        (a.ifname, a.address, a.link_up) for a in brief.addresses or ()}
+
+
+def test_unreadable_lines_are_named_and_the_rest_used() -> None:
+    text = ("# ipset save\ncreate KUBE-LOAD-BALANCER hash:ip,port\n"
+            "add KUBE-LOAD-BALANCER 203.0.113.7,tcp:80\nadd KUBE-LOAD-BALANCER 203.0.113.999,tcp:80\n"
+            "add KUBE-LOAD-BALANCER 203.0.113.8,tcp:443\n")
+    snap = load(text)
+    assert snap.ipset("KUBE-LOAD-BALANCER").members == ("203.0.113.7,tcp:80",
+                                                       "203.0.113.8,tcp:443")
+    assert any(u.reason.startswith("paste.txt:4: ") for u in snap.unknowns)
+
+
+def test_both_answers_agree_decides_and_names_the_assumption() -> None:
+    """IPVS mode, the LB IP's locality not given: bound -> served in the node; not bound
+    -> KUBE-LOAD-BALANCER masquerades it (no -LOCAL entry). Either way no loop."""
+    text = real("k8s-issue-89869-ipvs-lb-local-ipset").replace(
+        "Members:\n172.23.133.0,tcp:80\n172.23.133.0,tcp:443", "Members:")
+    text += ("\n# ipset list KUBE-LOAD-BALANCER\nName: KUBE-LOAD-BALANCER\nType: hash:ip,port\n"
+             "Members:\n172.23.133.0,tcp:80\n"
+             "# iptables -t nat -S\n-A PREROUTING -j KUBE-SERVICES\n"
+             "-A KUBE-SERVICES -m set --match-set KUBE-LOAD-BALANCER dst,dst -j "
+             "KUBE-LOAD-BALANCER\n-A POSTROUTING -j KUBE-POSTROUTING\n"
+             "-A KUBE-POSTROUTING -m mark --mark 0x4000/0x4000 -j MASQUERADE\n"
+             "-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\n"
+             "$ ip addr\n2: eth0: <BROADCAST,UP> mtu 1500\n    inet 10.0.0.10/24 scope global eth0\n"
+             "3: cni0: <BROADCAST,UP> mtu 1500\n    inet 10.244.1.1/24 scope global cni0\n")
+    snap = load(text)
+    # ip addr without kube-ipvs0 says the LB IP is not local: decided, masqueraded
+    v = diagnose(snap, "n").to_dict()
+    assert {f["id"] for f in v["findings"]} == {"pod-to-lb-masqueraded"}
+    # without ip addr (the pod CIDR given as with --pod-cidr): both answers agree (served
+    # locally, or masqueraded): still decided
+    v = diagnose(replace(snap, addresses=None, given={"pod_cidr": "10.244.1.0/24"}),
+                 "n").to_dict()
+    assert v["context"]["given_by_user"] == {"pod_cidr": "10.244.1.0/24"}
+    (f,) = v["findings"]
+    assert f["id"] in ("pod-to-lb-captured", "pod-to-lb-masqueraded")
+    assert any("either way" in e and "ip addr show kube-ipvs0" in e for e in f["evidence"])
+
+
+def test_answers_differ_is_undetermined_naming_the_fact() -> None:
+    """The same node with the LB IP in KUBE-LOAD-BALANCER-LOCAL (RETURN: no masquerade):
+    bound -> served here, not bound -> leaves with the pod's address. Undecided."""
+    text = real("k8s-issue-89869-ipvs-lb-local-ipset")
+    text += ("\n# ipset list KUBE-LOAD-BALANCER\nName: KUBE-LOAD-BALANCER\nType: hash:ip,port\n"
+             "Members:\n172.23.133.0,tcp:80\n"
+             "# iptables -t nat -S\n-A PREROUTING -j KUBE-SERVICES\n"
+             "-A KUBE-SERVICES -m set --match-set KUBE-LOAD-BALANCER dst,dst -j "
+             "KUBE-LOAD-BALANCER\n-A KUBE-SERVICES ! -s 10.244.0.0/16 -m set --match-set "
+             "KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ\n")
+    v = diagnose(load(text), "n").to_dict()
+    und = [f for f in v["findings"] if f["id"] == "pod-to-lb-undetermined" and f["port"] == 80]
+    assert und and "ip addr show kube-ipvs0" in und[0]["summary"]
+    assert v["status"] == "at-risk"
+    assert v["context"]["pod_network"] == "10.244.0.0/16"  # named by the rule itself
+
+
+def test_from_stdin_and_a_fifo_in_the_directory(tmp_path: Path) -> None:
+    paste = real("k8s-issue-79783-tke-ipvs-lb-ip-on-kube-ipvs0")
+    r = subprocess.run([sys.executable, "-m", "agent", "check", "--from", "-", "--json",
+                        "--mode", "ipvs"], input=paste, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert '"given_by_user": {\n      "mode": "ipvs"' in r.stdout
+    # a FIFO nobody writes to must not hang the reader (it is skipped and named)
+    (tmp_path / "paste.txt").write_text(paste)
+    os.mkfifo(tmp_path / "fifo")
+    done = threading.Event()
+    result: list[NodeSnapshot] = []
+    t = threading.Thread(target=lambda: (result.append(load_bundle(tmp_path)), done.set()),
+                         daemon=True)
+    t.start()
+    assert done.wait(10), "reading a directory with a FIFO hung"
+    assert any(u.source == "fifo" and "not a regular file" in u.reason
+               for u in result[0].unknowns)
