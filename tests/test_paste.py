@@ -160,7 +160,8 @@ def test_excerpt_inside_an_interface_and_typeless_routes() -> None:
 
 def test_unreadable_lines_are_named_and_the_rest_used() -> None:
     text = ("# ipset save\ncreate KUBE-LOAD-BALANCER hash:ip,port\n"
-            "add KUBE-LOAD-BALANCER 203.0.113.7,tcp:80\nadd KUBE-LOAD-BALANCER 203.0.113.999,tcp:80\n"
+            "add KUBE-LOAD-BALANCER 203.0.113.7,tcp:80\n"
+            "add KUBE-LOAD-BALANCER 203.0.113.999,tcp:80\n"
             "add KUBE-LOAD-BALANCER 203.0.113.8,tcp:443\n")
     snap = load(text)
     assert snap.ipset("KUBE-LOAD-BALANCER").members == ("203.0.113.7,tcp:80",
@@ -180,7 +181,8 @@ def test_both_answers_agree_decides_and_names_the_assumption() -> None:
              "KUBE-LOAD-BALANCER\n-A POSTROUTING -j KUBE-POSTROUTING\n"
              "-A KUBE-POSTROUTING -m mark --mark 0x4000/0x4000 -j MASQUERADE\n"
              "-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\n"
-             "$ ip addr\n2: eth0: <BROADCAST,UP> mtu 1500\n    inet 10.0.0.10/24 scope global eth0\n"
+             "$ ip addr\n2: eth0: <BROADCAST,UP> mtu 1500\n"
+             "    inet 10.0.0.10/24 scope global eth0\n"
              "3: cni0: <BROADCAST,UP> mtu 1500\n    inet 10.244.1.1/24 scope global cni0\n")
     snap = load(text)
     # ip addr without kube-ipvs0 says the LB IP is not local: decided, masqueraded
