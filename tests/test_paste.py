@@ -69,13 +69,13 @@ def test_numbered_and_terminal_wrapped_rules_are_unwrapped() -> None:
     into = RulesText()
     read_rules_text(real("k8s-issue-44516-externalip-numbered-wrapped-iptables-save"),
                     "paste.txt", into)
-    texts = [r.text for r in into.rules]
+    texts = [r.rule.text for r in into.loose]
     assert any(t.endswith("-j KUBE-SVC-FKYB3VE56PGE3NL6") and "physdev" in t for t in texts)
     assert len([t for t in texts if "10.200.0.246/32" in t]) >= 4
     assert not [p for _, p in into.problems if "KUBE-" in p.why and "SVC-" in p.why]
     nf = settle(into)
-    assert nf.table("nat") is not None and into.headerless == len(into.rules)
-    assert into.inferred == {"nat": len(into.rules)}
+    assert nf.table("nat") is not None and not into.rules
+    assert into.inferred == {"nat": len(into.loose)}
 
 
 def test_headerless_tables_are_inferred_and_said() -> None:
@@ -102,7 +102,7 @@ def test_s_v_counters_and_backslash_continuation() -> None:
             "    -j KUBE-SERVICES\n")
     into = RulesText()
     read_rules_text(text, "t", into, table="nat")
-    assert [r.text for r in into.rules] == [
+    assert [r.text for r in into.rules[("nat", "PREROUTING")]] == [
         '-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES']
     assert into.chains[("nat", "PREROUTING")] == "ACCEPT" and not into.problems
 

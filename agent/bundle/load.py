@@ -189,10 +189,10 @@ def _read_section(s: Section, ev: _Evidence) -> None:
 
 
 def _iptables(s: Section, ev: _Evidence) -> bool:
-    before = len(ev.rules.rules) + len(ev.rules.chains)
+    before = ev.rules.count()
     table = s.hint.get("table") if s.command else None
-    read_rules_text(s.lines, s.source, ev.rules, table=table)
-    return len(ev.rules.rules) + len(ev.rules.chains) > before
+    read_rules_text(s.text if s.text is not None else s.lines, s.source, ev.rules, table=table)
+    return ev.rules.count() > before
 
 
 def _iptables_list(s: Section, ev: _Evidence) -> bool:
@@ -208,7 +208,12 @@ def _tolerant(parse: Callable[[str, str], T], s: Section, ev: _Evidence,
               lines: list[tuple[int, str]] | None = None) -> T | None:
     """Run a strict parser on the section; at each line it refuses, report the line,
     drop it and read the rest again (a bounded number of times)."""
-    kept = list(lines if lines is not None else s.lines)
+    if lines is None and s.text is not None:
+        try:
+            return parse(s.text, s.source)  # a whole file: no copy of its lines
+        except InputError:
+            pass
+    kept = list(lines if lines is not None else s.all_lines())
     for _ in range(25):
         try:
             return parse("\n".join(t for _, t in kept) + "\n", s.source)
@@ -267,7 +272,7 @@ _BR = re.compile(r"^([\w@.-]+)\s+(UP|DOWN|UNKNOWN|LOWERLAYERDOWN|DORMANT)\s+(.*)
 
 def _addr(s: Section, ev: _Evidence) -> bool:
     lines = [(n, t) for n, t in s.lines if t.strip()]
-    if lines and lines[0][1].lstrip().startswith("["):
+    if s.text is not None or (lines and lines[0][1].lstrip().startswith("[")):
         got = _tolerant(parse_addresses, s, ev)
     elif lines and all(_BR.match(t.strip()) for _, t in lines):
         got = tuple(_brief(t.strip()) for _, t in lines)  # `ip -br addr`
@@ -323,7 +328,8 @@ _ROUTE_TYPES = ("local ", "broadcast ", "anycast ", "unicast ", "multicast ")
 def _route(s: Section, ev: _Evidence) -> bool:
     table = s.hint.get("route_table")
     lines = [(n, t) for n, t in s.lines if t.strip()]
-    if lines and lines[0][1].lstrip().startswith("["):  # `ip -j route show table local`
+    if s.text is not None or (lines and lines[0][1].lstrip().startswith("[")):
+        # `ip -j route show table local`
         routes = _tolerant(parse_local_routes, s, ev)
         if not routes or not any(r.type == "local" for r in routes):
             return False
@@ -355,10 +361,10 @@ def _sysctl(s: Section, ev: _Evidence) -> bool:
 
 
 def _kube(s: Section, ev: _Evidence) -> bool:
-    text = "\n".join(t for _, t in s.lines)
+    text = "\n".join(t for _, t in s.lines) if s.doc is None else ""
     try:
-        docs = [json.loads(text)] if text.lstrip().startswith(("{", "[")) else \
-            [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [s.doc] if s.doc is not None else [json.loads(text)] if text.lstrip(
+        ).startswith(("{", "[")) else [d for d in yaml.safe_load_all(text) if d is not None]
     except (ValueError, yaml.YAMLError) as e:
         mark = getattr(e, "problem_mark", None)
         line = s.first_line + (mark.line if mark else getattr(e, "lineno", 1) - 1)
@@ -392,7 +398,9 @@ def _kube(s: Section, ev: _Evidence) -> bool:
             item["metadata"] = {"name": f"unnamed-{s.first_line}-{n}",
                                 "namespace": "unknown", **(item.get("metadata") or {})}
     for kind, objs in by_kind.items():
-        doc = {"kind": "List", "items": [{**o, "kind": kind} for o in objs]}
+        for o in objs:
+            o.setdefault("kind", kind)
+        doc = {"kind": "List", "items": objs}
         try:
             if kind == "Service":
                 for svc in parse_services(doc, where):
@@ -454,7 +462,7 @@ def _refusal(source: str, text: str, sections: list[Section], named: bool) -> st
 def _snapshot(ev: _Evidence, origin: str, refused: list[str]) -> NodeSnapshot:
     unknowns: list[Unknown] = []
     netfilter = None
-    if ev.rules.rules or ev.rules.chains:
+    if ev.rules.count() or ev.rules.tables_seen:
         netfilter = settle(ev.rules)
         if ev.rules.headerless:
             placed = ", ".join(f"{n} to {t}" for t, n in sorted(ev.rules.inferred.items()))

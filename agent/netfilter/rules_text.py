@@ -16,6 +16,7 @@ raises the first problem instead.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from agent.errors import InputError
@@ -49,7 +50,8 @@ _GREP_N = re.compile(r"^\d+(?:[:-]|\s+)(?=-[AINP] |[*:\[]|COMMIT)")  # grep -n, 
 _BROKEN_WORD = re.compile(r"(?<=-)\s{3,}(?=[A-Z0-9])")
 _NEXT_RULE = re.compile(r"\s{6,}(?:\d+\s+)?(?=-A [A-Za-z])")
 _CHAIN_DECL = re.compile(r"^:(\S+)\s+(\S+)(?:\s+\[\d+:\d+\])?\s*$")
-_PROBLEMS_KEPT = 200
+# what a wrapped paste holds (substring tests: a regex over a 15 MB dump costs 0.25 s)
+_WRAP_MARKS = ("\\\n", " \n", "\t\n", "   ")
 
 
 @dataclass
@@ -60,43 +62,106 @@ class Problem:
 
 @dataclass
 class RuleLine:
-    table: str | None  # None: no header said; inferred at the end
+    """A rule no table header placed: its table is inferred when settling."""
+
     chain: str
-    text: str  # "-A CHAIN ..."
-    source: str  # "file:line"
+    rule: Rule
     insert_at: int | None = None  # -I CHAIN N
+    table: str | None = None
 
 
 @dataclass
 class RulesText:
     """What one or more pasted iptables texts held, before tables are settled."""
 
-    rules: list[RuleLine] = field(default_factory=list)
+    # (table, chain) -> its rules, for rules under a header or a command's -t
+    rules: dict[tuple[str, str], list[Rule]] = field(default_factory=dict)
+    loose: list[RuleLine] = field(default_factory=list)  # rules without a table
     chains: dict[tuple[str | None, str], str | None] = field(default_factory=dict)
     backend: str = "unknown"
     problems: list[tuple[str, Problem]] = field(default_factory=list)  # (source, problem)
     inferred: dict[str, int] = field(default_factory=dict)  # "nat" -> rules placed there
-    headerless: int = 0  # rules read without a table header
     tables_seen: dict[str, None] = field(default_factory=dict)  # in order
-    # -F/-X in a restore input: rules of that chain added before index N are gone
-    flushed: dict[tuple[str | None, str], int] = field(default_factory=dict)
+    last: Rule | None = None  # the rule a wrapped line may continue
+    last_at: tuple[list[Rule], int] | None = None
 
     def problem(self, source: str, line: int | None, why: str) -> None:
         self.problems.append((source, Problem(line, why)))
+
+    @property
+    def headerless(self) -> int:
+        return len(self.loose)
+
+    def count(self) -> int:
+        return sum(len(r) for r in self.rules.values()) + len(self.loose) + len(self.chains)
+
+    def add(self, table: str | None, chain: str, rule: Rule,
+            insert_at: int | None = None) -> None:
+        if table is None:
+            self.loose.append(RuleLine(chain, rule, insert_at))
+            where: tuple[list[Rule], int] | None = None
+        else:
+            rules = self.rules.get((table, chain))
+            if rules is None:
+                rules = self.rules[(table, chain)] = []
+            if insert_at is None:
+                rules.append(rule)
+                where = (rules, len(rules) - 1)
+            else:
+                rules.insert(insert_at - 1, rule)
+                where = (rules, min(insert_at - 1, len(rules) - 1))
+        self.last, self.last_at = rule, where
+
+    def extend_last(self, text: str) -> None:
+        """The author's line break inside the last rule."""
+        assert self.last is not None
+        new = Rule(self.last.text + " " + text, self.last.source)
+        if self.last_at is not None:
+            rules, i = self.last_at
+            rules[i] = new
+        else:
+            self.loose[-1].rule = new
+        self.last = new
 
 
 def read_rules_text(text: str | list[tuple[int, str]], source: str, into: RulesText,
                     table: str | None = None) -> None:
     """Add the rules of ``text`` (a whole text, or (line number, line) pairs of a section
     of a file) to ``into``. ``table`` is what the command said (`iptables -t nat -S`)."""
-    pairs = list(enumerate(text.splitlines(), 1)) if isinstance(text, str) else text
+    if isinstance(text, str):
+        # lazily: a big dump's lines as tuples would only feed the garbage collector
+        pairs: Iterable[tuple[int, str]] = enumerate(text.splitlines(), 1)
+        wrapped = any(w in text for w in _WRAP_MARKS) or text.endswith(("\\", " "))
+    else:
+        pairs = text
+        wrapped = any(line.endswith(("\\", " ", "\t")) or "   " in line for _, line in text)
+    if wrapped:
+        pairs = list(_unwrapped(_joined(list(pairs))))  # a paste's wrapping: rare, costly
     current = table
     opened_at = 0
     pending: tuple[int, str] | None = None  # a rule continued on the next line
-    for lineno, raw in _unwrapped(_joined(pairs)):
+    rules_of = into.rules
+    chains = into.chains
+    for lineno, raw in pairs:
         line = raw.strip()
         if not line:
             continue
+        if line.startswith("-A ") and current is not None and "-c " not in line:
+            # the bulk of a dump: a plain rule under a table header
+            chain, _, body = line[3:].partition(" ")
+            if body:
+                key = (current, chain)
+                rules = rules_of.get(key)
+                if rules is None:
+                    if opened_at and key not in chains and \
+                            chain not in BUILTIN_CHAINS.get(current, ()):
+                        into.problem(source, lineno, f"rule for chain {chain!r} that was "
+                                     "never declared (used anyway)")
+                    rules = rules_of[key] = []
+                rules.append(Rule(line, f"{source}:{lineno}"))
+                pending = (lineno, line)
+                into.last_at = None
+                continue
         if line.startswith("#"):
             if line.startswith("# Generated by"):
                 into.backend = "nft" if "nf_tables" in line else "legacy"
@@ -104,8 +169,9 @@ def read_rules_text(text: str | list[tuple[int, str]], source: str, into: RulesT
                 into.problem(source, lineno, f"{line.lstrip('# ')} (dump it with the "
                              "iptables variant that wrote these rules)")
             continue
-        line = _GREP_N.sub("", line)
-        if line[0] == "[":
+        if line[0].isdigit():
+            line = _GREP_N.sub("", line)
+        elif line[0] == "[":
             line = _COUNTERS.sub("", line)
         if line.startswith("*"):
             name = line[1:].strip()
@@ -152,14 +218,12 @@ def read_rules_text(text: str | list[tuple[int, str]], source: str, into: RulesT
             if op in ("-I", "--insert"):
                 head, _, rest = body.partition(" ")
                 insert_at, body = (int(head), rest) if head.isdigit() else (1, body)
-            if current is None:
-                into.headerless += 1
             if (current, chain) not in into.chains and opened_at and \
                     chain not in BUILTIN_CHAINS.get(current or "", ()):
                 into.problem(source, lineno, f"rule for chain {chain!r} that was never "
                              "declared (used anyway)")
-            into.rules.append(RuleLine(current, chain, f"-A {chain} {body}",
-                                       f"{source}:{lineno}", insert_at))
+            into.add(current, chain, Rule(f"-A {chain} {body}", f"{source}:{lineno}"),
+                     insert_at)
             pending = (lineno, line)
             continue
         if line.startswith(("-X", "-F", "-Z")):
@@ -167,12 +231,18 @@ def read_rules_text(text: str | list[tuple[int, str]], source: str, into: RulesT
             name = words[1] if len(words) > 1 else ""
             if words[0] == "-X":
                 into.chains.pop((current, name), None)
-            if words[0] in ("-X", "-F") and name:
-                into.flushed[(current, name)] = len(into.rules)
+            if words[0] in ("-X", "-F") and name and current is not None:
+                into.rules.pop((current, name), None)
+                into.last = into.last_at = None
             continue
-        if pending is not None and into.rules and _continues(line, into.rules[-1].text):
+        if pending is not None and into.last_at is None and current is not None:
+            rules = rules_of.get((current, pending[1][3:].partition(" ")[0]))
+            if rules:  # the fast path's last rule
+                into.last, into.last_at = rules[-1], (rules, len(rules) - 1)
+        if pending is not None and into.last is not None and \
+                _continues(line, into.last.text):
             # the author's line break inside a rule (a wrapped paste)
-            into.rules[-1].text += " " + line
+            into.extend_last(line)
             continue
         into.problem(source, lineno, f"not an iptables rule line: {_short(line)!r}")
         pending = None
@@ -186,6 +256,9 @@ def _joined(pairs: list[tuple[int, str]]):  # type: ignore[no-untyped-def]
     buf: list[str] = []
     start = 0
     for lineno, line in pairs:
+        if not buf and not line.endswith(("\\", " ", "\t")):
+            yield lineno, line
+            continue
         stripped = line.rstrip()
         if stripped.endswith("\\") and not stripped.endswith("\\\\"):
             if not buf:
@@ -228,14 +301,10 @@ def settle(into: RulesText) -> Netfilter:
     for (t, name) in into.chains:
         if t is not None:
             declared.setdefault(name, t)
-    for r in into.rules:
-        if r.table is not None:
-            declared.setdefault(r.chain, r.table)
-    chain_table: dict[str, str] = {}
+    for (t, name) in into.rules:
+        declared.setdefault(name, t)
 
     def table_of_chain(name: str) -> str | None:
-        if name in chain_table:
-            return chain_table[name]
         if name in declared and name not in ("KUBE-SERVICES", "KUBE-NODEPORTS"):
             return declared[name]
         if _NAT_CHAINS.match(name) or name in _ONLY_NAT_BUILTIN:
@@ -245,7 +314,7 @@ def settle(into: RulesText) -> Netfilter:
         return None
 
     def infer(r: RuleLine) -> str:
-        target = _target(r.text)
+        target = _target(r.rule.text)
         if target in _NAT_TARGETS:
             return "nat"
         if target in _FILTER_TARGETS:
@@ -263,46 +332,48 @@ def settle(into: RulesText) -> Netfilter:
             return "filter" if target in ("DROP", "ACCEPT") else "nat"
         return "filter" if r.chain in ("INPUT", "FORWARD") else "nat"
 
-    if into.flushed:
-        into.rules = [r for i, r in enumerate(into.rules)
-                      if i >= into.flushed.get((r.table, r.chain), 0)]
-    for r in into.rules:
-        if r.table is None:
-            r.table = infer(r)
-            into.inferred[r.table] = into.inferred.get(r.table, 0) + 1
-    tables: dict[str, dict[str, tuple[str | None, list[Rule]]]] = {
-        t: {} for t in into.tables_seen}
+    loose_table: dict[str, str] = {}
+    placed: dict[tuple[str, str], list[RuleLine]] = {}
+    for r in into.loose:
+        r.table = infer(r)
+        loose_table.setdefault(r.chain, r.table)
+        into.inferred[r.table] = into.inferred.get(r.table, 0) + 1
+        placed.setdefault((r.table, r.chain), []).append(r)
+    # table -> chain -> policy, in the order first seen
+    order: dict[str, dict[str, str | None]] = {t: {} for t in into.tables_seen}
     for (t, name), policy in into.chains.items():
+        t = t or loose_table.get(name) or table_of_chain(name)
         if t is None:
-            t = next((r.table for r in into.rules if r.chain == name and r.table), None) \
-                or table_of_chain(name)
-            if t is None:
-                continue
-        chains = tables.setdefault(t, {})
-        old = chains.get(name)
-        chains[name] = (policy if policy is not None else (old[0] if old else None),
-                        old[1] if old else [])
-    for r in into.rules:
-        assert r.table is not None
-        chains = tables.setdefault(r.table, {})
-        if r.chain not in chains:
-            policy = "ACCEPT" if r.chain in BUILTIN_CHAINS.get(r.table, ()) else None
-            chains[r.chain] = (policy, [])
-        rules = chains[r.chain][1]
-        rule = Rule(r.text, r.source)
-        if r.insert_at is not None:
-            rules.insert(r.insert_at - 1, rule)
-        else:
-            rules.append(rule)
-    for t, chains in tables.items():
-        for b in BUILTIN_CHAINS.get(t, ()):
-            if b in chains and chains[b][0] is None:
-                chains[b] = ("ACCEPT", chains[b][1])
+            continue
+        chains = order.setdefault(t, {})
+        if policy is not None or name not in chains:
+            chains[name] = policy
+    for t, name in (*into.rules, *placed):
+        order.setdefault(t, {}).setdefault(name, None)
+
+    def rules_of(t: str, name: str) -> tuple[Rule, ...]:
+        rules = into.rules.get((t, name), [])
+        extra = placed.get((t, name))
+        if not extra:
+            return tuple(rules)
+        out = list(rules)
+        for r in extra:
+            if r.insert_at is not None:
+                out.insert(r.insert_at - 1, r.rule)
+            else:
+                out.append(r.rule)
+        return tuple(out)
+
+    def policy_of(t: str, name: str, policy: str | None) -> str | None:
+        if policy is None and name in BUILTIN_CHAINS.get(t, ()):
+            return "ACCEPT"
+        return policy
+
     return Netfilter(
         backend=into.backend,
-        tables=tuple(Table(name, tuple(Chain(c, pol, tuple(rules))
-                                       for c, (pol, rules) in ch.items()))
-                     for name, ch in tables.items()))
+        tables=tuple(Table(t, tuple(Chain(name, policy_of(t, name, policy), rules_of(t, name))
+                                    for name, policy in chains.items()))
+                     for t, chains in order.items()))
 
 
 def _target(text: str) -> str | None:
@@ -323,8 +394,8 @@ def parse_iptables_save(text: str, source: str = "iptables-save.txt",
     if into.problems:
         _, p = into.problems[0]
         raise InputError(source, p.line, p.why)
-    if into.headerless:
-        first = next(r for r in into.rules if r.table is None)
+    if into.loose:
+        first = into.loose[0].rule
         raise InputError(source, int(first.source.rsplit(":", 1)[1]),
                          f"expected a table header such as '*nat', got {_short(first.text)!r}")
     if not into.tables_seen:

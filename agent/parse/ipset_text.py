@@ -8,11 +8,11 @@ meaning in a hash:net set.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Callable
 
 from agent.errors import InputError
+from agent.parse.ip_text import canonical_ip, is_network
 from agent.snapshot import IpSet
 
 # Options ipset prints after a member that take one argument, and flags without one.
@@ -189,11 +189,7 @@ def _member(rest: str, set_type: str, source: str, lineno: int) -> str:
 
 
 def _is_ip(value: str) -> bool:
-    try:
-        ipaddress.ip_address(value)
-    except ValueError:
-        return False
-    return True
+    return canonical_ip(value) is not None
 
 
 def _is_net(value: str) -> bool:
@@ -202,11 +198,7 @@ def _is_net(value: str) -> bool:
     if "-" in value and "/" not in value:
         lo, _, hi = value.partition("-")
         return _is_ip(lo) and _is_ip(hi)
-    try:
-        ipaddress.ip_network(value, strict=False)
-    except ValueError:
-        return False
-    return True
+    return is_network(value)
 
 
 _COMPONENT_CHECKS: dict[str, Callable[[str], bool]] = {

@@ -7,11 +7,11 @@ without ``-n`` ipvsadm prints host and service names that cannot be resolved off
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from dataclasses import dataclass, field
 
 from agent.errors import InputError
+from agent.parse.ip_text import canonical_ip
 from agent.snapshot import IpvsRealServer, IpvsVirtualServer
 
 _LIST_PROTOCOLS = {"TCP": "TCP", "UDP": "UDP", "SCTP": "SCTP"}
@@ -191,20 +191,19 @@ def _addr_port(text: str, source: str, lineno: int,
         host, _, port_text = text.partition(":")
     else:
         host, port_text = text, None  # a bare address (only valid for -r)
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
+    address = canonical_ip(host)
+    if address is None:
         raise InputError(source, lineno,
                          f"{_short(host)!r} is not a numeric address "
-                         "(use `ipvsadm -Ln` / `ipvsadm -S -n`)") from None
+                         "(use `ipvsadm -Ln` / `ipvsadm -S -n`)")
     if port_text is None:
         if default_port is None:
             raise InputError(source, lineno, f"address {_short(text)!r} has no port")
-        return str(address), default_port
+        return address, default_port
     if not port_text.isdigit() or not port_text.isascii() or int(port_text) > 65535:
         raise InputError(source, lineno,
                          f"{_short(port_text)!r} is not a numeric port (use -n)")
-    return str(address), int(port_text)
+    return address, int(port_text)
 
 
 def _check_scheduler(name: str, source: str, lineno: int) -> None:

@@ -1,0 +1,33 @@
+"""Checking addresses in tool output cheaply: a big dump holds hundreds of thousands, and
+``ipaddress`` costs microseconds each. Canonical dotted-quad IPv4 (what every tool prints)
+is checked with one regex; everything else goes to ``ipaddress``."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+_V4 = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
+_V4_NET = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}/(?:3[0-2]|[12]?\d)")
+
+
+def canonical_ip(text: str) -> str | None:
+    """The address in canonical form, or None when ``text`` is not one."""
+    if _V4.fullmatch(text):
+        return text
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return None
+
+
+def is_network(text: str) -> bool:
+    """An address or a prefix ("10.0.0.0/8", "10.0.0.5"), host bits allowed."""
+    if _V4_NET.fullmatch(text) or _V4.fullmatch(text):
+        return True
+    try:
+        ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        return False
+    return True
