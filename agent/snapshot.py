@@ -101,6 +101,9 @@ class Netfilter:
 
     backend: str  # "legacy" | "nft" | "unknown" (e.g. a saved file)
     tables: tuple[Table, ...] = ()
+    # an excerpt (rules without their table header: `-S CHAIN`, grep): a chain that is
+    # not in it is unseen, not empty
+    partial: bool = False
 
     def table(self, name: str) -> Table | None:
         for t in self.tables:
@@ -204,6 +207,8 @@ class NodeSnapshot:
     services: tuple[Service, ...] | None = None
     ingresses: tuple[Ingress, ...] | None = None
     node_info: NodeInfo | None = None
+    # the main routing table (`ip route`), when given: where the CNI routes this node's pods
+    routes: tuple[LocalRoute, ...] | None = None
     unknowns: tuple[Unknown, ...] = ()
     # what the user stated where detection cannot reach (check --mode, --pod-cidr):
     # "mode" -> "ipvs", "pod_cidr" -> "10.244.1.0/24,..."

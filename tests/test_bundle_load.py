@@ -122,12 +122,13 @@ def test_unreadable_file(bundle: Path) -> None:
     assert reason == "sysctl.txt: not a regular file: skipped"
 
 
-def test_empty_files_are_not_evidence(bundle: Path) -> None:
+def test_empty_ipset_file_is_no_sets(bundle: Path) -> None:
     (bundle / bundle_files.IPSET).write_text("")
     (bundle / bundle_files.ADDR).write_text("")
     snap = load_bundle(bundle)
-    # an empty file says nothing: neither "no sets" nor "no addresses"
-    assert snap.ipsets is None and snap.addresses is None
+    # the bundle's empty ipset.txt is `ipset save` printing nothing: no sets; an empty
+    # addr.txt says nothing (a node always has addresses)
+    assert snap.ipsets == () and snap.addresses is None
     assert Unknown("addr.txt", "addr.txt: empty") in snap.unknowns
 
 

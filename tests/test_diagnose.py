@@ -291,3 +291,13 @@ def test_lb_ips_unknown_without_service_objects(tke: NodeSnapshot) -> None:
     v = diagnose(replace(tke, services=None, ipsets=()), "n").to_dict()
     assert "lb-ips-unknown" in {f["id"] for f in v["findings"]}
     assert v["status"] == "at-risk"
+
+
+def test_sources_that_disagree_are_named(tke: NodeSnapshot) -> None:
+    """The Service says Cluster, kube-proxy's KUBE-LOAD-BALANCER-LOCAL lists the IP
+    (Local): the verdict follows the first source and says they disagree."""
+    services = tuple(replace(s, external_traffic_policy="Cluster") for s in tke.services or ())
+    f = findings(replace(tke, services=services))[("pod-to-lb-not-masqueraded", "10.0.1.100")]
+    (line,) = [e for e in f["evidence"] if e.startswith("sources disagree")]
+    assert "Cluster (Service spec) vs Local (ipset KUBE-LOAD-BALANCER-LOCAL lists" in line
+    assert any(e.startswith("learned from Service default/web") for e in f["evidence"])

@@ -233,3 +233,22 @@ def test_from_stdin_and_a_fifo_in_the_directory(tmp_path: Path) -> None:
     assert done.wait(10), "reading a directory with a FIFO hung"
     assert any(u.source == "fifo" and "not a regular file" in u.reason
                for u in result[0].unknowns)
+
+
+def test_pod_network_from_the_main_tables_cni_route() -> None:
+    """No addresses, no Node: the bridge CNI's connected route in `ip route` names this
+    node's pod subnet and the bridge pods enter through (the route's shape as flannel and
+    bridge CNIs install it; the LB rule is kube-proxy's, constructed)."""
+    snap = load("$ ip route\n"
+                "default via 10.0.0.1 dev eth0 proto dhcp src 10.0.0.10 metric 100\n"
+                "10.244.1.0/24 dev cni0 proto kernel scope link src 10.244.1.1\n"
+                "$ iptables -t nat -S KUBE-SERVICES\n"
+                '-A KUBE-SERVICES -d 203.0.113.7/32 -p tcp -m comment --comment "a/b:http '
+                'loadbalancer IP" -m tcp --dport 80 -j KUBE-EXT-X\n')
+    v = diagnose(snap, "n").to_dict()
+    assert v["context"]["pod_network"] == "10.244.1.0/24"
+    assert v["context"]["pod_interface"] == "cni0"
+    assert v["context"]["pod_ip"] == "10.244.1.2"  # not the bridge's own 10.244.1.1
+    # KUBE-EXT-X is not in the excerpt: undecided, naming the command, never healthy
+    (f,) = [f for f in v["findings"] if f["lb_ip"] == "203.0.113.7"]
+    assert f["id"] == "pod-to-lb-undetermined" and "iptables -t nat -S KUBE-EXT-X" in f["summary"]

@@ -62,6 +62,7 @@ class _Evidence:
     ipvs: dict[tuple[str, str, int], IpvsVirtualServer] = field(default_factory=dict)
     addresses: dict[tuple[str, str], Address] = field(default_factory=dict)
     local_routes: dict[tuple[str, str, str | None], LocalRoute] = field(default_factory=dict)
+    main_routes: dict[tuple[str, str, str | None], LocalRoute] = field(default_factory=dict)
     sysctls: dict[str, str] = field(default_factory=dict)
     services: dict[str, Service] = field(default_factory=dict)
     node: NodeInfo | None = None
@@ -101,6 +102,11 @@ def load_texts(texts: list[tuple[str, str | InputError, str]], origin: str) -> N
     for source, text, hint in texts:
         if isinstance(text, InputError):
             refused.append(str(text))
+            continue
+        if not text.strip() and hint in (fmt.IPSET, fmt.IPVSADM):
+            # `ipset save` / `ipvsadm -Ln` print nothing on a node without sets or IPVS:
+            # the bundle's empty file says "none", not "unknown"
+            ev.saw(hint, f"{source} (empty)")
             continue
         before = sum(len(v) for v in ev.seen.values())
         sections = split_sections(text, source, hint)
@@ -337,10 +343,15 @@ def _route(s: Section, ev: _Evidence) -> bool:
             ev.local_routes[(r.type, r.dst, r.dev)] = r
         return True
     typed = [t.lstrip().startswith(_ROUTE_TYPES) for _, t in lines]
-    if table not in (None, "local", "255", "all") and not any(typed):
-        return False  # the main table: not the node's own addresses
-    if table is None and not any(t.lstrip().startswith(("local ", "broadcast "))
-                                 for _, t in lines):
+    if (table not in (None, "local", "255", "all") and not any(typed)) or (
+            table is None and not any(t.lstrip().startswith(("local ", "broadcast "))
+                                      for _, t in lines)):
+        # the main table: not the node's own addresses, but where its pods are routed
+        routes = _tolerant(parse_local_routes, s, ev, lines)
+        for r in routes or ():
+            ev.main_routes[(r.type, r.dst, r.dev)] = r
+        if routes:
+            ev.saw("ip route (main)", f"{s.source}:{s.first_line}")
         return False
     if s.hint.get("route_type") == "local" or (table in ("local", "255") and not any(typed)):
         # `ip route show table local type local` prints no type word
@@ -503,6 +514,7 @@ def _snapshot(ev: _Evidence, origin: str, refused: list[str]) -> NodeSnapshot:
         services=tuple(ev.services.values()) if ev.services_read else None,
         ingresses=tuple(ev.ingresses.values()) if ev.ingresses else None,
         node_info=ev.node,
+        routes=tuple(ev.main_routes.values()) if ev.main_routes else None,
         unknowns=tuple(unknowns),
     )
 

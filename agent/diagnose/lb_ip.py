@@ -32,6 +32,7 @@ class LbTarget:
     annotations: tuple[tuple[str, str], ...] = ()
     ingress: str | None = None  # "ns/name" of the Ingress for kind "ingress"
     node_port: int | None = None  # where the load balancer really sends it
+    disagreements: tuple[str, ...] = ()  # where two sources said different things
 
     @property
     def key(self) -> tuple[str, int, str]:
@@ -86,6 +87,13 @@ def discover(snap: NodeSnapshot) -> list[LbTarget]:
             found[t.key] = t
             return
         merged_from = tuple(dict.fromkeys(old.learned_from + t.learned_from))
+        disagree = old.disagreements + t.disagreements
+        if old.etp and t.etp and old.etp != t.etp:
+            disagree += (f"sources disagree on externalTrafficPolicy: {old.etp} "
+                         f"({old.etp_how}) vs {t.etp} ({t.etp_how}); the first is used",)
+        if old.service and t.service and old.service != t.service:
+            disagree += (f"sources disagree on the Service: {old.service} "
+                         f"({old.learned_from[0]}) vs {t.service} ({t.learned_from[0]})",)
         found[t.key] = LbTarget(
             t.ip, t.port, t.protocol,
             kind=old.kind if old.kind != "ingress" or t.kind == "ingress" else t.kind,
@@ -96,6 +104,7 @@ def discover(snap: NodeSnapshot) -> list[LbTarget]:
             annotations=old.annotations or t.annotations,
             ingress=old.ingress or t.ingress,
             node_port=old.node_port or t.node_port,
+            disagreements=tuple(dict.fromkeys(disagree)),
         )
 
     by_key: dict[str, Service] = {}

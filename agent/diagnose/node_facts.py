@@ -155,7 +155,8 @@ def _find_uplink(f: NodeFacts) -> None:
 def _find_pod_network(f: NodeFacts) -> None:
     snap = f.snapshot
     if snap.addresses is None and not (snap.node_info and snap.node_info.pod_cidrs) \
-            and not (snap.given or {}).get("pod_cidr") and not pod_cidrs_in_rules(snap):
+            and not (snap.given or {}).get("pod_cidr") and not pod_cidrs_in_rules(snap) \
+            and not _pod_routes(snap):
         f.pod_unknown = ("no addresses, no Node podCIDR and no rule naming the pod CIDR: "
                          "cannot tell the pod network (give --pod-cidr)")
         return
@@ -186,6 +187,8 @@ def _find_pod_network(f: NodeFacts) -> None:
             else:
                 cidrs.append((c, f"the pod CIDR {c} kube-proxy's rules name: {rule}"))
             break
+    if not cidrs and snap.addresses is None:
+        cidrs += _pod_routes(snap)[:1]
     if not cidrs and snap.kube_proxy and snap.kube_proxy.cluster_cidr:
         for c in snap.kube_proxy.cluster_cidr.split(","):
             net = ipaddress.ip_network(c.strip(), strict=False)
@@ -212,17 +215,21 @@ def _find_pod_network(f: NodeFacts) -> None:
     prefix, how = cidrs[0]
     net = ipaddress.ip_network(prefix, strict=False)
     bridge = iface_for(net)
+    # the main table's route to the pod network names the bridge and its own address
+    route = next((r for r in snap.routes or () if r.dst == str(net) and r.dev), None)
+    entry = bridge.ifname if bridge else route.dev if route and route.dev in _POD_BRIDGES \
+        else None
     pod_ip = None
     for host in net.hosts():
-        if f.local_route(str(host)) is None:
+        if f.local_route(str(host)) is None and not (route and route.src == str(host)):
             pod_ip = str(host)
             break
     if pod_ip is None:
         f.pod_unknown = f"pod network {prefix} has no free address to stand for a pod"
         return
-    f.pod = PodNetwork(pod_ip, prefix, bridge.ifname if bridge else None,
+    f.pod = PodNetwork(pod_ip, prefix, entry,
                        f"pod {pod_ip} stands for the pods of this node ({how}"
-                       + (f", entering through {bridge.ifname})" if bridge else
+                       + (f", entering through {entry})" if entry else
                           ", entry interface unknown)"))
 
 
@@ -260,6 +267,19 @@ def kube_proxy_mode(snap: NodeSnapshot) -> tuple[str, str]:
         if nat.chain("KUBE-SERVICES") is not None:
             return "iptables", "nat table has KUBE-SERVICES without IPVS ipsets"
     return "unknown", "no kube-proxy process, no kube-ipvs0, no KUBE-* chains or ipsets"
+
+
+def _pod_routes(snap: NodeSnapshot) -> list[tuple[str, str]]:
+    """This node's pod subnet from the main table: the pod bridge's connected route
+    (flannel, kubenet, bridge CNIs) or Calico's blackhole route for the node's block."""
+    out = []
+    for r in snap.routes or ():
+        if "/" not in r.dst or ":" in r.dst:
+            continue
+        if r.dev in _POD_BRIDGES or r.type == "blackhole":
+            what = f"route to {r.dev}" if r.dev else "blackhole route (Calico's block)"
+            out.append((r.dst, f"the {what} {r.dst} in the main table: {r.line}"))
+    return out
 
 
 # ipsets only kube-proxy's IPVS mode creates

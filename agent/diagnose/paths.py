@@ -64,15 +64,26 @@ class ServedOutcome:
     how: str
 
 
+# kube-proxy's KUBE-MARK-MASQ has held this one rule in every version: an excerpt that
+# jumps to it without showing it gets it, and says so.
+_MARK_MASQ = "-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000"
+
+
 def with_kube_proxy_hooks(nf: Netfilter) -> tuple[Netfilter, tuple[str, ...]]:
     """Add kube-proxy's built-in-chain jumps when the dump is its restore input (no
-    iptables-save header): a real dump without them is a node where they are missing."""
+    iptables-save header): a real dump without them is a node where they are missing.
+    An excerpt also gets KUBE-MARK-MASQ's standard rule when it jumps there unseen."""
     if nf.backend != "unknown":
         return nf, ()
     notes: list[str] = []
     tables = []
     for t in nf.tables:
         chains = list(t.chains)
+        if t.name == "nat" and t.chain("KUBE-MARK-MASQ") is None and \
+                _referenced(t, "KUBE-MARK-MASQ"):
+            src = "assumed: kube-proxy's standard KUBE-MARK-MASQ (not in the input)"
+            chains.append(Chain("KUBE-MARK-MASQ", None, (Rule(_MARK_MASQ, src),)))
+            notes.append(f"nat KUBE-MARK-MASQ: {src}")
         added: dict[str, list[Rule]] = {}
         for builtin, target, comment, extra in _KUBE_HOOKS.get(t.name, ()):
             if t.chain(target) is None or _referenced(t, target):
@@ -90,7 +101,7 @@ def with_kube_proxy_hooks(nf: Netfilter) -> tuple[Netfilter, tuple[str, ...]]:
                 chains[chains.index(existing)] = Chain(builtin, existing.policy,
                                                        (*rules, *existing.rules))
         tables.append(Table(t.name, tuple(chains)))
-    return Netfilter(nf.backend, tuple(tables)), tuple(notes)
+    return Netfilter(nf.backend, tuple(tables), nf.partial), tuple(notes)
 
 
 def not_walked(nf: Netfilter) -> tuple[str, ...]:
@@ -125,8 +136,8 @@ class PathFinder:
             self.notes += not_walked(snap.netfilter)
             nat = nf.table("nat")
             flt = nf.table("filter")
-            self.nat = TableWalker(nat or Table("nat"), facts)
-            self.filter = TableWalker(flt, facts) if flt is not None else None
+            self.nat = TableWalker(nat or Table("nat"), facts, nf.partial)
+            self.filter = TableWalker(flt, facts, nf.partial) if flt is not None else None
 
     # -- pod -> LB ----------------------------------------------------------------------
 

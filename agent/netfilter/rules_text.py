@@ -82,6 +82,7 @@ class RulesText:
     problems: list[tuple[str, Problem]] = field(default_factory=list)  # (source, problem)
     inferred: dict[str, int] = field(default_factory=dict)  # "nat" -> rules placed there
     tables_seen: dict[str, None] = field(default_factory=dict)  # in order
+    excerpt: bool = False  # rules read without a header (`-S [CHAIN]`, a grep)
     last: Rule | None = None  # the rule a wrapped line may continue
     last_at: tuple[list[Rule], int] | None = None
 
@@ -140,6 +141,8 @@ def read_rules_text(text: str | list[tuple[int, str]], source: str, into: RulesT
     current = table
     opened_at = 0
     pending: tuple[int, str] | None = None  # a rule continued on the next line
+    if table is not None:
+        into.excerpt = True  # `iptables -t T -S`: not a whole dump with its headers
     rules_of = into.rules
     chains = into.chains
     for lineno, raw in pairs:
@@ -373,7 +376,8 @@ def settle(into: RulesText) -> Netfilter:
         backend=into.backend,
         tables=tuple(Table(t, tuple(Chain(name, policy_of(t, name, policy), rules_of(t, name))
                                     for name, policy in chains.items()))
-                     for t, chains in order.items()))
+                     for t, chains in order.items()),
+        partial=bool(into.loose) or into.excerpt)
 
 
 def _target(text: str) -> str | None:

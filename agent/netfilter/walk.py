@@ -148,9 +148,10 @@ class _ChainIndex:
 
 
 class TableWalker:
-    def __init__(self, table: Table, view: NodeView) -> None:
+    def __init__(self, table: Table, view: NodeView, partial: bool = False) -> None:
         self.table = table
         self.view = view
+        self.partial = partial  # an excerpt: a missing chain is unseen, not empty
         self._idx: dict[str, _ChainIndex] = {}
         self._budget = MAX_PATHS
 
@@ -167,6 +168,10 @@ class TableWalker:
         """All paths of ``pkt`` through built-in ``chain``; a fall-through takes the policy."""
         self._budget = MAX_PATHS
         ix = self._index(chain)
+        if ix is None and self.partial:
+            return [HookResult("UNKNOWN", pkt, (), f"{self.table.name} {chain} is not in the "
+                               f"input (an excerpt): `iptables -t {self.table.name} -S` "
+                               "shows it")]
         if ix is None:
             return [HookResult("ACCEPT", pkt, (), f"{self.table.name} {chain}: no such chain "
                                "(nothing hooked here)")]
@@ -274,7 +279,9 @@ class TableWalker:
                     continue
                 results.append(("UNKNOWN", pkt, steps, _unknown(
                     r, f"target {tgt} is neither a chain of table {self.table.name} "
-                       "nor a target this walker knows")))
+                       "nor a target this walker knows" + (
+                           f" (not in the input: `iptables -t {self.table.name} -S {tgt}` "
+                           "shows it)" if self.partial else ""))))
                 return results
             for verdict, p2, s2, d2 in self._run(sub, 0, pkt, (*steps, step), depth + 1):
                 if verdict is not None:

@@ -43,6 +43,8 @@ def check(ctx: Context) -> list[Finding]:
         ev = list(o.evidence)
         if t.etp:
             ev.append(f"externalTrafficPolicy={t.etp} ({t.etp_how or 'from the Service'})")
+        ev.append("learned from " + "; ".join(t.learned_from))
+        ev += t.disagreements
         if o.kind == "not-masqueraded":
             rp = rp_filter_effective(ctx)
             if rp is not None:
