@@ -45,10 +45,10 @@ test-vm: deps venv
 # DEMO_ARGS e.g. --keep-open 300 --screenshot docs/collector-page.png (see --help).
 DEMO_ARGS ?=
 demo: deps venv
-	$(PY) -m agent.lab.demo $(DEMO_ARGS)
+	$(PY) -m lab.demo $(DEMO_ARGS)
 
 lint: venv
-	$(VENV)/bin/ruff check agent tests
+	$(VENV)/bin/ruff check agent lab tests
 
 bench: deps venv
 	@for p in time tcpdump; do dpkg -s $$p >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive \

@@ -11,11 +11,14 @@ import sys
 import threading
 from importlib import resources
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from agent import __version__
 from agent.errors import InputError
 from agent.snapshot import NodeSnapshot
+
+if TYPE_CHECKING:
+    from agent.diagnose import Prepared
 
 # Exit codes (documented in --help and README). 0-2 are verdicts; >= 64 follow sysexits.h.
 EXIT_HEALTHY = 0
@@ -337,24 +340,14 @@ def load_snapshot(args: argparse.Namespace) -> NodeSnapshot:
     if kube_dir:
         args.no_kube_api = True
     snap = collect_live(_probe_ctx(args))
-    return with_kube_json(snap, Path(kube_dir)) if kube_dir else snap
+    if not kube_dir:
+        return snap
+    from agent.bundle import with_kube_json
 
-
-def with_kube_json(snap: NodeSnapshot, directory: Path) -> NodeSnapshot:
-    """Replace the API objects of a live snapshot with saved kubectl JSON."""
-    from dataclasses import replace
-
-    from agent.bundle import files as bundle_files
-    from agent.bundle import load_bundle
-
-    names = (bundle_files.SERVICES, bundle_files.NODE, bundle_files.INGRESSES)
-    if not any((directory / n).exists() for n in names):
-        raise _Exit(EXIT_DATAERR, f"{directory}: none of {', '.join(names)}")
-    kube = load_bundle(directory)
-    unknowns = tuple(u for u in snap.unknowns if u.source != "kubernetes API")
-    unknowns += tuple(u for u in kube.unknowns if u.source in names)
-    return replace(snap, services=kube.services, node_info=kube.node_info,
-                   ingresses=kube.ingresses, unknowns=unknowns)
+    try:
+        return with_kube_json(snap, Path(kube_dir))
+    except InputError as e:
+        raise _Exit(EXIT_DATAERR, str(e)) from e
 
 
 def _one_shot_gc() -> None:
@@ -369,7 +362,7 @@ def _one_shot_gc() -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from agent.diagnose import diagnose
+    from agent.diagnose import diagnose, prepare
     from agent.report import render
 
     if args.capture and (args.from_dir or args.snapshot):
@@ -383,8 +376,9 @@ def _check(args: argparse.Namespace) -> int:
         from dataclasses import replace
 
         snap = replace(snap, given=given)
-    capture = _capture(args, snap) if args.capture else None
-    verdict = diagnose(snap, _node(args, snap), capture=capture).to_dict()
+    prepared = prepare(snap)
+    capture = _capture(args, prepared) if args.capture else None
+    verdict = diagnose(snap, _node(args, snap), capture=capture, prepared=prepared).to_dict()
     if args.json:
         # indent for people; a huge verdict goes compact (the C encoder, 5x faster)
         indent = 2 if len(verdict["findings"]) < 500 else None
@@ -394,9 +388,9 @@ def _check(args: argparse.Namespace) -> int:
     return EXIT_BY_STATUS[verdict["status"]]
 
 
-def _capture(args: argparse.Namespace, snap: NodeSnapshot):  # type: ignore[no-untyped-def]
+def _capture(args: argparse.Namespace, prepared: Prepared):  # type: ignore[no-untyped-def]
     """Watch NodePort handshakes, with a progress line on stderr."""
-    from agent.capture.node import watch_node
+    from agent.watch import watch_node
 
     tty = sys.stderr.isatty()
     last = [0.0]
@@ -417,8 +411,8 @@ def _capture(args: argparse.Namespace, snap: NodeSnapshot):  # type: ignore[no-u
     old = {s: signal.signal(s, lambda *_: stop.set())
            for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     try:
-        result = watch_node(snap, args.capture, port_range=args.nodeport_range, stop=stop,
-                            progress=progress)
+        result = watch_node(prepared, args.capture, port_range=args.nodeport_range,
+                            stop=stop, progress=progress)
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)

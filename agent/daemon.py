@@ -23,14 +23,15 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from agent.bundle import with_kube_json
 from agent.capture.model import OUTCOMES, SOURCE_CLASSES
-from agent.capture.node import watch_node
-from agent.diagnose import diagnose, node_name
+from agent.diagnose import diagnose, node_name, prepare
 from agent.probes import collect_live
 from agent.probes.base import ProbeContext
 from agent.ship.sender import Backoff, Sender, drain
 from agent.ship.spool import Spool
 from agent.snapshot import NodeSnapshot
+from agent.watch import watch_node
 
 
 @dataclass(frozen=True)
@@ -159,14 +160,15 @@ class Daemon:
                                          kubeconfig=self.cfg.kubeconfig))
         if self.cfg.kube_json:
             snap = self._with_kube_json(snap, self.cfg.kube_json)
+        prepared = prepare(snap)  # once: the capture and the diagnosis share it
         t1 = time.monotonic()
         capture = None
         if self.cfg.capture:
-            capture = watch_node(snap, self.cfg.interval, port_range=self.cfg.nodeport_range,
-                                 stop=self.stop)
+            capture = watch_node(prepared, self.cfg.interval,
+                                 port_range=self.cfg.nodeport_range, stop=self.stop)
         t2 = time.monotonic()
         v = diagnose(snap, node_name(self.cfg.node_name, snap, dict(os.environ)),
-                     capture=capture).to_dict()
+                     capture=capture, prepared=prepared).to_dict()
         t3 = time.monotonic()
         for phase, secs in (("probes", t1 - t0), ("capture", t2 - t1), ("diagnose", t3 - t2)):
             self.metrics.probe_seconds.labels(phase).set(secs)
@@ -177,8 +179,6 @@ class Daemon:
     def _with_kube_json(snap: NodeSnapshot, directory: str) -> NodeSnapshot:
         """Services/Node/Ingresses from saved kubectl JSON, re-read every cycle (the
         files may be refreshed by a sidecar); unreadable: keep the live snapshot, say so."""
-        from agent.cli import with_kube_json  # lazy: cli imports this module lazily too
-
         try:
             return with_kube_json(snap, Path(directory))
         except Exception as e:  # a bad file must not stop the daemon

@@ -6,9 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.lab.clb import Cluster, build_cluster
-from agent.lab.node import REAL, ipvs_kind
-from agent.lab.scenarios import SCENARIOS
+from lab.clb import Cluster, build_cluster
+from lab.node import REAL, ipvs_kind
+from lab.scenarios import SCENARIOS
 
 # tests/guest needs real IPVS: it runs inside the VM (tests/test_vm_ipvs.py), which fails
 # loudly when it cannot; elsewhere it is not collected rather than skipped test by test

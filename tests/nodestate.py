@@ -6,8 +6,8 @@ import re
 import shutil
 import time
 
-from agent.lab.netns import Netns
 from agent.probes.ipvs import ipvs_available
+from lab.netns import Netns
 
 # Counters and timers move by themselves; they are not configuration.
 _VOLATILE = ("nf_conntrack_count", "base_reachable_time", "random", "stable_secret",

@@ -52,7 +52,7 @@ from agent.capture.packets import (
     ip_int,
 )
 from agent.capture.ring import PACKET_HOST, PACKET_OUTGOING
-from agent.lab.netns import Netns, netns, veth
+from lab.netns import Netns, netns, veth
 
 PY = sys.executable
 SYN, RST, ACK = 0x02, 0x04, 0x10

@@ -18,7 +18,7 @@ import pytest
 
 from agent.capture.handshakes import DEFAULT_TIMEOUT as HANDSHAKE_TIMEOUT
 from agent.cli import schema_text
-from agent.lab.clb import (
+from lab.clb import (
     CONNECTED,
     Cluster,
     build_cluster,
@@ -27,7 +27,7 @@ from agent.lab.clb import (
     pod_connect,
     sysctls,
 )
-from agent.lab.scenarios import HEALTH_CHECK_SOURCE, LB_IP, SCENARIOS
+from lab.scenarios import HEALTH_CHECK_SOURCE, LB_IP, SCENARIOS
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces")]

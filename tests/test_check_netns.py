@@ -16,9 +16,9 @@ import jsonschema
 import pytest
 
 from agent.cli import schema_text
-from agent.lab.netns import Netns
-from agent.lab.node import build_lab
-from agent.lab.scenarios import SCENARIOS
+from lab.netns import Netns
+from lab.node import build_lab
+from lab.scenarios import SCENARIOS
 from tests.nodestate import capture
 
 pytestmark = pytest.mark.netns

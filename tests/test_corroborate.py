@@ -42,8 +42,8 @@ from agent.capture.corroborate import (
     parse_rt_cache,
 )
 from agent.capture.model import CaptureResult, Corroboration
-from agent.lab.node import Lab, build_lab
-from agent.lab.scenarios import LB_IP, SCENARIOS
+from lab.node import Lab, build_lab
+from lab.scenarios import LB_IP, SCENARIOS
 
 REPO = Path(__file__).resolve().parent.parent
 needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"),

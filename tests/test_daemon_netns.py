@@ -16,8 +16,8 @@ import jsonschema
 import pytest
 
 from agent.cli import schema_text
-from agent.lab.node import Lab, build_lab
-from agent.lab.scenarios import SCENARIOS
+from lab.node import Lab, build_lab
+from lab.scenarios import SCENARIOS
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces")]

@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import declared_path
 
-from agent.lab import vm
+from lab import vm
 
 pytestmark = pytest.mark.skipif(shutil.which("dpkg-query") is None, reason="not Debian")
 

@@ -1,4 +1,4 @@
-"""`python -m agent.lab.demo` (what `make demo` runs) as a real process: the whole story,
+"""`python -m lab.demo` (what `make demo` runs) as a real process: the whole story,
 Ctrl-C / SIGTERM in the middle, and the refusal without root. Each run must leave no
 namespace, no process and no temp directory behind."""
 
@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.lab.demo import EXIT_NOPERM, EXIT_SIGINT, EXIT_SIGTERM
+from lab.demo import EXIT_NOPERM, EXIT_SIGINT, EXIT_SIGTERM
 from tests.nodestate import capture
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces")]
 
-DEMO = [sys.executable, "-m", "agent.lab.demo"]
+DEMO = [sys.executable, "-m", "lab.demo"]
 ROOT = Path(__file__).resolve().parent.parent
 MAX_SECONDS = 120  # the README promises about 30 s; this is the hard limit
 
@@ -48,7 +48,7 @@ def processes_with(mark: str) -> list[str]:
 
 
 def namespaces_of(pid: int) -> list[str]:
-    """Lab namespaces are named prefix + pid + 'x' + counter (agent.lab.netns)."""
+    """Lab namespaces are named prefix + pid + 'x' + counter (lab.netns)."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     return [ln for ln in out.splitlines() if re.match(rf"^[a-z]+{pid}x\d+\b", ln)]
 

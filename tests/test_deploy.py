@@ -523,3 +523,15 @@ def test_wheel_carries_the_package_data(tmp_path: Path) -> None:
     assert data <= names, f"missing from the wheel: {sorted(data - names)}"
     py = {str(p.relative_to(REPO)) for p in files if p.suffix == ".py"}
     assert py <= names, f"modules missing from the wheel: {sorted(py - names)}"
+    # the lab (network namespaces, the VM launcher) is for tests and the demo only
+    assert not [n for n in names if n.startswith("lab/") or "/lab/" in n], sorted(names)
+
+
+def test_the_agent_never_imports_the_lab() -> None:
+    import ast
+
+    for path in (REPO / "agent").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not [m for m in mods if m == "lab" or m.startswith("lab.")], path

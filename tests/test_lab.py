@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.lab import kube_proxy_rules as kpr
-from agent.lab.kube_proxy_rules import LbService
-from agent.lab.netns import Netns, netns
-from agent.lab.node import BACKENDS, build_lab, ping
-from agent.lab.scenarios import SCENARIOS, Scenario
+from lab import kube_proxy_rules as kpr
+from lab.kube_proxy_rules import LbService
+from lab.netns import Netns, netns
+from lab.node import BACKENDS, build_lab, ping
+from lab.scenarios import SCENARIOS, Scenario
 
 _HAVE_TOOLS = all(shutil.which(t) for t in ("ip", "ipset", "iptables-legacy-restore",
                                              "iptables-nft-restore"))
@@ -342,7 +342,7 @@ def test_real_ipvs_needs_ip_vs_and_dummy_loaded(monkeypatch: pytest.MonkeyPatch,
                                                 tmp_path: Path) -> None:
     """Creating a dummy device would load ``dummy`` (and its dummy0 in the root
     namespace): the lab builds real IPVS only where both modules are already loaded."""
-    from agent.lab import node
+    from lab import node
 
     monkeypatch.delenv(node.IPVS_KIND_ENV, raising=False)
     ip_vs, dummy = tmp_path / "ip_vs", tmp_path / "dummy"

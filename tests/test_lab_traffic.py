@@ -1,6 +1,6 @@
 """Real connections through the lab's CLB: what the kernel does in each loopback case.
 
-Each cluster (agent.lab.clb.build_cluster) is built once per module and shared; tests
+Each cluster (lab.clb.build_cluster) is built once per module and shared; tests
 that change a node's sysctls put them back (``sysctls``). The assertions are the
 kernel behaviours issue 4 relies on, measured with the packet recorder ``sniff`` (SYN,
 SYN-ACK and RST per interface and direction inside the node) and the kernel counters.
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from agent.capture.corroborate import parse_netstat, parse_rt_cache
-from agent.lab.clb import (
+from lab.clb import (
     CONNECTED,
     RESET,
     TIMEOUT,
@@ -34,9 +34,9 @@ from agent.lab.clb import (
     sniff,
     sysctls,
 )
-from agent.lab.netns import Netns
-from agent.lab.node import ipvs_standin_nft
-from agent.lab.scenarios import HEALTH_CHECK_SOURCE, INGRESS_IP, LB_IP, SCENARIOS, on_node
+from lab.netns import Netns
+from lab.node import ipvs_standin_nft
+from lab.scenarios import HEALTH_CHECK_SOURCE, INGRESS_IP, LB_IP, SCENARIOS, on_node
 
 _HAVE_TOOLS = all(shutil.which(t) for t in ("ip", "ipset", "nft", "iptables-legacy-restore",
                                              "iptables-nft-restore"))

@@ -480,7 +480,7 @@ needs_tools = pytest.mark.skipif(
 @pytest.mark.netns
 @needs_tools
 def test_live_tools_in_netns() -> None:
-    from agent.lab.netns import netns
+    from lab.netns import netns
 
     with netns("lbparse") as ns:
         ns.sh("""

@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from agent.lab.netns import Netns, netns, veth
 from agent.netfilter.rules_text import parse_iptables_save
 from agent.probes import ProbeContext, ProbeResult, collect_live, ipvs, kube_api, kube_proxy
 from agent.probes import base as probe_base
@@ -34,6 +33,7 @@ from agent.snapshot import (
     NodeSnapshot,
     Unknown,
 )
+from lab.netns import Netns, netns, veth
 
 PY = sys.executable
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.lab.node import build_lab
-from agent.lab.scenarios import SCENARIOS
+from lab.node import build_lab
+from lab.scenarios import SCENARIOS
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces")]

@@ -2,7 +2,7 @@
 there (``make test-vm`` runs only these; ``make test`` includes them).
 
 This machine's kernel has no IP_VS and no dummy, so elsewhere IPVS is a stand-in (see
-agent/lab/node.py). In the guest the same lab code builds a real dummy kube-ipvs0 and
+lab/node.py). In the guest the same lab code builds a real dummy kube-ipvs0 and
 real virtual servers (``ipvsadm -R``, as kube-proxy's rules would), and the guest runs:
 
 - tests/guest: the live IPVS probe against ``ipvsadm -Ln``, the lab on real IPVS;
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.lab import vm
+from lab import vm
 
 pytestmark = pytest.mark.vm
 

@@ -17,7 +17,7 @@ import re
 import stat
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -519,4 +519,18 @@ def _snapshot(ev: _Evidence, origin: str, refused: list[str]) -> NodeSnapshot:
     )
 
 
-__all__ = ["bundle_files", "load_bundle", "load_texts"]
+def with_kube_json(snap: NodeSnapshot, directory: Path) -> NodeSnapshot:
+    """Replace the API objects of a live snapshot with saved kubectl output (`run` and
+    `check --kube-json DIR`, for nodes whose agent has no API access). Raises InputError
+    when DIR holds none of services.json, node.json, ingresses.json."""
+    names = (bundle_files.SERVICES, bundle_files.NODE, bundle_files.INGRESSES)
+    if not any((directory / n).exists() for n in names):
+        raise InputError(str(directory), None, f"none of {', '.join(names)}")
+    kube = load_bundle(directory)
+    unknowns = tuple(u for u in snap.unknowns if u.source != "kubernetes API")
+    unknowns += tuple(u for u in kube.unknowns if u.source in names)
+    return replace(snap, services=kube.services, node_info=kube.node_info,
+                   ingresses=kube.ingresses, unknowns=unknowns)
+
+
+__all__ = ["load_bundle", "load_texts", "with_kube_json"]

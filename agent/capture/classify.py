@@ -7,22 +7,20 @@ import ipaddress
 from collections.abc import Callable, Iterable
 
 from agent.capture.model import SRC_LB, SRC_LOCAL, SRC_OTHER, SRC_POD
-from agent.diagnose.node_facts import NodeFacts
 
 
-def make_classifier(facts: NodeFacts, lb_ips: Iterable[str]) -> Callable[[str], str]:
-    snap = facts.snapshot
-    prefixes = [ipaddress.ip_network(c, strict=False)
-                for c in (snap.node_info.pod_cidrs if snap.node_info else ())]
-    if facts.pod is not None:
-        prefixes.append(ipaddress.ip_network(facts.pod.prefix, strict=False))
+def make_classifier(is_local: Callable[[str], bool | None], pod_prefixes: Iterable[str],
+                    lb_ips: Iterable[str]) -> Callable[[str], str]:
+    """``is_local``: is an address this node's own (None: unknown); ``pod_prefixes``:
+    this node's pod networks; ``lb_ips``: the LB addresses the node knows."""
+    prefixes = [ipaddress.ip_network(c, strict=False) for c in pod_prefixes]
     lbs = frozenset(lb_ips)
     cache: dict[str, str] = {}
 
     def classify(src: str) -> str:
         got = cache.get(src)
         if got is None:
-            if facts.is_local(src):
+            if is_local(src):
                 got = SRC_LOCAL
             elif any(ipaddress.ip_address(src) in p for p in prefixes):
                 got = SRC_POD

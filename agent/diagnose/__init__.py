@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import datetime as dt
 import socket
+from dataclasses import dataclass
 
 from agent import __version__
 from agent.capture.model import CaptureResult
 from agent.diagnose.context import Context
-from agent.diagnose.lb_ip import discover, service_of_chains, split_by_family
+from agent.diagnose.lb_ip import LbTarget, discover, service_of_chains, split_by_family
 from agent.diagnose.model import Finding, LbIpReport, Verdict, status_of
-from agent.diagnose.node_facts import build_facts, kube_proxy_mode
+from agent.diagnose.node_facts import NodeFacts, build_facts, kube_proxy_mode
 from agent.diagnose.paths import PathFinder
 from agent.snapshot import NodeSnapshot
 
@@ -23,15 +24,31 @@ def node_name(explicit: str | None, snap: NodeSnapshot | None, environ: dict[str
             or socket.gethostname())
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """What a snapshot says about the node, derived once: the capture classifies SYN
+    sources with it and the diagnosis walks it (agent.watch)."""
+
+    facts: NodeFacts
+    all_targets: tuple[LbTarget, ...]  # every LB/external/Ingress address, any family
+
+
+def prepare(snap: NodeSnapshot) -> Prepared:
+    return Prepared(build_facts(snap), tuple(discover(snap)))
+
+
 def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
-             capture: CaptureResult | None = None) -> Verdict:
-    """The verdict for one node; ``capture`` adds what watched handshakes showed."""
+             capture: CaptureResult | None = None,
+             prepared: Prepared | None = None) -> Verdict:
+    """The verdict for one node; ``capture`` adds what watched handshakes showed;
+    ``prepared`` is ``prepare(snap)`` when the caller already made it."""
     from agent.diagnose.rules import RULES
     from agent.diagnose.rules.observed import OBSERVED_IDS
 
-    facts = build_facts(snap)
+    prepared = prepared or prepare(snap)
+    facts = prepared.facts
     mode, mode_how = kube_proxy_mode(snap)
-    targets, skipped = split_by_family(discover(snap))
+    targets, skipped = split_by_family(list(prepared.all_targets))
     unknowns = [{"source": u.source, "reason": u.reason} for u in snap.unknowns]
     unknowns += [{"source": "LB IPs", "reason": r} for r in skipped]
     ctx = Context(snap, facts, targets, PathFinder(facts), mode, mode_how, unknowns,

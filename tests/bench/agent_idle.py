@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from agent.lab.node import build_lab
-from agent.lab.scenarios import SCENARIOS
+from lab.node import build_lab
+from lab.scenarios import SCENARIOS
 
 TICK = os.sysconf("SC_CLK_TCK")
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.lab.netns import Netns, netns, veth
+from lab.netns import Netns, netns, veth
 
 PY = sys.executable
 NODE, SENDER = "10.0.0.10", "10.0.0.1"

@@ -16,8 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from agent.lab import netns
-from agent.lab.kube_proxy_rules import synthetic
+from lab import netns
+from lab.kube_proxy_rules import synthetic
 
 SIZES = (1_000, 10_000, 20_000)
 GNU_TIME = "/usr/bin/time"  # Debian package "time" (make bench installs it)

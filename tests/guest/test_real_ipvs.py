@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from agent.lab import netns as _netns
-from agent.lab.clb import Cluster, pod_connect, sysctls
-from agent.lab.netns import Netns
-from agent.lab.node import IPVS_STANDIN_TABLE, REAL, ipvs_kind
-from agent.lab.scenarios import LB_IP
+from lab import netns as _netns
+from lab.clb import Cluster, pod_connect, sysctls
+from lab.netns import Netns
+from lab.node import IPVS_STANDIN_TABLE, REAL, ipvs_kind
+from lab.scenarios import LB_IP
 from tests.test_check_netns import agent_here, agent_in
 
 pytestmark = pytest.mark.netns

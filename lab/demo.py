@@ -1,10 +1,10 @@
 """`make demo`: a real CLB loopback reproduced in network namespaces and diagnosed end to
 end by the agent daemon, shipped to a collector, fixed with the remedy the verdict names.
 
-Run as root: ``python -m agent.lab.demo [--keep-open SECONDS] [--screenshot PATH]``.
+Run as root: ``python -m lab.demo [--keep-open SECONDS] [--screenshot PATH]``.
 ``--help`` tells the story; the module docstring tells how it is built.
 
-- Two lab clusters (``agent.lab.clb.build_cluster``), built side by side: each has the
+- Two lab clusters (``lab.clb.build_cluster``), built side by side: each has the
   node under diagnosis with a client pod, a second node, endpoint pods and a private CLB
   that does not SNAT. Node A runs TKE's IPVS kube-proxy that does not bind the LB IP
   (scenario ``tke-ipvs-etp-local``): the pod's connection to its own Service's LB IP
@@ -53,11 +53,11 @@ from pathlib import Path
 from typing import Any
 
 from agent.diagnose.remedies import PREVENT_LOOPBACK
-from agent.lab.clb import Cluster, build_cluster, healthcheck, pod_connect
-from agent.lab.kube_proxy_rules import LbService
-from agent.lab.node import IPVS_KIND_ENV, IPVS_STANDIN_TABLE, STANDIN, ipvs_standin_nft
-from agent.lab.scenarios import HEALTH_CHECK_SOURCE, SCENARIOS, Scenario
 from agent.report import render
+from lab.clb import Cluster, build_cluster, healthcheck, pod_connect
+from lab.kube_proxy_rules import LbService
+from lab.node import IPVS_KIND_ENV, IPVS_STANDIN_TABLE, STANDIN, ipvs_standin_nft
+from lab.scenarios import HEALTH_CHECK_SOURCE, SCENARIOS, Scenario
 
 EXIT_OK = 0
 EXIT_STORY = 1  # the lab did not behave as the story expects (message says what)
@@ -706,7 +706,7 @@ def _stop_daemon(n: DemoNode) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m agent.lab.demo", description=DESCRIPTION,
+    p = argparse.ArgumentParser(prog="python -m lab.demo", description=DESCRIPTION,
                                 epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--keep-open", type=float, default=0, metavar="SECONDS",
@@ -753,7 +753,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGHUP, on_term)
     # The demo's remedy edits the IPVS stand-in; on a host whose kernel has IP_VS and
-    # dummy loaded the lab would otherwise build real IPVS (agent/lab/node.py)
+    # dummy loaded the lab would otherwise build real IPVS (lab/node.py)
     os.environ[IPVS_KIND_ENV] = STANDIN
     tmp = Path(tempfile.mkdtemp(prefix="lbdemo-"))
     code = EXIT_OK

@@ -54,10 +54,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
-from agent.lab import netns as _netns
-from agent.lab.netns import Netns
-from agent.lab.node import Lab, add_node, build_lab, install_ipvs_standin
-from agent.lab.scenarios import (
+from lab import netns as _netns
+from lab.netns import Netns
+from lab.node import Lab, add_node, build_lab, install_ipvs_standin
+from lab.scenarios import (
     CLUSTER_CIDR,
     HEALTH_CHECK_SOURCE,
     NODE2_IP,

@@ -1,6 +1,7 @@
-"""One capture of this node's NodePort handshakes, set up from its snapshot: the source
-classifier, the node's own addresses and the corroborating counters. Used by
-`check --capture` and by the daemon alike."""
+"""One look at this node: the snapshot's facts and LB targets built once, then the
+NodePort capture and the diagnosis both use them (`check --capture` and every daemon
+cycle). The wiring lives here, above capture/ and diagnose/, so neither imports the other
+to set itself up."""
 
 from __future__ import annotations
 
@@ -11,16 +12,17 @@ from agent.capture.classify import make_classifier
 from agent.capture.corroborate import corroborators
 from agent.capture.engine import capture
 from agent.capture.model import CaptureResult
-from agent.diagnose.lb_ip import discover
-from agent.diagnose.node_facts import build_facts
-from agent.snapshot import NodeSnapshot
+from agent.diagnose import Prepared
 
 
-def watch_node(snap: NodeSnapshot, seconds: float, *, port_range: tuple[int, int],
+def watch_node(prepared: Prepared, seconds: float, *, port_range: tuple[int, int],
                stop: threading.Event | None = None,
                progress: Callable[[float, int, int], None] | None = None) -> CaptureResult:
-    facts = build_facts(snap)
-    classify = make_classifier(facts, (t.ip for t in discover(snap)))
+    facts, snap = prepared.facts, prepared.facts.snapshot
+    pod_prefixes = [*(snap.node_info.pod_cidrs if snap.node_info else ()),
+                    *([facts.pod.prefix] if facts.pod else ())]
+    classify = make_classifier(facts.is_local, pod_prefixes,
+                               (t.ip for t in prepared.all_targets))
     # NodePort handshakes are SYNs to this node's own addresses (None: could not tell)
     local = (sorted(facts.local_ips) if snap.local_routes is not None
              or snap.addresses is not None else None)

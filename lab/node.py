@@ -10,7 +10,7 @@ Three namespaces, wired like a cloud VM::
 The node gets kube-proxy's ipsets and nat/filter rules (plus ip-masq-agent / CNI rules
 per scenario) through the chosen iptables backend, the kube-ipvs0 addresses, and the
 scenario's sysctls. IPVS comes in two forms (``ipvs_kind``): where the kernel has IP_VS
-(the VM of ``agent.lab.vm``, a stock distribution kernel) kube-ipvs0 is a real ``dummy``
+(the VM of ``lab.vm``, a stock distribution kernel) kube-ipvs0 is a real ``dummy``
 device and the virtual servers are created with ``ipvsadm`` as kube-proxy does; where it
 has not (this development machine) kube-ipvs0 is a DOWN bridge, no virtual server
 exists, and the generated ``ipvsadm -S -n`` text stands in for them.
@@ -21,7 +21,7 @@ when the ``build_lab`` block ends, also on error.
 
 ``add_node`` builds one node (build_lab's, or further ones of the same VPC) and
 ``install_ipvs_standin`` makes an IPVS node's virtual servers answer; both serve
-``agent.lab.clb.build_cluster``, which adds a second node, endpoint pods and the CLB
+``lab.clb.build_cluster``, which adds a second node, endpoint pods and the CLB
 and drives real traffic. ``build_lab`` itself is unchanged by them.
 """
 
@@ -38,10 +38,10 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.lab import netns as _netns
-from agent.lab.netns import Netns
-from agent.lab.scenarios import Scenario
 from agent.probes import ipvs as _probe_ipvs
+from lab import netns as _netns
+from lab.netns import Netns
+from lab.scenarios import Scenario
 
 BACKENDS = ("legacy", "nft")
 

@@ -40,8 +40,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from agent.lab import kube_proxy_rules as kpr
-from agent.lab.kube_proxy_rules import IngressSpec, LbService
+from lab import kube_proxy_rules as kpr
+from lab.kube_proxy_rules import IngressSpec, LbService
 
 VPC_CIDR = "10.0.0.0/16"
 NODE_IP = "10.0.0.10"
@@ -51,7 +51,7 @@ CLUSTER_CIDR = "172.16.0.0/16"
 POD_CIDR = "172.16.1.0/24"
 NODE_NAME = "node-10-0-0-10"
 
-# The lab's second node (agent.lab.clb.build_cluster): another real server of the CLB,
+# The lab's second node (lab.clb.build_cluster): another real server of the CLB,
 # home of the "other nodes' pods" 172.16.2.0/24.
 NODE2_IP = "10.0.0.11"
 NODE2_POD_CIDR = "172.16.2.0/24"
