@@ -378,14 +378,14 @@ def _check(args: argparse.Namespace) -> int:
         snap = replace(snap, given=given)
     prepared = prepare(snap)
     capture = _capture(args, prepared) if args.capture else None
-    verdict = diagnose(snap, _node(args, snap), capture=capture, prepared=prepared).to_dict()
+    verdict = diagnose(snap, _node(args, snap), capture=capture, prepared=prepared)
     if args.json:
         # indent for people; a huge verdict goes compact (the C encoder, 5x faster)
-        indent = 2 if len(verdict["findings"]) < 500 else None
-        sys.stdout.write(json.dumps(verdict, indent=indent) + "\n")
+        indent = 2 if len(verdict.findings) < 500 else None
+        sys.stdout.write(json.dumps(verdict.to_dict(), indent=indent) + "\n")
     else:
         sys.stdout.write(render(verdict, verbose=args.verbose))
-    return EXIT_BY_STATUS[verdict["status"]]
+    return EXIT_BY_STATUS[verdict.status]
 
 
 def _capture(args: argparse.Namespace, prepared: Prepared):  # type: ignore[no-untyped-def]

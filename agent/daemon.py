@@ -26,6 +26,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from agent.bundle import with_kube_json
 from agent.capture.model import OUTCOMES, SOURCE_CLASSES
 from agent.diagnose import diagnose, node_name, prepare
+from agent.diagnose.model import Verdict
 from agent.probes import collect_live
 from agent.probes.base import ProbeContext
 from agent.ship.sender import Backoff, Sender, drain
@@ -87,24 +88,24 @@ class Metrics:
         self.last_verdict = Gauge(p + "last_verdict_timestamp_seconds",
                                   "When the last verdict was made", registry=r)
 
-    def verdict(self, v: dict[str, Any]) -> None:
+    def verdict(self, v: Verdict) -> None:
         for s in ("healthy", "at-risk", "loopback"):
-            self.status.labels(s).set(1 if v["status"] == s else 0)
+            self.status.labels(s).set(1 if v.status == s else 0)
         self.findings.clear()
-        for f in v["findings"]:
-            self.findings.labels(f["id"], f["severity"]).inc()
-        self.lb_ips_local.set(sum(1 for r in v.get("lb_ips", []) if r.get("local")))
-        cap = v.get("capture")
+        for f in v.findings:
+            self.findings.labels(f.id, f.severity).inc()
+        self.lb_ips_local.set(sum(1 for r in v.lb_ips if r.local))
+        cap = v.capture
         if cap:
-            for port in cap["ports"]:
-                for outcome, by_src in port["counts"].items():
+            for port in cap.ports:
+                for outcome, by_src in port.counts.items():
                     for src, n in by_src.items():
                         if outcome in OUTCOMES and src in SOURCE_CLASSES:
                             self.syns.labels(outcome, src).inc(n)
-            self.kernel_drops.inc(cap["kernel_drops"])
-            for c in cap["corroboration"]:
-                if c["source"] == "in_martian_src" and c["value"]:
-                    self.martian.inc(c["value"])
+            self.kernel_drops.inc(cap.kernel_drops)
+            for c in cap.corroboration:
+                if c.source == "in_martian_src" and c.value:
+                    self.martian.inc(c.value)
         self.last_verdict.set(time.time())
 
 
@@ -135,12 +136,13 @@ class Daemon:
             while True:
                 verdict = self.cycle()
                 cycles += 1
-                sys.stdout.write(json.dumps(verdict, separators=(",", ":")) + "\n")
+                doc = verdict.to_dict()  # the JSON form, at the edges: log line and spool
+                sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
                 sys.stdout.flush()
-                key = _change_key(verdict)
+                key = verdict.change_key()
                 since_ship += 1
                 if key != last_key or since_ship >= self.cfg.heartbeat_every:
-                    self.spool.put(verdict)
+                    self.spool.put(doc)
                     last_key, since_ship = key, 0
                 self.ship(deadline=None)
                 self.last_cycle_end = time.monotonic()
@@ -153,7 +155,7 @@ class Daemon:
         log(f"stopped; {len(self.spool)} verdicts left in the spool {self.cfg.spool_dir}")
         return 0
 
-    def cycle(self) -> dict[str, Any]:
+    def cycle(self) -> Verdict:
         t0 = time.monotonic()
         snap = collect_live(ProbeContext(node_name=self.cfg.node_name,
                                          use_kube_api=self.cfg.use_kube_api,
@@ -168,7 +170,7 @@ class Daemon:
                                  port_range=self.cfg.nodeport_range, stop=self.stop)
         t2 = time.monotonic()
         v = diagnose(snap, node_name(self.cfg.node_name, snap, dict(os.environ)),
-                     capture=capture, prepared=prepared).to_dict()
+                     capture=capture, prepared=prepared)
         t3 = time.monotonic()
         for phase, secs in (("probes", t1 - t0), ("capture", t2 - t1), ("diagnose", t3 - t2)):
             self.metrics.probe_seconds.labels(phase).set(secs)
@@ -241,12 +243,6 @@ class Daemon:
 
         self._server = ThreadingHTTPServer((host or "0.0.0.0", int(port)), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-
-def _change_key(v: dict[str, Any]) -> Any:
-    """What makes a verdict different enough to ship at once."""
-    return (v["status"], tuple(sorted((f["id"], f["lb_ip"] or "", f["port"] or 0)
-                                      for f in v["findings"])))
 
 
 def log(msg: str) -> None:

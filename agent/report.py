@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import textwrap
-from typing import Any
+
+from agent.diagnose.model import Finding, Verdict
 
 _STATUS_LINE = {
     "healthy": "HEALTHY: no CLB loopback exposure found",
@@ -15,23 +16,23 @@ _UNDECIDED = {"lb-ips-unknown", "pod-to-lb-undetermined", "diagnosis-incomplete"
 _MARK = {"critical": "CRITICAL", "warning": "WARNING", "info": "info"}
 
 
-def render(v: dict[str, Any], verbose: bool = False, width: int = 100) -> str:
+def render(v: Verdict, verbose: bool = False, width: int = 100) -> str:
     out: list[str] = []
-    ctx = v.get("context", {})
+    ctx = v.context
 
     def wrap(text: str, indent: str) -> list[str]:
         return textwrap.wrap(text, width=width, initial_indent=indent,
                              subsequent_indent=indent + "  ", break_long_words=False,
                              break_on_hyphens=False) or [indent]
 
-    out.append(f"loopback-agent {v['agent_version']}  node {v['node']}  {v['time']}  "
+    out.append(f"loopback-agent {v.agent_version}  node {v.node}  {v.time}  "
                f"({ctx.get('origin', 'live')})")
-    serious = {f["id"] for f in v["findings"] if f["severity"] != "info"}
-    if v["status"] == "at-risk" and serious and serious <= _UNDECIDED:
+    serious = {f.id for f in v.findings if f.severity != "info"}
+    if v.status == "at-risk" and serious and serious <= _UNDECIDED:
         out.append("AT RISK: loopback could not be ruled out on this node (see below why)")
     else:
-        out.append(_STATUS_LINE.get(v["status"], v["status"]))
-    out.append(f"kube-proxy mode: {v['kube_proxy_mode']}"
+        out.append(_STATUS_LINE.get(v.status, v.status))
+    out.append(f"kube-proxy mode: {v.kube_proxy_mode}"
                + (f" ({ctx['kube_proxy_mode_from']})" if ctx.get("kube_proxy_mode_from") else ""))
     node_bits = []
     if ctx.get("uplink"):
@@ -44,37 +45,37 @@ def render(v: dict[str, Any], verbose: bool = False, width: int = 100) -> str:
         out.append("node: " + "; ".join(node_bits))
     out.append("")
 
-    lb_ips = v.get("lb_ips", [])
-    out.append(f"LoadBalancer / external / Ingress IPs known here: {len(lb_ips)}")
-    by_ip: dict[str, list[dict[str, Any]]] = {}
-    for f in v["findings"]:
-        if f.get("lb_ip"):
-            by_ip.setdefault(f["lb_ip"], []).append(f)
-    for r in lb_ips:
-        worst = by_ip.get(r["ip"], [])
-        tag = "exposed" if any(f["severity"] != "info" for f in worst) else "ok"
-        svc = ",".join(r.get("services", [])) or "service unknown"
-        local = {True: "bound locally", False: "not local", None: "local?"}[r.get("local")]
-        out.append(f"  {r['ip']:<16} {' '.join(r['ports']):<14} {r['kind']:<12} "
+    out.append(f"LoadBalancer / external / Ingress IPs known here: {len(v.lb_ips)}")
+    by_ip: dict[str, list[Finding]] = {}
+    for f in v.findings:
+        if f.lb_ip:
+            by_ip.setdefault(f.lb_ip, []).append(f)
+    for r in v.lb_ips:
+        worst = by_ip.get(r.ip, [])
+        tag = "exposed" if any(f.severity != "info" for f in worst) else "ok"
+        svc = ",".join(r.services) or "service unknown"
+        local = {True: "bound locally", False: "not local", None: "local?"}[r.local]
+        out.append(f"  {r.ip:<16} {' '.join(r.ports):<14} {r.kind:<12} "
                    f"{svc:<28} {local:<13} {tag}")
     out.append("")
 
-    cap = v.get("capture")
-    if cap and not cap["seconds"]:
+    cap = v.capture
+    if cap and not cap.seconds:
         out.append("Capture did not run (the reason is under \"Could not read\").")
         out.append("")
     elif cap:
-        out.append(f"Captured {cap['seconds']:.0f}s of NodePort handshakes "
-                   f"({cap['nodeport_range'][0]}-{cap['nodeport_range'][1]}): {cap['syns']} SYNs, "
-                   f"kernel drops {cap['kernel_drops']}, evicted {cap['table_evictions']}")
-        for p in cap["ports"]:
-            counts = ", ".join(f"{o} from {s}: {n}" for o, by in sorted(p["counts"].items())
+        out.append(f"Captured {cap.seconds:.0f}s of NodePort handshakes "
+                   f"({cap.port_range[0]}-{cap.port_range[1]}): "
+                   f"{sum(p.syns for p in cap.ports)} SYNs, "
+                   f"kernel drops {cap.kernel_drops}, evicted {cap.table_evictions}")
+        for p in cap.ports:
+            counts = ", ".join(f"{o} from {s}: {n}" for o, by in sorted(p.counts.items())
                                for s, n in sorted(by.items()))
-            out.extend(wrap(f"NodePort {p['node_port']}: {counts}", "  "))
+            out.extend(wrap(f"NodePort {p.node_port}: {counts}", "  "))
         out.append("")
 
-    problems = [f for f in v["findings"] if f["severity"] != "info"]
-    infos = [f for f in v["findings"] if f["severity"] == "info"]
+    problems = [f for f in v.findings if f.severity != "info"]
+    infos = [f for f in v.findings if f.severity == "info"]
     if problems:
         out.append(f"Findings ({len(problems)}):")
         for f in problems:
@@ -86,10 +87,10 @@ def render(v: dict[str, Any], verbose: bool = False, width: int = 100) -> str:
         out.append(f"Notes ({len(infos)}):")
         for f in infos:
             out.extend(_finding(f, wrap, evidence=verbose))
-    if v["unknowns"]:
+    if v.unknowns:
         out.append("")
-        out.append(f"Could not read or decide ({len(v['unknowns'])}):")
-        for u in v["unknowns"]:
+        out.append(f"Could not read or decide ({len(v.unknowns)}):")
+        for u in v.unknowns:
             out.extend(wrap(f"- {u['source']}: {u['reason']}", "  "))
     assumed = ctx.get("assumed_rules") or []
     if assumed:
@@ -103,19 +104,19 @@ def render(v: dict[str, Any], verbose: bool = False, width: int = 100) -> str:
     return "\n".join(out) + "\n"
 
 
-def _finding(f: dict[str, Any], wrap, evidence: bool) -> list[str]:  # type: ignore[no-untyped-def]
-    where = f["lb_ip"] or ""
-    if f.get("port"):
-        where += f":{f['port']}/{f.get('protocol') or ''}"
-    head = f"[{_MARK[f['severity']]}] {f['id']}  {where}"
-    if f.get("service"):
-        head += f"  ({f['service']})"
+def _finding(f: Finding, wrap, evidence: bool) -> list[str]:  # type: ignore[no-untyped-def]
+    where = f.lb_ip or ""
+    if f.port:
+        where += f":{f.port}/{f.protocol or ''}"
+    head = f"[{_MARK[f.severity]}] {f.id}  {where}"
+    if f.service:
+        head += f"  ({f.service})"
     lines = ["", "  " + head]
-    lines += wrap(f["summary"], "    ")
-    if evidence and f["evidence"]:
+    lines += wrap(f.summary, "    ")
+    if evidence and f.evidence:
         lines.append("    Evidence:")
-        for e in f["evidence"]:
+        for e in f.evidence:
             lines += wrap(f"- {e}", "      ")
-    if f.get("remedy"):
-        lines += wrap(f"Remedy: {f['remedy']}", "    ")
+    if f.remedy:
+        lines += wrap(f"Remedy: {f.remedy}", "    ")
     return lines

@@ -52,6 +52,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from agent.diagnose.model import Verdict
 from agent.diagnose.remedies import PREVENT_LOOPBACK
 from agent.report import render
 from lab.clb import Cluster, build_cluster, healthcheck, pod_connect
@@ -617,7 +618,7 @@ def story(args: argparse.Namespace, stack: ExitStack, tmp: Path) -> None:
         print(f"\n{'=' * 100}\nnode {n.label}: {n.name} -- {n.story}\n"
               f"(the verdict as the collector stored it, rendered by the agent's report)\n"
               f"{'=' * 100}")
-        print(render(stored[n.name]), end="", flush=True)
+        print(render(Verdict.from_dict(stored[n.name])), end="", flush=True)
     print()
     print(fleet_summary(url))
     print(f"\nFleet page: {url}/\n", flush=True)
@@ -663,7 +664,7 @@ def story(args: argparse.Namespace, stack: ExitStack, tmp: Path) -> None:
         v = stored[n.name]
         print(f"node {n.label}: {n.name}: {looping[n.label]['status']} -> {v['status']} "
               f"(notes: {', '.join(ids(v)) or 'none'})")
-        print(render(v).splitlines()[1])
+        print(render(Verdict.from_dict(v)).splitlines()[1])
     print(f"traffic now: {' | '.join(f'{k}: {tr.take()}' for k, tr in traffic.items())}")
     print()
     print(fleet_summary(url))

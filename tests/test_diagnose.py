@@ -301,3 +301,22 @@ def test_sources_that_disagree_are_named(tke: NodeSnapshot) -> None:
     (line,) = [e for e in f["evidence"] if e.startswith("sources disagree")]
     assert "Cluster (Service spec) vs Local (ipset KUBE-LOAD-BALANCER-LOCAL lists" in line
     assert any(e.startswith("learned from Service default/web") for e in f["evidence"])
+
+
+def test_typed_verdict_round_trips_through_its_document(tke: NodeSnapshot) -> None:
+    """Readers take the typed verdict; the collector stores the document; the demo renders
+    what the collector stored: the document must come back as the same verdict."""
+    from agent.capture.model import CaptureResult, Corroboration, NodePortStats
+    from agent.diagnose.model import Verdict
+    from agent.report import render
+
+    cap = CaptureResult(5.0, (30000, 32767),
+                        (NodePortStats(30080, syns=3, counts={"bypassed": {"pod": 3}}),),
+                        kernel_packets=9, corroboration=(Corroboration("in_martian_src",
+                                                                       True, 2, "delta"),))
+    v = diagnose(tke, "n", capture=cap)
+    doc = v.to_dict()
+    back = Verdict.from_dict(doc)
+    assert back.to_dict() == doc
+    assert render(back) == render(v)
+    assert back.change_key() == v.change_key()

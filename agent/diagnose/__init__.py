@@ -113,28 +113,8 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
         unknowns=tuple(ctx.unknowns),
         lb_ips=reports,
         context=context,
-        capture=_capture_summary(capture),
+        capture=capture,
     )
-
-
-def _capture_summary(cap: CaptureResult | None) -> dict | None:
-    if cap is None:
-        return None
-    return {
-        "seconds": cap.seconds,
-        "nodeport_range": list(cap.port_range),
-        "syns": sum(p.syns for p in cap.ports),
-        "ports": [{"node_port": p.node_port, "syns": p.syns, "counts": p.counts}
-                  for p in cap.ports],
-        "kernel_packets": cap.kernel_packets,
-        "kernel_drops": cap.kernel_drops,
-        "kernel_freezes": cap.kernel_freezes,
-        "retransmissions": cap.retransmissions,
-        "table_evictions": cap.table_evictions,
-        "decode_errors": cap.decode_errors,
-        "corroboration": [{"source": c.source, "available": c.available, "value": c.value,
-                           "detail": c.detail} for c in cap.corroboration],
-    }
 
 
 def _ip_key(ip: str | None) -> tuple[int, ...]:

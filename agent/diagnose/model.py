@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.capture.model import CaptureResult, Corroboration, NodePortStats
+
 VERDICT_SCHEMA = "loopback-agent/verdict/v1"
 
 SEVERITIES = ("info", "warning", "critical")
@@ -70,7 +72,7 @@ class Verdict:
     unknowns: tuple[dict[str, str], ...]
     lb_ips: tuple[LbIpReport, ...] = ()
     context: dict[str, Any] = field(default_factory=dict)
-    capture: dict[str, Any] | None = None  # summary of watched handshakes, when captured
+    capture: CaptureResult | None = None  # watched handshakes, when captured
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -84,8 +86,56 @@ class Verdict:
             "unknowns": [dict(u) for u in self.unknowns],
             "lb_ips": [r.to_dict() for r in self.lb_ips],
             "context": dict(self.context),
-            **({"capture": self.capture} if self.capture is not None else {}),
+            **({"capture": _capture_summary(self.capture)} if self.capture is not None
+               else {}),
         }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Verdict:
+        """The typed verdict back from its document (what a collector stored); the
+        capture keeps its counts, not its samples."""
+        cap = d.get("capture")
+        return cls(
+            node=d["node"], time=d["time"], agent_version=d["agent_version"],
+            status=d["status"], kube_proxy_mode=d["kube_proxy_mode"],
+            findings=tuple(Finding(**{**f, "evidence": tuple(f.get("evidence", ()))})
+                           for f in d["findings"]),
+            unknowns=tuple(dict(u) for u in d.get("unknowns", ())),
+            lb_ips=tuple(LbIpReport(r["ip"], tuple(r["ports"]), r["kind"],
+                                    tuple(r["services"]), tuple(r["learned_from"]),
+                                    r.get("local")) for r in d.get("lb_ips", ())),
+            context=dict(d.get("context", {})),
+            capture=None if cap is None else CaptureResult(
+                seconds=cap["seconds"], port_range=tuple(cap["nodeport_range"]),
+                ports=tuple(NodePortStats(p["node_port"], syns=p["syns"], counts=p["counts"])
+                            for p in cap["ports"]),
+                kernel_packets=cap["kernel_packets"], kernel_drops=cap["kernel_drops"],
+                kernel_freezes=cap["kernel_freezes"], retransmissions=cap["retransmissions"],
+                table_evictions=cap["table_evictions"], decode_errors=cap["decode_errors"],
+                corroboration=tuple(Corroboration(**c) for c in cap["corroboration"])))
+
+    def change_key(self) -> tuple[Any, ...]:
+        """What makes a verdict different enough to ship at once."""
+        return (self.status, tuple(sorted((f.id, f.lb_ip or "", f.port or 0)
+                                          for f in self.findings)))
+
+
+def _capture_summary(cap: CaptureResult) -> dict[str, Any]:
+    return {
+        "seconds": cap.seconds,
+        "nodeport_range": list(cap.port_range),
+        "syns": sum(p.syns for p in cap.ports),
+        "ports": [{"node_port": p.node_port, "syns": p.syns, "counts": p.counts}
+                  for p in cap.ports],
+        "kernel_packets": cap.kernel_packets,
+        "kernel_drops": cap.kernel_drops,
+        "kernel_freezes": cap.kernel_freezes,
+        "retransmissions": cap.retransmissions,
+        "table_evictions": cap.table_evictions,
+        "decode_errors": cap.decode_errors,
+        "corroboration": [{"source": c.source, "available": c.available, "value": c.value,
+                           "detail": c.detail} for c in cap.corroboration],
+    }
 
 
 def status_of(findings: tuple[Finding, ...] | list[Finding], observed: bool = False) -> str:
