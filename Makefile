@@ -41,7 +41,7 @@ test: deps venv
 test-vm: deps venv
 	PATH="$(DECLARED_PATH)" $(PY) -m pytest -q -s -m vm $(PYTEST_ARGS)
 
-# A real CLB loopback in network namespaces, diagnosed end to end (root; about 30 s).
+# A real CLB loopback in network namespaces, diagnosed end to end (root; about 25 s).
 # DEMO_ARGS e.g. --keep-open 300 --screenshot docs/collector-page.png (see --help).
 DEMO_ARGS ?=
 demo: deps venv
