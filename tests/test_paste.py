@@ -15,6 +15,7 @@ from agent.bundle import load_bundle, load_texts
 from agent.bundle import sections as fmt
 from agent.bundle.sections import command_format, split_sections
 from agent.diagnose import diagnose
+from agent.errors import InputError
 from agent.netfilter.listing import listing_to_rules
 from agent.netfilter.rules_text import RulesText, read_rules_text, settle
 from agent.snapshot import NodeSnapshot
@@ -252,3 +253,26 @@ def test_pod_network_from_the_main_tables_cni_route() -> None:
     # KUBE-EXT-X is not in the excerpt: undecided, naming the command, never healthy
     (f,) = [f for f in v["findings"] if f["lb_ip"] == "203.0.113.7"]
     assert f["id"] == "pod-to-lb-undetermined" and "iptables -t nat -S KUBE-EXT-X" in f["summary"]
+
+
+def test_a_named_symlink_is_read_but_devices_and_fifos_are_refused(tmp_path: Path) -> None:
+    paste = tmp_path / "paste.txt"
+    paste.write_text(real("k8s-issue-79783-tke-ipvs-lb-ip-on-kube-ipvs0"))
+    (tmp_path / "link.txt").symlink_to(paste)
+    assert load_bundle(tmp_path / "link.txt").local_routes is not None
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    os.mkfifo(tmp_path / "fifo")
+    for name in ("zero", "fifo"):
+        try:
+            load_bundle(tmp_path / name)
+        except InputError as e:
+            assert "not a regular file" in str(e)
+        else:
+            raise AssertionError(f"{name} was read")
+    # inside a directory, a symlink is never followed (its target's content could leak)
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "passwd").symlink_to("/etc/passwd")
+    (d / "paste.txt").write_text(paste.read_text())
+    snap = load_bundle(d)
+    assert any(u.source == "passwd" and "not a regular file" in u.reason for u in snap.unknowns)

@@ -88,7 +88,9 @@ def load_bundle(path: str | Path) -> NodeSnapshot:
     elif p.is_dir():
         texts = list(_dir_texts(p))
     elif p.exists():
-        texts = [(str(p), _read_text(p, str(p)), fmt.name_format(p.name))]  # type: ignore[list-item]
+        # the file the user named: a symlink to it is fine (one inside a directory is not)
+        texts = [(str(p), _read_text(p, str(p), follow=True),  # type: ignore[list-item]
+                  fmt.name_format(p.name))]
     else:
         raise InputError(str(path), None, "no such file or directory")
     return load_texts(texts, origin=f"bundle:{path}")
@@ -148,10 +150,13 @@ def _dir_texts(d: Path):  # type: ignore[no-untyped-def]
             yield name, e, fmt.UNKNOWN
 
 
-def _read_text(file: Path, name: str) -> str:
-    """The file as UTF-8 text; a read failure or a bad byte is an InputError."""
+def _read_text(file: Path, name: str, follow: bool = False) -> str:
+    """The file as UTF-8 text; a read failure, a file that is not regular (a FIFO, a
+    device: opened without blocking, never read), more than MAX_FILE_BYTES or a bad byte
+    is an InputError."""
+    nofollow = 0 if follow else getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | nofollow)
     except OSError as e:
         raise InputError(name, None, f"cannot read: {e.strerror or e}") from None
     try:
