@@ -276,3 +276,22 @@ def test_a_named_symlink_is_read_but_devices_and_fifos_are_refused(tmp_path: Pat
     (d / "paste.txt").write_text(paste.read_text())
     snap = load_bundle(d)
     assert any(u.source == "passwd" and "not a regular file" in u.reason for u in snap.unknowns)
+
+
+def test_bare_commands_split_and_an_unseen_endpoint_chain_is_kube_proxys() -> None:
+    """Commands pasted without their prompt start a section; an excerpt whose walk reaches
+    a KUBE-SVC chain it does not show is decided as kube-proxy writes that chain (a DNAT
+    to an endpoint: served in the cluster), and the assumption is named. Constructed in
+    the shape of a walkthrough's `egrep CHAIN /tmp/iptables` blocks."""
+    snap = load("egrep '203.0.113.7' /tmp/iptables\n"
+                '-A KUBE-SERVICES -d 203.0.113.7/32 -p tcp -m comment --comment "default/web '
+                'loadbalancer IP" -m tcp --dport 80 -j KUBE-EXT-2CMXP7HKUVJN7L6M\n'
+                "egrep 'KUBE-EXT-2CMXP7HKUVJN7L6M' /tmp/iptables\n"
+                '-A KUBE-EXT-2CMXP7HKUVJN7L6M -s 10.244.0.0/16 -m comment --comment "pod '
+                'traffic for default/web external destinations" -j KUBE-SVC-2CMXP7HKUVJN7L6M\n'
+                "-A KUBE-EXT-2CMXP7HKUVJN7L6M -j KUBE-SVL-2CMXP7HKUVJN7L6M\n")
+    assert not [u for u in snap.unknowns if "egrep" in u.reason]
+    v = diagnose(snap, "n").to_dict()
+    (f,) = v["findings"]
+    assert f["id"] == "pod-to-lb-captured" and v["status"] == "healthy"
+    assert any("KUBE-SVC-2CMXP7HKUVJN7L6M: assumed to DNAT" in e for e in f["evidence"])

@@ -220,10 +220,22 @@ def line_format(line: str) -> str | None:
     return None
 
 
+# Commands people paste without their prompt ("egrep X /tmp/iptables" above its output):
+# a line at column 0 starting with one of these and a blank is taken as a command.
+_BARE = frozenset({"iptables", "iptables-save", "iptables-legacy-save", "iptables-nft-save",
+                   "ip6tables", "ip6tables-save", "ipset", "ipvsadm", "sysctl", "kubectl", "k",
+                   "grep", "egrep", "cat", "sudo", "ip"})
+
+
 def _prompt(line: str) -> str | None:
-    """The command of a shell-prompt line, when it runs a command we know."""
+    """The command of a shell-prompt line, when it runs a command we know, or of a
+    bare command line."""
     m = _PROMPT.match(line)
     if not m:
+        word = line.split(" ", 1)[0]
+        if word in _BARE and " " in line and line_format(line) is None and \
+                not line.endswith(":"):
+            return line.strip()
         return None
     cmd = m.group("cmd").strip()
     word = cmd.split(None, 1)[0] if cmd else ""

@@ -39,6 +39,8 @@ _KUBE_HOOKS = {
 ASSUMED = ": assumed"
 DECIDES_LOCAL = (" [not given: `ip addr show kube-ipvs0` or `ip route show table local` "
                  "decides it]")
+# an endpoint chain the walk reached but an excerpt does not show
+_UNSEEN_ENDPOINT_CHAIN = re.compile(r"target (KUBE-(?:SVC|SVL|SEP)-[A-Z2-7]{16}) is neither")
 # Outcomes that all mean "no loop": branches that end in different ones of these agree.
 _NO_LOOP = frozenset({"captured", "masqueraded", "dropped"})
 
@@ -131,6 +133,7 @@ class PathFinder:
         self.notes: tuple[str, ...] = ()
         self.nat: TableWalker | None = None
         self.filter: TableWalker | None = None
+        self.partial = snap.netfilter is not None and snap.netfilter.partial
         if snap.netfilter is not None:
             nf, self.notes = with_kube_proxy_hooks(snap.netfilter)
             self.notes += not_walked(snap.netfilter)
@@ -159,6 +162,17 @@ class PathFinder:
     def _after_prerouting(self, res: HookResult, head: tuple[str, ...]) -> list[PathOutcome]:
         ev = head + tuple(s.render() for s in res.steps)
         p = res.packet
+        unseen = _UNSEEN_ENDPOINT_CHAIN.search(res.detail) if res.verdict == "UNKNOWN" \
+            and self.partial else None
+        if unseen:
+            # kube-proxy jumps only to endpoint chains it wrote, and those DNAT to an
+            # endpoint: the packet is served inside the cluster, never sent to the LB
+            how = (f"kube-proxy sends it to {unseen.group(1)}, which DNATs to one of the "
+                   "service's endpoints")
+            return [PathOutcome("captured", how, (
+                *ev, f"{unseen.group(1)}{ASSUMED} to DNAT to an endpoint, as kube-proxy writes "
+                     f"it (not in the input: `iptables -t nat -S {unseen.group(1)}` shows it)",
+                f"result: {how}"))]
         if res.verdict == "UNKNOWN":
             return [PathOutcome("unknown", res.detail, (*ev, res.detail))]
         if res.verdict in ("DROP", "REJECT"):
@@ -351,6 +365,9 @@ def _assumptions(o: PathOutcome) -> list[str]:
 
 def _fact(line: str) -> str:
     """What an assumption line asks, and the command that shows it."""
+    m = re.search(r"(KUBE-(?:SVC|SVL|SEP)-\S+): assumed", line)
+    if m:
+        return f"what {m.group(1)} does; `iptables -t nat -S {m.group(1)}` shows it"
     if "addrtype" in line:
         return ("which addresses are local on this node (an `addrtype` match); "
                 "`ip route show table local` shows it")
