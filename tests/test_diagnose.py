@@ -139,8 +139,18 @@ def test_no_pod_network_is_undetermined_not_healthy(tke: NodeSnapshot) -> None:
     snap = replace(snap, netfilter=replace(snap.netfilter, tables=tables))
     v = diagnose(snap, "n").to_dict()
     assert v["status"] == "at-risk"
-    assert {f["id"] for f in v["findings"]} == {"pod-to-lb-undetermined"}
-    assert any("no pod network found" in u["reason"] for u in v["unknowns"])
+    got = {(f["id"], f["lb_ip"]): f for f in v["findings"]}
+    # eTP=Local: whether the pod is masqueraded depends on its address: undecided, and
+    # the verdict names the one fact that decides it
+    undecided = got[("pod-to-lb-undetermined", "10.0.1.100")]
+    assert "pod CIDR" in undecided["summary"] and "--pod-cidr" in undecided["summary"]
+    assert undecided["summary"].count("pod CIDR") == 1
+    # eTP=Cluster: KUBE-LOAD-BALANCER marks every source for masquerade: decided all the
+    # same, and the evidence says it was decided without the pod's address
+    masq = got[("pod-to-lb-masqueraded", "10.0.1.101")]
+    assert any("either way" in e and "pod CIDR" in e for e in masq["evidence"])
+    assert set(got) == {("pod-to-lb-undetermined", "10.0.1.100"),
+                        ("pod-to-lb-masqueraded", "10.0.1.101")}
 
 
 def test_node_pod_cidr_wins_over_bridge_guess(tke: NodeSnapshot) -> None:
@@ -226,16 +236,20 @@ def test_external_ip_bound_on_the_node_is_not_a_health_check_problem(
     assert ("lb-ip-local", "10.0.0.10") not in got
 
 
-def test_ipv6_and_bad_addresses_are_listed_not_walked(tke: NodeSnapshot) -> None:
+def test_ipv6_undecided_and_bad_addresses_listed_not_walked(tke: NodeSnapshot) -> None:
     services = tuple(
         replace(s, lb_ingress=(*s.lb_ingress, LoadBalancerIngress(ip="2001:db8::100"),
                                LoadBalancerIngress(ip="10.0.1.300")))
         if s.name == "web" else s for s in tke.services or ())
     v = diagnose(replace(tke, services=services), "n").to_dict()
-    assert not [f for f in v["findings"] if f["lb_ip"] in ("2001:db8::100", "10.0.1.300")]
+    assert not [f for f in v["findings"] if f["lb_ip"] == "10.0.1.300"]
     reasons = " ".join(u["reason"] for u in v["unknowns"] if u["source"] == "LB IPs")
-    assert "2001:db8::100: IPv6 is not analysed" in reasons
     assert "'10.0.1.300'" in reasons and "not an IP address" in reasons
+    # an IPv6 LB IP is not walked: undecided (never silently healthy), and listed
+    v6 = [f for f in v["findings"] if f["lb_ip"] == "2001:db8::100"]
+    assert [f["id"] for f in v6] == ["pod-to-lb-undetermined"]
+    assert any("ip6tables-save" in e for e in v6[0]["evidence"])
+    assert "2001:db8::100" in {r["ip"] for r in v["lb_ips"]}
 
 
 def test_snat_to_another_address_is_not_the_nodes_masquerade(tke: NodeSnapshot) -> None:

@@ -295,3 +295,99 @@ def test_bare_commands_split_and_an_unseen_endpoint_chain_is_kube_proxys() -> No
     (f,) = v["findings"]
     assert f["id"] == "pod-to-lb-captured" and v["status"] == "healthy"
     assert any("KUBE-SVC-2CMXP7HKUVJN7L6M: assumed to DNAT" in e for e in f["evidence"])
+
+
+def test_alias_prompt_and_rows_without_their_header_take_the_commands_chain() -> None:
+    # `$ ipt KUBE-SERVICES` is the author's alias for `iptables -t nat -nvL CHAIN`; the
+    # rows under it have no Chain or column header and '...' elisions around them
+    text = real("tkng-kind-metallb-iptables-nvL-alias-ipt-kube-fw")
+    secs = split_sections(text, "paste.txt")
+    assert [s.command for s in secs if s.command] == [
+        "kubectl get svc web", "ipt KUBE-SERVICES", "ipt KUBE-FW-LOLE4ISW44XBNF3G",
+        "ipt KUBE-SVC-LOLE4ISW44XBNF3G"]
+    snap = load(text)
+    nat = snap.netfilter.table("nat") if snap.netfilter else None
+    assert nat is not None
+    lb = [r.text for r in nat.chain("KUBE-SERVICES").rules if "loadbalancer IP" in r.text]
+    assert lb and "-d 198.51.100.0" in lb[0] and lb[0].endswith("-j KUBE-FW-LOLE4ISW44XBNF3G")
+    assert not [u for u in snap.unknowns if "paste.txt:" in u.reason]  # '...' is no problem
+
+
+def test_a_listing_without_its_command_keeps_each_chain_in_one_table() -> None:
+    # the IPVS-mode KUBE-SERVICES of the same page, pasted without the prompt: its ACCEPT
+    # rows belong with the rest of the chain (nat), not to filter by their target
+    text = real("tkng-kind-metallb-ipvs-nvL-alias-ipset-ipvsadm")
+    start = text.index("Chain KUBE-SERVICES")
+    ipvs_chain = text[start:text.index("\n\n", start)] + "\n"  # without its prompt
+    snap = load(ipvs_chain)
+    assert snap.netfilter is not None
+    nat = snap.netfilter.table("nat")
+    assert nat is not None and len(nat.chain("KUBE-SERVICES").rules) == 5
+    assert snap.netfilter.table("filter") is None
+    assert any("placed by their chains and targets (5 to nat)" in u.reason
+               for u in snap.unknowns)
+
+
+def test_kubectl_before_1_5_prints_no_type_column() -> None:
+    text = real("praqma-gke-1.2-svc-no-type-column-iptables-save-lb")
+    snap = load(text)
+    lbs = {s.name: [i.ip for i in s.lb_ingress] for s in snap.services or ()}
+    assert lbs["nginx"] == ["146.148.10.228"] and lbs["kubernetes"] == []
+
+
+def test_a_bare_trailing_prompt_ends_the_paste_quietly() -> None:
+    text = real("k8s-issue-79783-tke-ipvs-lb-ip-on-kube-ipvs0") + "[root@VM_0_13_centos ~]# \n"
+    snap = load(text)
+    assert not [u for u in snap.unknowns if "paste.txt:" in u.reason]
+
+
+def test_a_readers_bug_costs_its_section_not_the_verdict(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from agent.bundle import load as load_mod
+
+    def broken(s, ev):  # type: ignore[no-untyped-def]
+        raise KeyError("TYPE")
+
+    monkeypatch.setitem(load_mod._READERS, fmt.SVC_TABLE, broken)
+    snap = load(real("praqma-gke-1.2-svc-no-type-column-iptables-save-lb"))
+    assert snap.netfilter is not None  # the other sections were read
+    assert any("internal error KeyError" in u.reason for u in snap.unknowns)
+    v = diagnose(snap, "n").to_dict()  # a verdict all the same, from the rules
+    assert {"146.148.10.228", "130.211.80.214"} <= {r["ip"] for r in v["lb_ips"]}
+
+
+def test_an_address_on_kube_ipvs0_in_the_nodes_subnet_is_an_lb_ip() -> None:
+    # constructed: the kube-ipvs0 listing of the blog post in SOURCES (ipvs section of
+    # "kube-proxy iptables 模式解析") with the node's eth0 line its ipvsadm output implies
+    # (NodePort virtual server 10.12.32.121:30470); 10.12.32.160 is MetalLB-like, private
+    text = ("2: eth0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc mq state UP group "
+            "default qlen 1000\n") + """    inet 10.12.32.121/24 brd 10.12.32.255 scope global eth0
+       valid_lft forever preferred_lft forever
+20: kube-ipvs0: <BROADCAST,NOARP> mtu 1500 qdisc noop state DOWN group default
+    link/ether b6:f2:fa:28:da:1c brd ff:ff:ff:ff:ff:ff
+    inet 10.96.0.1/32 scope global kube-ipvs0
+       valid_lft forever preferred_lft forever
+    inet 10.106.147.222/32 scope global kube-ipvs0
+       valid_lft forever preferred_lft forever
+    inet 10.12.32.160/32 scope global kube-ipvs0
+       valid_lft forever preferred_lft forever
+"""
+    v = diagnose(load(text), "n").to_dict()
+    assert {r["ip"] for r in v["lb_ips"]} == {"10.12.32.160"}  # ClusterIPs stay out
+    assert ("lb-ip-local", "10.12.32.160") in {(f["id"], f["lb_ip"]) for f in v["findings"]}
+
+
+def test_a_rules_only_nodeport_walk_stands_in_for_the_nodes_address() -> None:
+    from agent.diagnose import PathFinder, prepare
+
+    snap = load(real("k8s-1.26era-iptables-overall-multiple-services", "iptables-save.txt"))
+    v = diagnose(snap, "n").to_dict()
+    etp = [f for f in v["findings"] if f["id"] == "etp-local-no-local-endpoint"]
+    assert {f["lb_ip"] for f in etp} == {"1.2.3.4", "192.168.99.22"}
+    # kube-proxy's own "has no local endpoints" rule states it; the NodePort walk the LB's
+    # traffic takes agrees, with a stand-in for the node's address the dump lacks
+    prep = prepare(snap)
+    target = next(t for t in prep.all_targets if t.ip == "1.2.3.4")
+    served = PathFinder(prep.facts).outside_to_lb(target)
+    ev = " ".join(served.evidence)
+    assert served.served is False
+    assert "stands for it" in ev and "has no local endpoints" in ev and "--dport 3001" in ev

@@ -28,7 +28,7 @@ from agent.bundle import sections as fmt
 from agent.bundle.sections import Section, split_sections
 from agent.errors import InputError
 from agent.netfilter.listing import listing_to_rules
-from agent.netfilter.rules_text import RulesText, read_rules_text, settle
+from agent.netfilter.rules_text import RulesText, chain_table, read_rules_text, settle
 from agent.parse.addr_text import parse_addresses
 from agent.parse.ipset_text import parse_ipsets
 from agent.parse.ipvsadm_text import parse_ipvsadm
@@ -195,7 +195,14 @@ def _read_section(s: Section, ev: _Evidence) -> None:
     reader = _READERS.get(s.format)
     if reader is None:
         return
-    if reader(s, ev):
+    try:
+        ok = reader(s, ev)
+    except Exception as e:  # a reader's bug must cost this section, not the verdict
+        ev.problems.append((s.source, s.first_line, f"this {s.format} output could not be "
+                            f"read (internal error {type(e).__name__}: {e}; please report "
+                            "it): skipped"))
+        return
+    if ok:
         ev.saw(s.format, where)
 
 
@@ -207,12 +214,30 @@ def _iptables(s: Section, ev: _Evidence) -> bool:
 
 
 def _iptables_list(s: Section, ev: _Evidence) -> bool:
-    pairs, problems = listing_to_rules(s.lines)
+    pairs, problems = listing_to_rules(s.lines, s.hint.get("chain"))
     ev.problems += [(s.source, n, why) for n, why in problems]
     if not pairs:
         return False
-    read_rules_text(pairs, s.source, ev.rules, table=s.hint.get("table", "filter"))
+    table = s.hint.get("table")  # `iptables -L` lists filter, `-t T -L` table T
+    if table is not None:
+        read_rules_text(pairs, s.source, ev.rules, table=table)
+        return True
+    # a listing pasted without its command: each chain's rules go together, to the table
+    # its name and targets say, else rule by rule (and the verdict says it was inferred)
+    blocks: dict[str, list[tuple[int, str]]] = {}
+    for n, line in pairs:
+        blocks.setdefault(line.split(None, 2)[1], []).append((n, line))
+    for chain, block in blocks.items():
+        targets = [t.group(1) for _, line in block for t in [_JUMP.search(line)] if t]
+        guessed = chain_table(chain, targets)
+        if guessed is not None:
+            ev.rules.inferred[guessed] = ev.rules.inferred.get(guessed, 0) + sum(
+                1 for _, line in block if line.startswith("-A "))
+        read_rules_text(block, s.source, ev.rules, table=guessed)
     return True
+
+
+_JUMP = re.compile(r" -[jg] (\S+)")
 
 
 def _tolerant(parse: Callable[[str, str], T], s: Section, ev: _Evidence,
@@ -480,9 +505,10 @@ def _snapshot(ev: _Evidence, origin: str, refused: list[str]) -> NodeSnapshot:
     netfilter = None
     if ev.rules.count() or ev.rules.tables_seen:
         netfilter = settle(ev.rules)
-        if ev.rules.headerless:
+        if ev.rules.inferred:
             placed = ", ".join(f"{n} to {t}" for t, n in sorted(ev.rules.inferred.items()))
-            unknowns.append(Unknown("iptables", f"{ev.rules.headerless} rules had no table "
+            total = sum(ev.rules.inferred.values())
+            unknowns.append(Unknown("iptables", f"{total} rules had no table "
                                     f"header: placed by their chains and targets ({placed})"))
     for source, p in ev.rules.problems:
         ev.problems.append((source, p.line, p.why))

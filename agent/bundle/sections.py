@@ -192,7 +192,13 @@ def command_format(cmd: str) -> tuple[str, dict[str, str]]:
         return UNKNOWN, hint
     if prog in ("cat", "less", "more", "tail", "head") and args:
         return name_format(args[-1]), hint
+    chains = [a for a in args if _CHAIN_ARG.match(a)]
+    if len(chains) == 1:
+        hint["chain"] = chains[0]  # an alias run on a chain (`ipt KUBE-SERVICES`)
     return UNKNOWN, hint
+
+
+_CHAIN_ARG = re.compile(r"^(?:KUBE-[A-Z0-9-]+|PREROUTING|POSTROUTING|INPUT|OUTPUT|FORWARD)$")
 
 
 def name_format(name: str) -> str:
@@ -217,7 +223,14 @@ def line_format(line: str) -> str | None:
         return IPVSADM
     if _ADDR_LINE.match(line) or _BR_ADDR.match(line):
         return ADDR
+    if _LISTING_ROW.match(line):
+        return IPTABLES_LIST
     return None
+
+
+# a row of `iptables -L -n [-v]` (pasted without its Chain and column header lines)
+_LISTING_ROW = re.compile(r"^\s*(?:\d+\s+)?(?:\d+[KMGT]?\s+\d+[KMGT]?\s+)?[A-Z][\w-]*\s+"
+                          r"(?:all|tcp|udp|icmp|sctp|\d+)\s+--\s+\S+\s+\S+")
 
 
 # Commands people paste without their prompt ("egrep X /tmp/iptables" above its output):
@@ -242,7 +255,20 @@ def _prompt(line: str) -> str | None:
     word = word.rsplit("/", 1)[-1]
     if word in _KNOWN_COMMANDS or word.startswith(("iptables", "ip6tables")):
         return cmd
+    if _STRONG_PROMPT.match(line) and _COMMAND_WORD.match(word):
+        # `user@host:~$ ipt KUBE-SERVICES`, `$ kgsvc`: a prompt beyond doubt running a
+        # command we do not know (an alias): its output is told by its content
+        return cmd
     return None
+
+
+# prompts no command output looks like ("[root@node ~]# ", "user@host:~$ ", "$ ")
+_STRONG_PROMPT = re.compile(r"^\s*(?:\[[^\]\n]{1,80}\]\s?[#$%]|[\w.-]+@[\w.-]+(?::[^\s#$]*)?\s?"
+                            r"[#$%]|\$)\s+\S")
+_COMMAND_WORD = re.compile(r"^[a-z][\w.-]{0,30}$")
+# a prompt with nothing typed after it (the end of a pasted session)
+_BARE_PROMPT = re.compile(r"^\s*(?:\[[^\]\n]{1,80}\]\s?[#$%]|[\w.-]+@[\w.-]+(?::[^\s#$]*)?\s?"
+                          r"[#$%]|\$)\s*$")
 
 
 # How most lines of a format's body start: such a line continues its section at once.
@@ -276,6 +302,8 @@ def split_sections(text: str, source: str, name_hint: str = UNKNOWN) -> list[Sec
             cur.lines.append((lineno, line))  # the bulk of a big dump: no pattern needed
             continue
         cmd = _prompt(line)
+        if cmd is None and _BARE_PROMPT.match(line):
+            cmd = ""  # ends the section before it; nothing follows from it
         if cmd is not None:
             fmt, hint = command_format(cmd)
             cur = start(fmt, cmd, hint)

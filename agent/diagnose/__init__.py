@@ -48,7 +48,7 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
     prepared = prepared or prepare(snap)
     facts = prepared.facts
     mode, mode_how = kube_proxy_mode(snap)
-    targets, skipped = split_by_family(list(prepared.all_targets))
+    targets, v6_targets, skipped = split_by_family(list(prepared.all_targets))
     unknowns = [{"source": u.source, "reason": u.reason} for u in snap.unknowns]
     unknowns += [{"source": "LB IPs", "reason": r} for r in skipped]
     ctx = Context(snap, facts, targets, PathFinder(facts), mode, mode_how, unknowns,
@@ -63,6 +63,7 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
             evidence=("no KUBE-LOAD-BALANCER ipset entry, no 'loadbalancer IP' rule",),
             remedy="Run with API access, or give --kube-json DIR / services.json in the "
                    "bundle."))
+    findings += _ipv6_not_walked(v6_targets)
     for rule in RULES:
         try:
             findings.extend(rule(ctx))
@@ -77,7 +78,7 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
     findings.sort(key=lambda f: (_SEVERITY_ORDER[f.severity], _ip_key(f.lb_ip), f.port or 0,
                                  f.id))
     lb_ips: dict[str, list] = {}
-    for t in targets:
+    for t in (*targets, *v6_targets):
         lb_ips.setdefault(t.ip, []).append(t)
     reports = tuple(
         LbIpReport(
@@ -115,6 +116,27 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
         context=context,
         capture=capture,
     )
+
+
+def _ipv6_not_walked(targets: list[LbTarget]) -> list[Finding]:
+    """An IPv6 LB IP is a way to loop the agent does not follow yet: it is undecided,
+    never silently healthy."""
+    out, seen = [], set()
+    for t in targets:
+        if t.key in seen:
+            continue
+        seen.add(t.key)
+        what = f"[{t.ip}]:{t.port}/{t.protocol}" if t.port else f"{t.ip}"
+        out.append(Finding(
+            "pod-to-lb-undetermined", "warning",
+            f"Could not decide whether pods reaching {what} loop back: IPv6 rules are not "
+            "walked (ip6tables)", lb_ip=t.ip, port=t.port or None, protocol=t.protocol,
+            service=t.service,
+            evidence=("learned from " + "; ".join(t.learned_from),
+                      "IPv6 is not analysed: `ip6tables-save -t nat` shows its rules; check "
+                      "it by hand"),
+            remedy="Check the IPv6 nat rules by hand (ip6tables-save -t nat), as for IPv4."))
+    return out
 
 
 def _ip_key(ip: str | None) -> tuple[int, ...]:

@@ -154,9 +154,11 @@ def discover(snap: NodeSnapshot) -> list[LbTarget]:
     return sorted(out, key=lambda t: (_ip_key(t.ip), t.port, t.protocol))
 
 
-def split_by_family(targets: list[LbTarget]) -> tuple[list[LbTarget], list[str]]:
-    """(IPv4 targets the agent analyses, reasons for the others: IPv6 or not an address)."""
-    keep, skipped = [], []
+def split_by_family(targets: list[LbTarget]
+                    ) -> tuple[list[LbTarget], list[LbTarget], list[str]]:
+    """(IPv4 targets the agent analyses, IPv6 targets it does not walk, reasons for what
+    is not an address)."""
+    keep, v6, skipped = [], [], []
     seen: set[str] = set()
     for t in targets:
         try:
@@ -166,14 +168,8 @@ def split_by_family(targets: list[LbTarget]) -> tuple[list[LbTarget], list[str]]
                 skipped.append(f"{t.ip!r} ({', '.join(t.learned_from)}) is not an IP address")
             seen.add(t.ip)
             continue
-        if version == 6:
-            if t.ip not in seen:
-                skipped.append(f"{t.ip}: IPv6 is not analysed (ip6tables rules are not "
-                               "collected); check it by hand")
-            seen.add(t.ip)
-            continue
-        keep.append(t)
-    return keep, skipped
+        (v6 if version == 6 else keep).append(t)
+    return keep, v6, skipped
 
 
 def _node_ports_from_rules(snap: NodeSnapshot) -> dict[tuple[str, int, str], int]:
@@ -281,15 +277,31 @@ def _from_kube_ipvs0(snap: NodeSnapshot, add, known: set[str]) -> None:  # type:
     for r in snap.local_routes or ():
         if r.dev == "kube-ipvs0" and r.type == "local":
             seen.setdefault(r.dst, f"local table: {r.line}")
+    # ClusterIPs come from the service range, never from a subnet the node sits in:
+    # an address on kube-ipvs0 inside one (MetalLB, internal LBs) is an LB or external IP
+    subnets = []
+    for a in snap.addresses or ():
+        if a.ifname not in ("kube-ipvs0", "lo") and 8 <= a.prefixlen < 32 and ":" not in a.address:
+            subnets.append((ipaddress.ip_network(f"{a.address}/{a.prefixlen}", strict=False),
+                            a.ifname))
     for ip, how in seen.items():
         try:
-            routable = ipaddress.ip_address(ip).is_global
+            addr = ipaddress.ip_address(ip)
         except ValueError:
             continue
-        if routable and ip not in known and ip not in cluster_ips:
-            add(LbTarget(ip, 0, "TCP", "loadbalancer", None,
-                         (f"{how}: a globally routable address on kube-ipvs0 is no ClusterIP "
-                          "(an LB or external IP; its ports are not in the input)",)))
+        if ip in known or ip in cluster_ips:
+            continue
+        if addr.is_global:
+            why = "a globally routable address on kube-ipvs0 is no ClusterIP"
+        else:
+            net = next(((n, dev) for n, dev in subnets if addr in n), None)
+            if net is None:
+                continue
+            why = (f"an address on kube-ipvs0 inside {net[1]}'s subnet {net[0]} is no "
+                   "ClusterIP (service ranges are apart from node subnets)")
+        add(LbTarget(ip, 0, "TCP", "loadbalancer", None,
+                     (f"{how}: {why} (an LB or external IP; its ports are not in the "
+                      "input)",)))
 
 
 def _dst_proto_port(conds) -> tuple[str | None, str | None, int | None]:  # type: ignore[no-untyped-def]

@@ -24,6 +24,17 @@ class PodNetwork:
     how: str  # evidence: how we chose it
 
 
+# the client a walk sends from outside the cluster (a documentation address, never a
+# node's)
+OUTSIDE_CLIENT = "198.51.100.7"
+# stands for the node's own address where the input shows none (rules-only pastes): a
+# NodePort is reached on some address of the node, and that is all the rules ask of it
+NODE_STAND_IN = "192.0.2.10"
+# the source of a pod's packet where the pod network is unknown (the walk never reads it:
+# every match on it forks)
+POD_STAND_IN = "192.0.2.77"
+
+
 @dataclass
 class NodeFacts:
     snapshot: NodeSnapshot
@@ -35,6 +46,12 @@ class NodeFacts:
     uplink_how: str = ""
     pod: PodNetwork | None = None
     pod_unknown: str = ""
+    # addresses known to be the node's own although the input lists none (a stand-in
+    # for "the node's address" in a walk): LOCAL for addrtype, whatever else is unknown
+    assumed_local: frozenset[str] = frozenset()
+    # addresses that are never the node's (the documentation-range client a walk sends
+    # from outside): UNICAST for addrtype even when the node's addresses are unknown
+    assumed_remote: frozenset[str] = frozenset()
     _sets: dict[str, tuple[str, frozenset[str]]] = field(default_factory=dict)
     _addrs: dict[str, list[Address]] = field(default_factory=dict)
     _ipvs: dict[tuple[str, str, int], IpvsVirtualServer] = field(default_factory=dict)
@@ -42,6 +59,10 @@ class NodeFacts:
     # -- NodeView for the walker ----------------------------------------------------
 
     def addr_type(self, addr: str) -> str | None:
+        if addr in self.assumed_local:
+            return "LOCAL"
+        if addr in self.assumed_remote:
+            return "UNICAST"
         if self.snapshot.local_routes is None and self.snapshot.addresses is None:
             return None
         if self.local_route(addr) is not None:
@@ -120,6 +141,10 @@ def build_facts(snap: NodeSnapshot) -> NodeFacts:
                              LocalRoute("local", "127.0.0.0/8", "lo", None,
                                         "local 127.0.0.0/8 dev lo (assumed)")))
     _find_uplink(f)
+    if f.node_ip is None and f.local_route(NODE_STAND_IN) is None:
+        f.assumed_local = frozenset({NODE_STAND_IN})
+    if f.local_route(OUTSIDE_CLIENT) is None:
+        f.assumed_remote = frozenset({OUTSIDE_CLIENT})
     _find_pod_network(f)
     return f
 

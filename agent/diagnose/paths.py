@@ -9,12 +9,12 @@ import re
 from dataclasses import dataclass
 
 from agent.diagnose.lb_ip import LbTarget
-from agent.diagnose.node_facts import NodeFacts
-from agent.netfilter.walk import HookResult, Packet, TableWalker
+from agent.diagnose.node_facts import NODE_STAND_IN, OUTSIDE_CLIENT, POD_STAND_IN, NodeFacts
+from agent.netfilter.walk import SRC_UNKNOWN, HookResult, Packet, TableWalker
 from agent.snapshot import Chain, Netfilter, Rule, Table
 
 # An outside client (TEST-NET-2): never local, never a pod.
-OUTSIDE_CLIENT = "198.51.100.7"
+
 
 # kube-proxy installs these jumps from the built-in chains itself (iptablesJumpChains,
 # each prepended), outside the iptables-restore input it writes; a dump of that input
@@ -40,7 +40,8 @@ ASSUMED = ": assumed"
 DECIDES_LOCAL = (" [not given: `ip addr show kube-ipvs0` or `ip route show table local` "
                  "decides it]")
 # an endpoint chain the walk reached but an excerpt does not show
-_UNSEEN_ENDPOINT_CHAIN = re.compile(r"target (KUBE-(?:SVC|SVL|SEP)-[A-Z2-7]{16}) is neither")
+_UNSEEN_ENDPOINT_CHAIN = re.compile(
+    r"target (KUBE-(SVC|SVL|SEP|EXT|XLB|FW)-[A-Z2-7]{16}) is neither")
 # Outcomes that all mean "no loop": branches that end in different ones of these agree.
 _NO_LOOP = frozenset({"captured", "masqueraded", "dropped"})
 
@@ -66,9 +67,15 @@ class ServedOutcome:
     how: str
 
 
-# kube-proxy's KUBE-MARK-MASQ has held this one rule in every version: an excerpt that
-# jumps to it without showing it gets it, and says so.
-_MARK_MASQ = "-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000"
+# Chains whose one rule has been the same in every version (KUBE-MARK-MASQ is
+# kube-proxy's, KUBE-MARK-DROP kubelet's until 1.28): an excerpt or restore input that
+# jumps to one without showing it gets it, and says so.
+_STANDARD_CHAINS = {"nat": (
+    ("KUBE-MARK-MASQ", "-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000", "kube-proxy"),
+    ("KUBE-MARK-DROP", "-A KUBE-MARK-DROP -j MARK --or-mark 0x8000", "kubelet"),
+)}
+_FIREWALL_DROP = ('-A KUBE-FIREWALL -m comment --comment "kubernetes firewall for dropping '
+                  'marked packets" -m mark --mark 0x8000/0x8000 -j DROP')
 
 
 def with_kube_proxy_hooks(nf: Netfilter) -> tuple[Netfilter, tuple[str, ...]]:
@@ -79,19 +86,31 @@ def with_kube_proxy_hooks(nf: Netfilter) -> tuple[Netfilter, tuple[str, ...]]:
         return nf, ()
     notes: list[str] = []
     tables = []
+    nat = nf.table("nat")
+    marks_drop = nat is not None and nat.chain("KUBE-MARK-DROP") is None and \
+        _referenced(nat, "KUBE-MARK-DROP")
     for t in nf.tables:
         chains = list(t.chains)
-        if t.name == "nat" and t.chain("KUBE-MARK-MASQ") is None and \
-                _referenced(t, "KUBE-MARK-MASQ"):
-            src = "assumed: kube-proxy's standard KUBE-MARK-MASQ (not in the input)"
-            chains.append(Chain("KUBE-MARK-MASQ", None, (Rule(_MARK_MASQ, src),)))
-            notes.append(f"nat KUBE-MARK-MASQ: {src}")
+        for name, rule, owner in _STANDARD_CHAINS.get(t.name, ()):
+            if t.chain(name) is None and _referenced(t, name):
+                src = f"assumed: {owner}'s standard {name} (not in the input)"
+                chains.append(Chain(name, None, (Rule(rule, src),)))
+                notes.append(f"{t.name} {name}: {src}")
         added: dict[str, list[Rule]] = {}
         for builtin, target, comment, extra in _KUBE_HOOKS.get(t.name, ()):
-            if t.chain(target) is None or _referenced(t, target):
+            if t.chain(target) is None:
                 continue
+            if nf.partial:
+                # an excerpt that shows kube-proxy's chain but not the built-in one: the
+                # jump kube-proxy always installs there is assumed, and said
+                if t.chain(builtin) is not None:
+                    continue
+                src = "assumed: kube-proxy's jump; the excerpt does not show this chain"
+            elif _referenced(t, target):
+                continue
+            else:
+                src = "assumed: kube-proxy installs this jump outside its restore input"
             text = f'-A {builtin} {extra}-m comment --comment "{comment}" -j {target}'
-            src = "assumed: kube-proxy installs this jump outside its restore input"
             notes.append(f"{t.name} {builtin} -> {target}: {src}")
             added.setdefault(builtin, []).append(Rule(text, src))
         for builtin, rules in added.items():
@@ -103,6 +122,22 @@ def with_kube_proxy_hooks(nf: Netfilter) -> tuple[Netfilter, tuple[str, ...]]:
                 chains[chains.index(existing)] = Chain(builtin, existing.policy,
                                                        (*rules, *existing.rules))
         tables.append(Table(t.name, tuple(chains)))
+    if marks_drop and not any(c.name == "KUBE-FIREWALL" for t in tables if t.name == "filter"
+                              for c in t.chains):
+        # kubelet pairs KUBE-MARK-DROP with filter KUBE-FIREWALL, hooked from INPUT
+        src = "assumed: kubelet's KUBE-FIREWALL for KUBE-MARK-DROP (not in the input)"
+        notes.append(f"filter INPUT -> KUBE-FIREWALL: {src}")
+        flt = next((t for t in tables if t.name == "filter"), None)
+        chains = list(flt.chains) if flt else []
+        inp = next((c for c in chains if c.name == "INPUT"), None)
+        hook = Rule("-A INPUT -j KUBE-FIREWALL", src)
+        if inp is None:
+            chains.append(Chain("INPUT", "ACCEPT", (hook,)))
+        else:
+            chains[chains.index(inp)] = Chain("INPUT", inp.policy, (hook, *inp.rules))
+        chains.append(Chain("KUBE-FIREWALL", None, (Rule(_FIREWALL_DROP, src),)))
+        new = Table("filter", tuple(chains))
+        tables = [new if t is flt else t for t in tables] if flt else [*tables, new]
     return Netfilter(nf.backend, tuple(tables), nf.partial), tuple(notes)
 
 
@@ -150,10 +185,16 @@ class PathFinder:
             return PathOutcome("unknown", "the nat rules could not be read",
                                ("nat rules could not be read",))
         if f.pod is None:
-            return PathOutcome("unknown", f.pod_unknown, (f.pod_unknown,))
-        pkt = Packet(src=f.pod.pod_ip, dst=t.ip, proto=t.protocol.lower(), dport=t.port,
-                     in_iface=f.pod.iface)
-        head = (f"packet: {pkt.describe()}; {f.pod.how}",)
+            # walk it anyway: a rule that asks the source forks the walk, and where every
+            # answer leads to the same outcome that outcome holds for any pod address
+            pkt = Packet(src=POD_STAND_IN, dst=t.ip, proto=t.protocol.lower(), dport=t.port,
+                         src_known=False)
+            head = (f"packet: {pkt.describe()}; {f.pod_unknown}: both answers to every match "
+                    "on the source are followed",)
+        else:
+            pkt = Packet(src=f.pod.pod_ip, dst=t.ip, proto=t.protocol.lower(), dport=t.port,
+                         in_iface=f.pod.iface)
+            head = (f"packet: {pkt.describe()}; {f.pod.how}",)
         outcomes = []
         for res in self.nat.walk("PREROUTING", pkt):
             outcomes.extend(self._after_prerouting(res, head))
@@ -165,14 +206,23 @@ class PathFinder:
         unseen = _UNSEEN_ENDPOINT_CHAIN.search(res.detail) if res.verdict == "UNKNOWN" \
             and self.partial else None
         if unseen:
-            # kube-proxy jumps only to endpoint chains it wrote, and those DNAT to an
-            # endpoint: the packet is served inside the cluster, never sent to the LB
-            how = (f"kube-proxy sends it to {unseen.group(1)}, which DNATs to one of the "
-                   "service's endpoints")
+            # kube-proxy jumps only to chains it wrote: endpoint chains DNAT to an endpoint;
+            # its external chains (EXT, XLB, FW) send on to those or mark/let the filter
+            # table drop what has no (local) endpoint. Either way the packet is handled on
+            # the node, never sent to the LB with the pod's source.
+            chain, kind = unseen.group(1), unseen.group(2)
+            if kind in ("SVC", "SVL", "SEP"):
+                how = f"kube-proxy sends it to {chain}, which DNATs to one of the service's " \
+                      "endpoints"
+                does = "to DNAT to an endpoint, as kube-proxy writes it"
+            else:
+                how = (f"kube-proxy sends it to {chain}, which sends it on to the service's "
+                       "endpoints (or drops it where there is none)")
+                does = ("to send it to the service's endpoint chain, or to drop it when "
+                        "there is no (local) endpoint, as kube-proxy writes it")
             return [PathOutcome("captured", how, (
-                *ev, f"{unseen.group(1)}{ASSUMED} to DNAT to an endpoint, as kube-proxy writes "
-                     f"it (not in the input: `iptables -t nat -S {unseen.group(1)}` shows it)",
-                f"result: {how}"))]
+                *ev, f"{chain}{ASSUMED} {does} (not in the input: `iptables -t nat -S "
+                     f"{chain}` shows it)", f"result: {how}"))]
         if res.verdict == "UNKNOWN":
             return [PathOutcome("unknown", res.detail, (*ev, res.detail))]
         if res.verdict in ("DROP", "REJECT"):
@@ -232,7 +282,8 @@ class PathFinder:
                     results.append(PathOutcome("dropped", f"{pr.verdict} in nat POSTROUTING",
                                                ev3))
                 else:
-                    how = (f"leaves {out_iface} with the pod's source address {p.src} "
+                    src = p.src if p.src_known else "(unchanged)"
+                    how = (f"leaves {out_iface} with the pod's source address {src} "
                            "(no DNAT, not local, no SNAT/MASQUERADE)")
                     results.append(PathOutcome("not-masqueraded", how, (*ev3, f"result: {how}")))
         return results
@@ -268,12 +319,19 @@ class PathFinder:
         f = self.facts
         if self.nat is None:
             return ServedOutcome(None, None, (), "nat rules unknown")
-        if t.node_port is None or f.node_ip is None:
-            return ServedOutcome(None, None, (), "the NodePort or the node's address is "
-                                 "unknown")
-        pkt = Packet(src=OUTSIDE_CLIENT, dst=f.node_ip, proto=t.protocol.lower(),
+        if t.node_port is None:
+            return ServedOutcome(None, None, (), "the NodePort is unknown")
+        node_ip = f.node_ip
+        head: tuple[str, ...] = ()
+        if node_ip is None:
+            if NODE_STAND_IN not in f.assumed_local:
+                return ServedOutcome(None, None, (), "the node's address is unknown")
+            node_ip = NODE_STAND_IN
+            head = (f"the node's address is not in the input: {NODE_STAND_IN} stands for it "
+                    "(a local address, as any address of the node is)",)
+        pkt = Packet(src=OUTSIDE_CLIENT, dst=node_ip, proto=t.protocol.lower(),
                      dport=t.node_port, in_iface=f.uplink)
-        head = (f"packet: {pkt.describe()} (the load balancer forwarding a client)",)
+        head = (*head, f"packet: {pkt.describe()} (the load balancer forwarding a client)")
         served_any = False
         kept: bool | None = None
         evidence: tuple[str, ...] = head
@@ -340,10 +398,10 @@ def _merge(outcomes: list[PathOutcome]) -> PathOutcome:
     assumed = [o for o in outcomes if _assumptions(o)]
     if assumed and len(kinds) > 1 and not kinds <= _NO_LOOP:
         # the answer depends on a fact the input lacks: name it, decide nothing
-        facts = list(dict.fromkeys(a for o in assumed for a in _assumptions(o)))
+        facts = list(dict.fromkeys(_fact(a) for o in assumed for a in _assumptions(o)))
         loop = next((o for o in outcomes if o.kind == "not-masqueraded"), worst)
         return PathOutcome("unknown", "it depends on a fact the input does not show: "
-                           + "; ".join(_fact(a) for a in facts[:2]),
+                           + "; ".join(facts[:2]),
                            (*loop.evidence, "the other answer: " + next(
                                (o.how for o in outcomes if o.kind != loop.kind), "")))
     if assumed:
@@ -365,7 +423,10 @@ def _assumptions(o: PathOutcome) -> list[str]:
 
 def _fact(line: str) -> str:
     """What an assumption line asks, and the command that shows it."""
-    m = re.search(r"(KUBE-(?:SVC|SVL|SEP)-\S+): assumed", line)
+    if SRC_UNKNOWN in line:
+        return ("this node's pod CIDR; `kubectl get node NODE -o jsonpath='{.spec.podCIDR}'` "
+                "shows it (or give --pod-cidr)")
+    m = re.search(r"(KUBE-(?:SVC|SVL|SEP|EXT|XLB|FW)-\S+): assumed", line)
     if m:
         return f"what {m.group(1)} does; `iptables -t nat -S {m.group(1)}` shows it"
     if "addrtype" in line:

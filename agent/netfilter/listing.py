@@ -59,17 +59,17 @@ _TARGETS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
     ))
 
 
-def listing_to_rules(lines: list[tuple[int, str]]
+def listing_to_rules(lines: list[tuple[int, str]], chain: str | None = None
                      ) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
     """(line number, `-N/-P/-A` line) pairs for read_rules_text, and the lines that could
-    not be read (line number, why)."""
+    not be read (line number, why). ``chain`` is the one the command named (`iptables -L
+    KUBE-SERVICES`), for rows pasted without their `Chain` and column header lines."""
     out: list[tuple[int, str]] = []
     problems: list[tuple[int, str]] = []
-    chain: str | None = None
     columns: list[str] = []
     for lineno, raw in lines:
         line = raw.rstrip()
-        if not line.strip():
+        if not line.strip() or _ELISION.match(line):
             continue
         m = _CHAIN.match(line)
         if m:
@@ -80,6 +80,8 @@ def listing_to_rules(lines: list[tuple[int, str]]
         if _HEADER.match(line):
             columns = line.split()
             continue
+        if chain is not None and not columns:
+            columns = _columns_of(line)  # the header was cut: the row's shape tells
         if chain is None or not columns:
             problems.append((lineno, "a listing row before its 'Chain' and column header "
                              "lines"))
@@ -90,6 +92,26 @@ def listing_to_rules(lines: list[tuple[int, str]]
         if rule:
             out.append((lineno, rule))
     return out, problems
+
+
+# an author's elision inside a pasted listing ("...", "……")
+_ELISION = re.compile(r"^\s*(?:\.{2,}|…+)\s*$")
+_VERBOSE_ROW = re.compile(r"^\s*(?:\d+\s+)?\d+[KMGT]?\s+\d+[KMGT]?\s+\S+\s+\S+\s+(?:--|-f|!f)\s")
+_PLAIN_ROW = re.compile(r"^\s*(?:\d+\s+)?\S+\s+\S+\s+(?:--|-f|!f)\s")
+
+
+def _columns_of(row: str) -> list[str]:
+    """The columns of `iptables -L -n [-v] [--line-numbers]` guessed from one row, for a
+    paste whose header line was cut; [] when the row fits neither shape."""
+    numbered = ["num"] if re.match(r"^\s*\d+\s+\d+[KMGT]?\s+\d+[KMGT]?\s+\S+\s+\S+\s+(?:--|-f)"
+                                   r"\s", row) or re.match(r"^\s*\d+\s+\S+\s+\S+\s+(?:--|-f)\s",
+                                                           row) else []
+    if _VERBOSE_ROW.match(row) and re.match(r"^\s*\d", row):
+        return [*numbered, "pkts", "bytes", "target", "prot", "opt", "in", "out", "source",
+                "destination"]
+    if _PLAIN_ROW.match(row):
+        return [*numbered, "target", "prot", "opt", "source", "destination"]
+    return []
 
 
 def _row(chain: str, columns: list[str], line: str) -> tuple[str | None, str | None]:

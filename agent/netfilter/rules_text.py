@@ -43,6 +43,26 @@ _NAT_TARGETS = frozenset({"DNAT", "SNAT", "MASQUERADE", "REDIRECT", "NETMAP"})
 _FILTER_TARGETS = frozenset({"REJECT"})
 _ONLY_NAT_BUILTIN = frozenset({"PREROUTING", "POSTROUTING"})  # of the tables we walk
 
+
+
+def chain_table(chain: str, targets: list[str]) -> str | None:
+    """The table one whole chain of a listing belongs to, from its name and its rules'
+    targets (a listing prints a chain's rules together: they share a table); None when
+    nothing settles it."""
+    if any(t in _NAT_TARGETS for t in targets) or chain in _ONLY_NAT_BUILTIN:
+        return "nat"
+    if chain == "FORWARD" or any(t in _FILTER_TARGETS for t in targets):
+        return "filter"
+    for name in (chain, *targets):
+        if name in ("KUBE-SERVICES", "KUBE-NODEPORTS"):
+            continue
+        if _NAT_CHAINS.match(name):
+            return "nat"
+        if _FILTER_CHAINS.match(name):
+            return "filter"
+    return None
+
+
 _COUNTERS = re.compile(r"^\[\d+:\d+\]\s*")
 _V_COUNTERS = re.compile(r"\s-c \d+ \d+(?=\s|$)")
 _GREP_N = re.compile(r"^\d+(?:[:-]|\s+)(?=-[AINP] |[*:\[]|COMMIT)")  # grep -n, an editor's
@@ -88,10 +108,6 @@ class RulesText:
 
     def problem(self, source: str, line: int | None, why: str) -> None:
         self.problems.append((source, Problem(line, why)))
-
-    @property
-    def headerless(self) -> int:
-        return len(self.loose)
 
     def count(self) -> int:
         return sum(len(r) for r in self.rules.values()) + len(self.loose) + len(self.chains)

@@ -30,7 +30,10 @@ from agent.snapshot import Chain, Rule, Table
 TRUE, FALSE, MAYBE = 1, 0, 2
 ASSUME = "assume"  # the action of a Step that records an assumed answer
 # reasons a match cannot be decided that name a fact of the node the input lacks
-ASSUMABLE = ("addrtype --", "ipset ")
+ASSUMABLE = ("addrtype --", "ipset ", "source address")
+# why a source match cannot be decided when the pod's own address is not known
+SRC_UNKNOWN = ("source address: the pods' addresses on this node are not in the input "
+               "(their CIDR decides it)")
 MAX_DEPTH = 64
 MAX_PATHS = 32
 
@@ -59,9 +62,11 @@ class Packet(NamedTuple):
     ctmark: int = 0
     orig_dst: str | None = None  # set once DNAT happened
     orig_dport: int | None = None
+    src_known: bool = True  # False: src stands for a pod whose address is not known
 
     def describe(self) -> str:
-        s = f"{self.proto} {self.src}:{self.sport} -> {self.dst}:{self.dport}"
+        src = self.src if self.src_known else "(a pod of this node)"
+        s = f"{self.proto} {src}:{self.sport} -> {self.dst}:{self.dport}"
         if self.in_iface:
             s += f" in {self.in_iface}"
         if self.out_iface:
@@ -318,6 +323,8 @@ class TableWalker:
     def _cond(self, c: Cond, pkt: Packet) -> tuple[int | None, str]:
         k, _, a = c
         if k in ("src", "dst"):
+            if k == "src" and not pkt.src_known:
+                return None, SRC_UNKNOWN
             addr = pkt.src if k == "src" else pkt.dst
             return _in_net(addr, a[0]), ""
         if k in ("in", "out"):
@@ -368,6 +375,8 @@ class TableWalker:
             return None, f"set option {opt}"
         if module == "addrtype":
             if opt in ("--src-type", "--dst-type"):
+                if opt == "--src-type" and not pkt.src_known:
+                    return None, SRC_UNKNOWN
                 addr = pkt.src if opt == "--src-type" else pkt.dst
                 t = self.view.addr_type(addr)
                 if t is None:
@@ -391,7 +400,7 @@ class TableWalker:
             if opt == "--ctorigdst":
                 return _in_net(pkt.orig_dst or pkt.dst, a[0]), ""
             if opt == "--ctorigsrc":
-                return _in_net(pkt.src, a[0]), ""
+                return (None, SRC_UNKNOWN) if not pkt.src_known else (_in_net(pkt.src, a[0]), "")
             if opt == "--ctproto":
                 return (TRUE if a[0].lower() in (pkt.proto, _PROTO_NUM[pkt.proto]) else FALSE), ""
             if opt == "--ctorigdstport":
@@ -410,6 +419,8 @@ class TableWalker:
         if module == "pkttype" and opt == "--pkt-type":
             return (TRUE if a[0] == "unicast" else FALSE), ""
         if module == "iprange" and opt in ("--src-range", "--dst-range"):
+            if opt == "--src-range" and not pkt.src_known:
+                return None, SRC_UNKNOWN
             addr = ipaddress.ip_address(pkt.src if opt == "--src-range" else pkt.dst)
             lo, _, hi = a[0].partition("-")
             lo_a, hi_a = ipaddress.ip_address(lo), ipaddress.ip_address(hi or lo)
@@ -437,6 +448,8 @@ class TableWalker:
         nets: list[int] = []
         for dim, d in zip(dims, dirs, strict=False):
             if dim in ("ip", "net"):
+                if d == "src" and not pkt.src_known:
+                    return None, SRC_UNKNOWN
                 parts.append(pkt.src if d == "src" else pkt.dst)
                 if dim == "net":
                     nets.append(len(parts) - 1)
@@ -528,7 +541,7 @@ def _dnat(r: ParsedRule, pkt: Packet) -> Packet:
     dport = int(port.split("-")[0]) if port and port.split("-")[0].isdigit() else pkt.dport
     # positional construction: NamedTuple._replace costs more than the whole DNAT
     return Packet(pkt.src, host or pkt.dst, pkt.proto, pkt.sport, dport, pkt.in_iface,
-                  pkt.out_iface, pkt.mark, pkt.ctmark, pkt.dst, pkt.dport)
+                  pkt.out_iface, pkt.mark, pkt.ctmark, pkt.dst, pkt.dport, pkt.src_known)
 
 
 def _mark(r: ParsedRule, pkt: Packet) -> tuple[Packet, str]:

@@ -37,14 +37,17 @@ def parse_svc_table(text: str, source: str = "services.txt") -> tuple[Service, .
     out = []
     for n, line in rows:
         words = line.split()
-        need = col["EXTERNAL-IP"] + 1
-        if len(words) < need or words[col["TYPE"]] not in _TYPES:
+        need = max(col["EXTERNAL-IP"], col.get("TYPE", 0)) + 1
+        if len(words) < need or ("TYPE" in col and words[col["TYPE"]] not in _TYPES):
             raise InputError(source, n, f"not a `kubectl get svc` row: {line.strip()[:60]!r}")
         ns = words[col["NAMESPACE"]] if "NAMESPACE" in col else "default"
         name = words[col["NAME"]]
-        stype = words[col["TYPE"]] if "TYPE" in col else "ClusterIP"
         cluster_ip = words[col["CLUSTER-IP"]] if "CLUSTER-IP" in col else None
         ext = [x for x in words[col["EXTERNAL-IP"]].split(",") if _is_ip(x)]
+        # kubectl before 1.5 printed no TYPE: an EXTERNAL-IP there was most often the load
+        # balancer's (it also showed spec.externalIPs; both reach the node the same way)
+        stype = words[col["TYPE"]] if "TYPE" in col else \
+            "LoadBalancer" if ext else "ClusterIP"
         ports = []
         port_text = words[col["PORT(S)"]] if len(words) > col["PORT(S)"] else ""
         for p in port_text.split(",") if port_text else ():

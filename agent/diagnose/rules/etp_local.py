@@ -3,15 +3,41 @@ on this node; failing load-balancer health checks here are expected."""
 
 from __future__ import annotations
 
+import re
+
 from agent.diagnose.context import Context
 from agent.diagnose.model import Finding
+from agent.snapshot import NodeSnapshot
 
 ID = "etp-local-no-local-endpoint"
-_LOCAL_HINTS = ("has no local endpoints", "KUBE-XLB-", "KUBE-SVL-")
+_NO_LOCAL = "has no local endpoints"
+_LOCAL_HINTS = (_NO_LOCAL, "KUBE-XLB-", "KUBE-SVL-")
+
+
+def stated_no_local(snap: NodeSnapshot) -> dict[str, str]:
+    """kube-proxy's own word, in a rule comment ("ns/svc:port has no local endpoints",
+    nat KUBE-XLB or filter KUBE-EXTERNAL-SERVICES): "ns/svc" -> the first such rule."""
+    out: dict[str, str] = {}
+    nf = snap.netfilter
+    for table in nf.tables if nf else ():
+        for chain in table.chains:
+            for r in chain.rules:
+                if _NO_LOCAL not in r.text:
+                    continue
+                m = _STATED.search(r.text)
+                if m and m.group(1) not in out:
+                    out[m.group(1)] = f"{table.name} {chain.name}: {r.text}" + (
+                        f" ({r.source})" if r.source else "")
+    return out
+
+
+_STATED = re.compile(r'--comment "?([a-z0-9][-a-z0-9.]*/[a-z0-9][-a-z0-9.]*)(?::\S*)? '
+                     + _NO_LOCAL)
 
 
 def check(ctx: Context) -> list[Finding]:
     out = []
+    stated = stated_no_local(ctx.snapshot) if ctx.mode != "ipvs" else {}
     for t in ctx.targets:
         if t.kind == "ingress" or t.etp == "Cluster":
             continue
@@ -29,6 +55,11 @@ def check(ctx: Context) -> list[Finding]:
             ev.append(f"externalTrafficPolicy=Local ({t.etp_how})")
             ev.append(f"IPVS virtual server {t.protocol} {t.ip}:{t.port} "
                       + ("has no real servers" if vs else "does not exist"))
+        elif t.service in stated:
+            # the rule that says so is kube-proxy's statement of the endpoints it has: no
+            # walk needed (a walk can be misled by an excerpt or a test's shared NodePort)
+            ev.append(f"kube-proxy's rule: {stated[t.service]}")
+            ev.append(f"externalTrafficPolicy=Local ({t.etp_how or 'kube-proxy rules'})")
         else:
             served = ctx.paths.outside_to_lb(t)
             if served.served is None:
