@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import ipaddress
 import json
 import types
 import typing
@@ -250,32 +251,124 @@ def to_plain(obj: Any) -> Any:
 _HINTS: dict[type, dict[str, Any]] = {}
 
 
-def from_plain(tp: Any, value: Any) -> Any:
-    """Rebuild a value of type ``tp`` (a dataclass or a typing form) from plain JSON data."""
-    if value is None:
-        return None
+def from_plain(tp: Any, value: Any, path: str = "$") -> Any:
+    """Rebuild a value of type ``tp`` (a dataclass or a typing form) from plain JSON data;
+    ValueError naming the path (``$.addresses[3].prefixlen``) for data of the wrong
+    shape, so a damaged snapshot is refused with a message instead of failing later."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return from_plain(args[0], value) if len(args) == 1 else value
+        if value is None and type(None) in typing.get_args(tp):
+            return None
+        return from_plain(args[0], value, path) if len(args) == 1 else value
+    if value is None:
+        raise ValueError(f"{path}: null where a value is required")
     if origin is tuple:
         (inner, *_rest) = typing.get_args(tp)
         if not isinstance(value, list):
-            raise ValueError(f"expected a list, got {type(value).__name__}")
-        return tuple(from_plain(inner, v) for v in value)
+            raise ValueError(f"{path}: expected a list, got {type(value).__name__}")
+        return tuple(from_plain(inner, v, f"{path}[{i}]") for i, v in enumerate(value))
     if origin is dict:
         if not isinstance(value, dict):
-            raise ValueError(f"expected an object, got {type(value).__name__}")
-        return {str(k): str(v) for k, v in value.items()}
+            raise ValueError(f"{path}: expected an object, got {type(value).__name__}")
+        return {_text(k, path): _text(str(v), f"{path}.{k}") for k, v in value.items()}
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            raise ValueError(f"expected an object for {tp.__name__}")
+            raise ValueError(f"{path}: expected an object for {tp.__name__}")
         hints = _HINTS.get(tp)
         if hints is None:
             hints = _HINTS[tp] = typing.get_type_hints(tp)
         kwargs = {}
         for f in dataclasses.fields(tp):
             if f.name in value:
-                kwargs[f.name] = from_plain(hints[f.name], value[f.name])
+                kwargs[f.name] = from_plain(hints[f.name], value[f.name], f"{path}.{f.name}")
+            elif f.default is dataclasses.MISSING and \
+                    f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
+                raise ValueError(f"{path}: {tp.__name__} lacks {f.name!r}")
+        for name, check in _CHECKS.get(tp, ()):
+            if kwargs.get(name) is not None:
+                check(kwargs[name], f"{path}.{name}")
         return tp(**kwargs)
+    return _scalar(tp, value, path)
+
+
+def _scalar(tp: Any, value: Any, path: str) -> Any:
+    if tp is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{path}: expected a string, got {type(value).__name__}")
+        return _text(value, path)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{path}: expected true or false, got {type(value).__name__}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{path}: expected an integer, got {type(value).__name__}")
+        return value
     return value
+
+
+def _text(value: str, path: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{path}: not valid Unicode (a lone surrogate)") from None
+    return value
+
+
+# What the diagnosis takes for granted of a field's value: checked when a snapshot is
+# read back, so a damaged document is refused up front (it is never the agent's own).
+def _address(value: str, path: str) -> None:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise ValueError(f"{path}: {value!r} is not an IP address") from None
+
+
+def _address_or_net(value: str, path: str) -> None:
+    if value == "default":  # a main-table route (snapshot.routes)
+        return
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        raise ValueError(f"{path}: {value!r} is not an IP address or prefix") from None
+
+
+def _nets(values: Any, path: str) -> None:
+    for i, v in enumerate(values if isinstance(values, tuple) else str(values).split(",")):
+        _address_or_net(v.strip(), f"{path}[{i}]")
+
+
+def _addresses(values: tuple[str, ...], path: str) -> None:
+    for i, v in enumerate(values):
+        _address(v, f"{path}[{i}]")
+
+
+def _in_range(lo: int, hi: int):  # type: ignore[no-untyped-def]
+    def check(value: int, path: str) -> None:
+        if not lo <= value <= hi:
+            raise ValueError(f"{path}: {value} is not in {lo}..{hi}")
+    return check
+
+
+_PORT = _in_range(0, 65535)
+
+
+def _one_of(*allowed: str):  # type: ignore[no-untyped-def]
+    def check(value: str, path: str) -> None:
+        if value not in allowed:
+            raise ValueError(f"{path}: {value!r} is not one of {', '.join(allowed)}")
+    return check
+
+
+_PROTOCOL = _one_of("TCP", "UDP", "SCTP")
+_CHECKS: dict[type, tuple[tuple[str, Any], ...]] = {
+    Address: (("address", _address), ("prefixlen", _in_range(0, 128))),
+    LocalRoute: (("dst", _address_or_net), ("src", _address)),
+    IpvsRealServer: (("address", _address), ("port", _PORT)),
+    IpvsVirtualServer: (("address", _address), ("port", _PORT)),
+    NodeInfo: (("pod_cidrs", _nets), ("internal_ips", _addresses)),
+    KubeProxy: (("cluster_cidr", _nets),),
+    ServicePort: (("port", _PORT), ("node_port", _PORT), ("protocol", _PROTOCOL)),
+    IngressBackend: (("port", _PORT),),
+}

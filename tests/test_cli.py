@@ -253,3 +253,37 @@ def test_bad_environment_value_names_the_variable() -> None:
                                        "LOOPBACK_AGENT_INTERVAL": "soon"})
     assert r.returncode == 64 and "LOOPBACK_AGENT_INTERVAL='soon'" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("edit, named", [
+    (lambda d: d["addresses"][0].update(prefixlen=None), "$.addresses[0].prefixlen"),
+    (lambda d: d["addresses"][0].update(address="10.0.0.300"), "$.addresses[0].address"),
+    (lambda d: d["local_routes"].__setitem__(0, None), "$.local_routes[0]"),
+    (lambda d: d["services"][0]["ports"][0].update(protocol=""), "protocol"),
+    (lambda d: d["services"][0].update(name="\udc80"), "lone surrogate"),
+    (lambda d: d.update(node_info={"name": "n", "pod_cidrs": ["garbage"]}),
+     "$.node_info.pod_cidrs[0]"),
+    (lambda d: d["ipsets"][0].pop("name"), "lacks 'name'"),
+])
+def test_a_damaged_snapshot_is_refused_naming_the_field(tmp_path: Path, edit, named) -> None:  # type: ignore[no-untyped-def]
+    # each of these used to end in an internal error (exit 70) inside the diagnosis
+    snap = run("snapshot", "--from", str(TKE))
+    assert snap.returncode == 0, snap.stderr
+    doc = json.loads(snap.stdout)
+    edit(doc)
+    f = tmp_path / "node.json"
+    f.write_text(json.dumps(doc))
+    r = run("check", "--snapshot", str(f))
+    assert r.returncode == 65, r.stderr
+    assert named in r.stderr and "internal error" not in r.stderr
+
+
+def test_a_bad_pod_cidr_in_the_node_object_is_named_not_fatal(tmp_path: Path) -> None:
+    d = copy_bundle(tmp_path)
+    (d / "node.json").write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"},
+        "spec": {"podCIDR": "10.0.0.0/33", "podCIDRs": ["garbage"]}, "status": {}}))
+    r = run("check", "--from", str(d), "--json")
+    assert r.returncode == 1, r.stderr  # the rest of the bundle still decides
+    assert "spec.podCIDRs[0]: 'garbage' is not a CIDR" in r.stderr
+    assert json.loads(r.stdout)["status"] == "at-risk"

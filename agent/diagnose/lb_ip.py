@@ -15,6 +15,7 @@ from agent.snapshot import NodeSnapshot, Service
 # kube-proxy comments: "ns/svc:port loadbalancer IP", "ns/svc:port external IP"
 _KIND_BY_COMMENT = (("loadbalancer IP", "loadbalancer"), ("external IP", "external"))
 _SVC_IN_COMMENT = re.compile(r"^([a-z0-9][-a-z0-9.]*)/([a-z0-9][-a-z0-9.]*)(?::(\S*))?")
+_PROTOCOLS = frozenset({"TCP", "UDP", "SCTP"})
 _HASHED_CHAIN = re.compile(r"^KUBE-(SVC|EXT|SVL|FW|XLB)-([A-Z2-7]{16})$")
 
 
@@ -82,6 +83,10 @@ def discover(snap: NodeSnapshot) -> list[LbTarget]:
     found: dict[tuple[str, int, str], LbTarget] = {}
 
     def add(t: LbTarget) -> None:
+        if t.protocol not in _PROTOCOLS:
+            if t.protocol.upper() not in _PROTOCOLS:
+                return  # no Service has it: a damaged or foreign rule, not an LB port
+            t = replace(t, protocol=t.protocol.upper())
         old = found.get(t.key)
         if old is None:
             found[t.key] = t

@@ -137,6 +137,8 @@ def _row(chain: str, columns: list[str], line: str) -> tuple[str | None, str | N
             else:
                 values["target"] = ""
             continue
+        if i >= len(words):
+            return None, "too few columns for a listing row"
         values[col] = words[i]
         i += 1
     rest = " ".join(words[i:])

@@ -7,6 +7,7 @@ once the JSON is decoded, so it is given only for syntax errors.
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 from agent.errors import InputError
@@ -49,6 +50,12 @@ def parse_node(doc: dict[str, Any], source: str = "node.json") -> NodeInfo:
         # Older clusters and single-stack nodes may only fill the singular field.
         single = _opt_str(spec, "podCIDR", f"{path}spec.", source)
         cidrs = (single,) if single else ()
+    for i, c in enumerate(cidrs):
+        try:
+            ipaddress.ip_network(c, strict=False)
+        except ValueError:
+            raise InputError(source, None, f"{path}spec.podCIDRs[{i}]: {c!r} is not a CIDR"
+                             ) from None
     status = _obj(node, "status", path, source)
     ips = []
     for i, addr in enumerate(_list(status, "addresses", f"{path}status.", source)):
@@ -57,7 +64,7 @@ def parse_node(doc: dict[str, Any], source: str = "node.json") -> NodeInfo:
             raise InputError(source, None, f"{where[:-1]}: expected an object")
         if _opt_str(addr, "type", where, source) == "InternalIP":
             ip = _opt_str(addr, "address", where, source)
-            if ip:
+            if ip and _is_address(ip):
                 ips.append(ip)
     return NodeInfo(name, cidrs, tuple(ips))
 
@@ -303,3 +310,11 @@ def _json_type(value: Any) -> str:
 def _short(value: Any, n: int = 40) -> str:
     text = repr(value)
     return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True

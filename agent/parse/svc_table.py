@@ -37,7 +37,8 @@ def parse_svc_table(text: str, source: str = "services.txt") -> tuple[Service, .
     out = []
     for n, line in rows:
         words = line.split()
-        need = max(col["EXTERNAL-IP"], col.get("TYPE", 0)) + 1
+        need = max(col[c] for c in ("NAMESPACE", "NAME", "TYPE", "CLUSTER-IP", "EXTERNAL-IP")
+                   if c in col) + 1
         if len(words) < need or ("TYPE" in col and words[col["TYPE"]] not in _TYPES):
             raise InputError(source, n, f"not a `kubectl get svc` row: {line.strip()[:60]!r}")
         ns = words[col["NAMESPACE"]] if "NAMESPACE" in col else "default"
@@ -49,7 +50,8 @@ def parse_svc_table(text: str, source: str = "services.txt") -> tuple[Service, .
         stype = words[col["TYPE"]] if "TYPE" in col else \
             "LoadBalancer" if ext else "ClusterIP"
         ports = []
-        port_text = words[col["PORT(S)"]] if len(words) > col["PORT(S)"] else ""
+        at = col.get("PORT(S)")
+        port_text = words[at] if at is not None and len(words) > at else ""
         for p in port_text.split(",") if port_text else ():
             m = _PORT.match(p)
             if not m:
