@@ -2,20 +2,33 @@
 # loopback-agent: one image for the node agent (`loopback-agent run`, the default) and the
 # collector (`loopback-agent collector`). Build: `make image` (docker build -t IMAGE .).
 #
-# Base: pinned by tag to the interpreter the test suite runs on. A digest pin
-# (python:3.11.7-slim-bookworm@sha256:...) makes rebuilds byte-identical; take it from
-# `docker buildx imagetools inspect python:3.11.7-slim-bookworm` when releasing.
+# Base: pinned by tag to the interpreter the test suite runs on, not by digest. A digest
+# pin (FROM python:3.11.7-slim-bookworm@sha256:<index digest>, both stages) makes the base
+# immutable; it must be read from the registry when releasing (`docker buildx imagetools
+# inspect python:3.11.7-slim-bookworm`, the "Digest:" of the multi-platform index). Not
+# pinned yet because no registry was reachable where this was last changed, and a digest
+# copied from elsewhere unverified may be a single-platform manifest or an older push of
+# the tag; tests/test_deploy.py accepts the pinned form as soon as it is added.
 
-# -- builder: the agent's wheel and its dependencies' wheels -----------------------------
+# -- builder: every wheel the image installs ---------------------------------------------
 FROM python:3.11.7-slim-bookworm AS builder
 WORKDIR /src
-# Only what the build reads (the rest is kept out by .dockerignore as well).
+# Dependencies first (their layer survives changes to agent/): exactly the files
+# requirements.lock names, each checked against its sha256 (--require-hashes), and wheels
+# only (--only-binary), so what is installed is byte for byte what was hashed — nothing is
+# built from a source archive. [kube]: the agent reads Services, its Node and Ingresses
+# from the API; [postgres]: the collector can use PostgreSQL (LOOPBACK_AGENT_DB).
+COPY requirements.lock requirements-build.lock ./
+RUN pip download --no-cache-dir --require-hashes --only-binary=:all: --no-deps \
+        --dest /wheels -r requirements.lock \
+    && cp requirements.lock /wheels/ \
+    && pip install --no-cache-dir --require-hashes --only-binary=:all: --no-deps \
+        -r requirements-build.lock
+# The agent's own wheel, from the build context only (.dockerignore keeps the rest out),
+# built with the hashed setuptools above and no build isolation: nothing else is fetched.
 COPY pyproject.toml README.md ./
 COPY agent ./agent
-# [kube]: the agent reads Services, its Node and Ingresses from the API;
-# [postgres]: the collector can use PostgreSQL (LOOPBACK_AGENT_DB) for several replicas.
-# All as wheels, so the final stage installs offline and carries no build tools.
-RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[kube,postgres]"
+RUN pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels .
 
 # -- final --------------------------------------------------------------------------------
 FROM python:3.11.7-slim-bookworm
@@ -35,9 +48,11 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 # Installed from the builder's wheels through a bind mount (BuildKit, the default builder
 # since Docker 23; DOCKER_BUILDKIT=0 cannot build this), so the wheels take no layer;
-# --no-index: exactly the versions resolved in the builder, nothing fetched here.
+# --no-index: nothing fetched here; the dependencies' hashes are checked again.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-index --find-links=/wheels /wheels/*.whl
+    pip install --no-cache-dir --no-index --find-links=/wheels --require-hashes \
+        --only-binary=:all: --no-deps -r /wheels/requirements.lock \
+    && pip install --no-cache-dir --no-index --no-deps /wheels/loopback_agent-*.whl
 # No .pyc writes (the pods run with a read-only root filesystem); logs unbuffered.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1

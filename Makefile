@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # qemu-system-x86, busybox-static, file and binutils: the VM with a stock kernel (real IPVS)
 # of test-vm (virtme-ng reads the kernel's version with `file`, else `strings`)
 DEB_PKGS := iptables ipset ipvsadm iproute2 nftables kmod procps postgresql chromium \
-	qemu-system-x86 busybox-static file binutils
+	qemu-system-x86 busybox-static file binutils strace
 # what running `make test` presumes: make itself (python3 comes with the machine)
 BOOT_PKGS := make
 # The suite runs with a PATH of only the commands of the packages above (and of a minimal

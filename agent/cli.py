@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import sys
 import threading
@@ -206,12 +205,23 @@ def build_parser() -> argparse.ArgumentParser:
                     "LOOPBACK_AGENT_COLLECTOR); the command line wins.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     _env_opt(r, "--collector", metavar="URL", help="collector base URL (POST URL/v1/verdicts)")
-    _env_opt(r, "--token-file", metavar="F", help="bearer token file, re-read when it changes")
+    from agent.ship import auth  # the token file's default depends on the mode
+
+    _env_opt(r, "--collector-auth", metavar="MODE", type=auth.auth_mode,
+             default=auth.SHARED_TOKEN, action=auth.CollectorAuthOption,
+             help=f"{auth.SHARED_TOKEN} (default): the --token-file every node shares; "
+                  f"{auth.KUBE_TOKEN}: this pod's projected service-account token "
+                  f"(audience {auth.KUBE_TOKEN_AUDIENCE}; --token-file defaults to "
+                  f"{auth.KUBE_TOKEN_FILE}), which the collector checks with TokenReview")
+    _env_opt(r, "--token-file", metavar="F", action=auth.TokenFileOption,
+             default=auth.default_token_file(auth.env_mode()),
+             help="bearer token file, re-read when it changes")
     _env_opt(r, "--ca-file", metavar="F", help="CA bundle for the collector's TLS certificate")
     _env_opt(r, "--spool", metavar="DIR", default="/var/lib/loopback-agent/spool",
              help="durable spool directory (default /var/lib/loopback-agent/spool)")
     _env_opt(r, "--interval", metavar="SECONDS", type=float, default=60.0,
-             help="seconds per verdict, all of it capturing (default 60)")
+             help="seconds per verdict, all of it capturing (without a capture the rest "
+                  "is waited out; default 60)")
     _env_opt(r, "--heartbeat-every", metavar="N", type=int, default=10,
              help="ship an unchanged verdict every N intervals (default 10)")
     _env_opt(r, "--listen", metavar="HOST:PORT", default="0.0.0.0:9808", type=_listen,
@@ -236,6 +246,26 @@ def build_parser() -> argparse.ArgumentParser:
              help="require this bearer token for POSTs (re-read when it changes)")
     _env_opt(col, "--retention-days", metavar="DAYS", type=float, default=14.0,
              help="keep verdict history this long (the latest per node is always kept)")
+    _env_opt(col, "--tls-cert", metavar="FILE",
+             help="serve HTTPS with this certificate (PEM, chain after it); re-read when the "
+                  "file changes")
+    _env_opt(col, "--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
+    _env_opt(col, "--auth", metavar="MODE", choices=("shared-token", "kube-token"),
+             default="shared-token",
+             help="who may POST: 'shared-token' (default): the --token-file every agent "
+                  "shares (anyone when there is none); 'kube-token': each agent's projected "
+                  "service-account token, checked with the TokenReview API, for its own "
+                  "node only")
+    _env_opt(col, "--kube-audience", metavar="AUDIENCE", default="loopback-agent-collector",
+             help="--auth kube-token: the audience agents' tokens must be for (default "
+                  "loopback-agent-collector)")
+    _env_opt(col, "--agent-service-account", metavar="USER",
+             default="system:serviceaccount:loopback-agent-node:loopback-agent",
+             help="--auth kube-token: the agents' service account (default system:"
+                  "serviceaccount:loopback-agent-node:loopback-agent)")
+    col.add_argument("--kubeconfig", metavar="FILE",
+                     help="--auth kube-token: API credentials (default: in-cluster, then "
+                          "$KUBECONFIG or ~/.kube/config)")
 
     sub.add_parser("schema", help="print the verdict JSON Schema")
     return p
@@ -446,33 +476,12 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _collector(args: argparse.Namespace) -> int:
-    from agent.collector.server import serve
-    from agent.collector.store import open_store
+    from agent.collector.main import StartError, run
 
-    db = args.db
     try:
-        store = open_store(db, retention_days=args.retention_days)
-    except ImportError as e:
-        raise _Exit(EXIT_USAGE, f"{db}: {e} (pip install 'loopback-agent[postgres]')") from e
-    except Exception as e:
-        shown = re.sub(r"//[^@/]*@", "//***@", db)  # no password in the message
-        raise _Exit(EXIT_CANTCREAT, f"{shown}: {type(e).__name__}: {e}") from e
-    try:
-        server = serve(args.listen, store, args.token_file)
-    except OSError as e:
-        raise _Exit(EXIT_CANTCREAT, f"cannot listen on {args.listen}: {e.strerror or e}") from e
-    stop = threading.Event()
-    for s in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(s, lambda *_: stop.set())
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    host, port = server.server_address[:2]
-    print(f"loopback-agent collector on http://{host}:{port}/ ({db})", file=sys.stderr,
-          flush=True)
-    while not stop.wait(3600):
-        store.prune()
-    server.shutdown()
-    store.close()
-    return 0
+        return run(args)
+    except StartError as e:
+        raise _Exit(e.code, e.message) from e
 
 
 def _snapshot(args: argparse.Namespace) -> int:

@@ -2,9 +2,10 @@
 
 Every interval: snapshot the node, watch NodePort handshakes for the interval, diagnose,
 print the verdict as one JSON line on stdout (for the log pipeline), spool it when it
-changed or a heartbeat is due, and ship the spool to the collector. /metrics and /healthz
-are served on --listen. SIGTERM: finish the current verdict, ship what the grace period
-allows, leave the rest in the spool, exit 0.
+changed or a heartbeat is due, and ship the spool to the collector. Without a capture
+(--no-capture, or none possible here) the rest of the interval is waited out. /metrics and
+/healthz are served on --listen (bounded: agent.daemon_http). SIGTERM: finish the current
+verdict, ship what the grace period allows, leave the rest in the spool, exit 0.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from agent.bundle import with_kube_json
 from agent.capture.model import OUTCOMES, SOURCE_CLASSES
+from agent.daemon_http import BoundedHTTPServer, QuietHandler
 from agent.diagnose import diagnose, node_name, prepare
 from agent.diagnose.model import Verdict
 from agent.probes import collect_live
@@ -78,6 +79,12 @@ class Metrics:
                                  registry=r)
         self.spool_dropped = Gauge(p + "spool_dropped", "Verdicts dropped: spool was full",
                                    registry=r)
+        self.spool_set_aside = Gauge(p + "spool_set_aside",
+                                     "Spool entries set aside: not readable verdicts, or "
+                                     "refused by the collector", registry=r)
+        self.spool_write_failures = Counter(p + "spool_write_failures",
+                                            "Verdicts that could not be spooled (disk full, "
+                                            "too large)", registry=r)
         self.shipped = Counter(p + "shipped_verdicts", "Verdicts accepted by the collector",
                                registry=r)
         self.ship_failures = Counter(p + "ship_failures", "Failed shipping attempts",
@@ -120,7 +127,7 @@ class Daemon:
         self.backoff = Backoff()
         self.next_ship = 0.0
         self.last_cycle_end = time.monotonic()
-        self._server: ThreadingHTTPServer | None = None
+        self._server: BoundedHTTPServer | None = None
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -134,6 +141,7 @@ class Daemon:
         cycles = 0
         try:
             while True:
+                started = time.monotonic()
                 verdict = self.cycle()
                 cycles += 1
                 doc = verdict.to_dict()  # the JSON form, at the edges: log line and spool
@@ -141,17 +149,23 @@ class Daemon:
                 sys.stdout.flush()
                 key = verdict.change_key()
                 since_ship += 1
-                if key != last_key or since_ship >= self.cfg.heartbeat_every:
-                    self.spool.put(doc)
-                    last_key, since_ship = key, 0
+                if (key != last_key or since_ship >= self.cfg.heartbeat_every) \
+                        and self._spool(doc):
+                    last_key, since_ship = key, 0  # else: tried again next cycle
                 self.ship(deadline=None)
                 self.last_cycle_end = time.monotonic()
                 if self.stop.is_set() or (self.cfg.cycles and cycles >= self.cfg.cycles):
+                    break
+                # A cycle lasts one interval: the capture fills it. Without one
+                # (--no-capture, or the capture is unavailable here and returned at
+                # once) wait out the rest, or the node would be probed back to back.
+                if self.stop.wait(max(0.0, started + self.cfg.interval - time.monotonic())):
                     break
             self.ship(deadline=time.monotonic() + self.cfg.grace)
         finally:
             if self._server:
                 self._server.shutdown()
+                self._server.server_close()
         log(f"stopped; {len(self.spool)} verdicts left in the spool {self.cfg.spool_dir}")
         return 0
 
@@ -187,6 +201,16 @@ class Daemon:
             log(f"--kube-json {directory}: {getattr(e, 'message', e)}")
             return snap
 
+    def _spool(self, doc: dict[str, Any]) -> bool:
+        """Spool a verdict; False (logged, counted) when it could not be stored."""
+        try:
+            self.spool.put(doc)
+            return True
+        except (OSError, ValueError) as e:
+            self.metrics.spool_write_failures.inc()
+            log(f"verdict not spooled: {e}")
+            return False
+
     def ship(self, deadline: float | None) -> None:
         """One drain pass (several until ``deadline`` when stopping), with backoff."""
         m = self.metrics
@@ -208,6 +232,9 @@ class Daemon:
             time.sleep(min(delay, 1.0, max(0.0, deadline - time.monotonic())))
         m.spool_depth.set(len(self.spool))
         m.spool_dropped.set(self.spool.dropped)
+        m.spool_set_aside.set(self.spool.corrupt + self.spool.rejected)
+        for problem in self.spool.take_problems():
+            log(problem)
 
     # -- /metrics and /healthz --------------------------------------------------------
 
@@ -222,7 +249,7 @@ class Daemon:
         host, _, port = listen.rpartition(":")
         daemon = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 if self.path == "/metrics":
                     body, ctype, code = (generate_latest(daemon.metrics.registry),
@@ -238,10 +265,7 @@ class Daemon:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer((host or "0.0.0.0", int(port)), Handler)
+        self._server = BoundedHTTPServer((host or "0.0.0.0", int(port)), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
 

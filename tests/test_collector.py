@@ -83,28 +83,43 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 class Proc:
-    def __init__(self, db: Path | str, token: Path | None = None) -> None:
+    """``loopback-agent collector`` as a real process on 127.0.0.1 (``extra``: more
+    options; ``preexec_fn``: e.g. a lower RLIMIT_NOFILE; ``verify``: the CA for https)."""
+
+    def __init__(self, db: Path | str, token: Path | None = None, extra: tuple[str, ...] = (),
+                 preexec_fn: Any = None, verify: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        scheme = "https" if "--tls-cert" in extra else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
+        self.verify = verify if verify is not None else True
         url = db if isinstance(db, str) else f"sqlite://{db}"
         cmd = [sys.executable, "-m", "agent", "collector", "--listen",
-               f"127.0.0.1:{self.port}", "--db", url]
+               f"127.0.0.1:{self.port}", "--db", url, *extra]
         if token:
             cmd += ["--token-file", str(token)]
         self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True)
+                                  text=True, preexec_fn=preexec_fn, env=env)
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self.p.poll() is None:
             try:
-                if requests.get(self.url + "/healthz", timeout=1).status_code == 200:
+                if requests.get(self.url + "/healthz", timeout=1,
+                                verify=self.verify).status_code == 200:
                     return
             except requests.ConnectionError:
                 time.sleep(0.1)
-        raise RuntimeError(self.p.stderr.read() if self.p.stderr else "no collector")
+        self.p.kill()
+        raise RuntimeError(self.p.communicate()[1] or "no collector")
 
-    def stop(self) -> None:
+    def stop(self) -> str:
+        """Stops it; returns what it said on stderr."""
         self.p.terminate()
-        self.p.wait(timeout=10)
+        try:
+            _, err = self.p.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            _, err = self.p.communicate()
+        return err
 
 
 @pytest.fixture
@@ -327,13 +342,16 @@ def test_healthz_of_the_daemon_fails_when_cycles_stop(tmp_path: Path) -> None:
 
 def test_page_lists_a_node_once_per_service_when_observed_and_exposed() -> None:
     """The demo's fleet: each node both exposes the LB IP and saw it loop."""
-    from agent.collector.page import render_page
+    from agent.collector.server import Collector
+    from agent.collector.store import Store
 
     def finding(fid: str) -> dict[str, Any]:
         return {"id": fid, "severity": "error", "lb_ip": "10.0.1.10", "service": "demo/web"}
 
-    latest = [{"node": n, "status": "loopback", "kube_proxy_mode": "ipvs", "time": "t",
-               "unknowns": [], "findings": [finding("lb-ip-local"), finding("loopback-observed")]}
-              for n in ("node-a", "node-b")]
-    page = render_page(latest)
+    store = Store(":memory:")
+    store.add([{"node": n, "status": "loopback", "kube_proxy_mode": "ipvs", "time": "t",
+                "unknowns": [], "idempotency_key": n,
+                "findings": [finding("lb-ip-local"), finding("loopback-observed")]}
+               for n in ("node-a", "node-b")])
+    page = Collector(store).page(0)
     assert "<td>node-a, node-b</td>" in page

@@ -55,3 +55,15 @@ def test_screenshot_of_the_page(fleet: Proc, tmp_path: Path) -> None:
     browse(fleet.url + "/", tmp_path, f"--screenshot={shot}", "--window-size=1200,700")
     assert shot.exists() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert shot.stat().st_size > 10_000  # a rendered page, not a blank one
+
+
+def test_the_page_keeps_to_its_content_security_policy(fleet: Proc, tmp_path: Path) -> None:
+    """The policy allows no script and only the page's own style sheet: a browser that
+    enforces it still renders the page styled, with no violation in its console."""
+    r = subprocess.run([CHROMIUM or "chromium", *FLAGS, f"--user-data-dir={tmp_path}/profile",
+                        "--enable-logging=stderr", "--v=0", "--dump-dom", fleet.url + "/"],
+                       capture_output=True, text=True, timeout=60)
+    assert 'id="nodes"' in r.stdout
+    assert "Content Security Policy" not in r.stderr, r.stderr[-2000:]
+    csp = requests.get(fleet.url + "/", timeout=5).headers["Content-Security-Policy"]
+    assert "style-src 'sha256-" in csp

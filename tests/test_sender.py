@@ -4,7 +4,10 @@ off (Retry-After honoured), rejected verdicts are set aside, the token file is r
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from agent.cli import build_parser
+from agent.ship.auth import KUBE_TOKEN_AUDIENCE, KUBE_TOKEN_FILE
 from agent.ship.sender import Backoff, Sender, drain
 from agent.ship.spool import Spool
 
@@ -144,3 +149,171 @@ def test_a_slow_collector_times_out_and_the_spool_is_kept(tmp_path: Path,
     # the timed-out batch may have been stored too: the idempotency keys make that harmless
     keys = [v["idempotency_key"] for v in collector.received]
     assert len(set(keys)) == 2
+
+
+# -- the bearer token: modes, rotation, files that are not tokens --------------------------
+
+
+def kubelet_token_dir(directory: Path, token: str, stamp: int) -> Path:
+    """A projected token laid out as the kubelet's AtomicWriter does: the file is
+    ..data/token through a symlink, ..data a symlink to a timestamped directory, swapped
+    atomically (rename of a new symlink over it) on every refresh."""
+    directory.mkdir(exist_ok=True)
+    version = directory / f"..2026_01_01_00_00_{stamp:02d}.{stamp}"
+    version.mkdir()
+    (version / "token").write_text(token)
+    os.utime(version / "token", ns=(10**18, 10**18))  # same mtime for every version
+    tmp = directory / "..data_tmp"
+    tmp.symlink_to(version.name)
+    os.replace(tmp, directory / "..data")
+    if not (directory / "token").is_symlink():
+        (directory / "token").symlink_to("..data/token")
+    return directory / "token"
+
+
+def test_a_projected_token_refreshed_by_the_kubelet_is_sent(tmp_path: Path,
+                                                             collector: Collector) -> None:
+    # Two JWT-like tokens of the same length and mtime: only the file behind the
+    # symlinks changed. Today the (mtime, size) stamp missed it and the old token went on
+    # being sent until it expired (401 from then on).
+    first, second = "eyJ.first-token.sig", "eyJ.other-token.sig"
+    assert len(first) == len(second)
+    token = kubelet_token_dir(tmp_path / "projected", first, 1)
+    sender = Sender(collector.url, token_file=token)
+    s = spool_with(tmp_path, 1)
+    drain(s, sender)
+    kubelet_token_dir(tmp_path / "projected", second, 2)
+    s.put({"seq": 9})
+    drain(s, sender)
+    assert collector.auth == [f"Bearer {first}", f"Bearer {second}"]
+
+
+def test_a_refused_token_is_read_again(tmp_path: Path, collector: Collector) -> None:
+    # Rewritten in place with the same size and mtime (a coarse-timestamp filesystem):
+    # nothing tells the change but the collector's 401; the next attempt re-reads.
+    token = tmp_path / "token"
+    token.write_text("old-token")
+    sender = Sender(collector.url, token_file=token)
+    s = spool_with(tmp_path, 1)
+    drain(s, sender)
+    st = token.stat()
+    with token.open("r+") as f:
+        f.write("new-token")
+    os.utime(token, ns=(st.st_atime_ns, st.st_mtime_ns))
+    s.put({"seq": 9})
+    collector.script = [(401, {})]
+    assert drain(s, sender).last.status == 401  # type: ignore[union-attr]
+    assert drain(s, sender).sent == 1
+    assert collector.auth == ["Bearer old-token", "Bearer old-token", "Bearer new-token"]
+
+
+def test_a_missing_token_is_not_sent_without_one(tmp_path: Path,
+                                                 collector: Collector) -> None:
+    # Today the verdicts went out without Authorization: refused (401), or accepted by a
+    # collector without a token, while the agent was configured to authenticate.
+    s = spool_with(tmp_path, 2)
+    res = drain(s, Sender(collector.url, token_file=tmp_path / "absent"))
+    assert res.sent == 0 and len(s) == 2 and collector.auth == []
+    assert res.last is not None and "no bearer token" in (res.last.error or "")
+    assert str(tmp_path / "absent") in (res.last.error or "")
+
+
+_READ_TOKEN = r"""
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (768 << 20, 768 << 20))
+from agent.ship.sender import TokenFile
+t = TokenFile(sys.argv[1])
+print(repr(t.token()), t.problem)
+"""
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory", "binary"])
+def test_a_token_file_that_is_not_a_token_neither_blocks_nor_floods(tmp_path: Path,
+                                                                    kind: str) -> None:
+    # In a child with a time and an address-space limit. Today: the FIFO blocked the
+    # shipping forever, /dev/zero was read until memory ran out (MemoryError, exit 70).
+    token = tmp_path / "token"
+    if kind == "fifo":
+        os.mkfifo(token)
+    elif kind == "dev-zero":
+        token.symlink_to("/dev/zero")
+    elif kind == "directory":
+        token.mkdir()
+    else:
+        token.write_bytes(b"\x00\xff token\nwith lines")
+    try:
+        proc = subprocess.run([sys.executable, "-c", _READ_TOKEN, str(token)],
+                              capture_output=True, text=True, timeout=15)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"reading a {kind} as the token file blocked")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("None token file "), proc.stdout
+
+
+def test_batches_are_bounded_in_bytes_and_read_lazily(tmp_path: Path,
+                                                      collector: Collector) -> None:
+    s = Spool(tmp_path / "spool")
+    for i in range(12):
+        s.put({"seq": i, "pad": "p" * 300_000})
+    sizes: list[int] = []
+    real_send = Sender.send
+
+    def send(self: Sender, verdicts: list[dict[str, Any]]) -> Any:
+        sizes.append(len(json.dumps(verdicts)))
+        return real_send(self, verdicts)
+
+    Sender.send = send  # type: ignore[method-assign]
+    try:
+        res = drain(s, Sender(collector.url), batch=50, batch_bytes=1_000_000)
+    finally:
+        Sender.send = real_send  # type: ignore[method-assign]
+    assert res.sent == 12 and [v["seq"] for v in collector.received] == list(range(12))
+    assert len(sizes) == 4 and max(sizes) < 1_000_000 + 1000
+
+
+def test_drain_never_posts_what_a_symlink_points_at(tmp_path: Path,
+                                                    collector: Collector) -> None:
+    s = spool_with(tmp_path, 1)
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"idempotency_key": "k", "password": "hunter2"}')
+    (s.dir / "99999999999999999999-leak.json").symlink_to(secret)
+    res = drain(s, Sender(collector.url))
+    assert res.sent == 1 and s.corrupt == 1
+    assert "hunter2" not in json.dumps(collector.received)
+
+
+# -- choosing the mode on the command line / in the environment -----------------------------
+
+
+@pytest.mark.parametrize(("argv", "env", "expected"), [
+    ([], {}, ("shared-token", None)),
+    (["--token-file", "/s/token"], {}, ("shared-token", "/s/token")),
+    (["--collector-auth", "kube-token"], {}, ("kube-token", KUBE_TOKEN_FILE)),
+    (["--collector-auth", "kube-token", "--token-file", "/t"], {}, ("kube-token", "/t")),
+    (["--token-file", "/t", "--collector-auth", "kube-token"], {}, ("kube-token", "/t")),
+    ([], {"LOOPBACK_AGENT_COLLECTOR_AUTH": "kube-token"}, ("kube-token", KUBE_TOKEN_FILE)),
+    ([], {"LOOPBACK_AGENT_COLLECTOR_AUTH": "kube-token", "LOOPBACK_AGENT_TOKEN_FILE": "/e"},
+     ("kube-token", "/e")),
+    (["--collector-auth", "shared-token"], {"LOOPBACK_AGENT_COLLECTOR_AUTH": "kube-token"},
+     ("shared-token", None)),
+])
+def test_collector_auth_picks_the_token_file(argv: list[str], env: dict[str, str],
+                                             expected: tuple[str, str | None],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("LOOPBACK_AGENT_COLLECTOR_AUTH", "LOOPBACK_AGENT_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = build_parser().parse_args(["run", *argv])
+    assert (args.collector_auth, args.token_file) == expected
+    assert KUBE_TOKEN_AUDIENCE == "loopback-agent-collector"
+
+
+def test_a_bad_collector_auth_is_a_usage_error() -> None:
+    for env, argv in (({"LOOPBACK_AGENT_COLLECTOR_AUTH": "jwt"}, ["run", "--help"]),
+                      ({}, ["run", "--collector-auth", "jwt"])):
+        r = subprocess.run([sys.executable, "-m", "agent", *argv], capture_output=True,
+                           text=True, env={**os.environ, **env}, timeout=60)
+        assert r.returncode == 64 and "'jwt' is not one of shared-token, kube-token" \
+            in r.stderr
+        assert "Traceback" not in r.stderr

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -105,3 +107,178 @@ def test_sigkill_mid_write_loses_nothing_that_put_returned(tmp_path: Path,
     assert set(returned) <= set(stored)
     assert len(stored) - len(returned) <= 1  # at most the one in flight, complete
     assert all(json.dumps(v) for v in stored.values())
+
+
+# -- a hostile or unlucky spool directory (a hostPath: anything may appear in it) ------------
+#
+# Each runs the spool in a child process with a time and an address-space limit, so the
+# behaviour measured is the process's own (a hang, an exit, memory), and a regression fails
+# the test instead of hanging or exhausting the machine running it.
+
+_CHILD = r"""
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (768 << 20, 768 << 20))
+from agent.ship.spool import Spool
+s = Spool(sys.argv[1])
+if len(sys.argv) > 2:
+    s.put(json.loads(sys.argv[2]))
+items = [it.verdict for it in s.items()]
+print(json.dumps({"items": items, "corrupt": s.corrupt, "dropped": s.dropped,
+                  "problems": s.problems, "names": s.names()}))
+"""
+
+
+def child(spool: Path, put: dict | None = None, timeout: float = 30) -> dict:
+    args = [sys.executable, "-c", _CHILD, str(spool)] + ([json.dumps(put)] if put else [])
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the spool hung for {timeout}s")
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
+    out = json.loads(proc.stdout)
+    out["seconds"] = time.monotonic() - t0
+    return out
+
+
+def name(ns: int, key: str) -> str:
+    return f"{ns:020d}-{key}.json"
+
+
+def test_foreign_entries_are_set_aside_not_fatal(tmp_path: Path) -> None:
+    # Today's failure: Spool() took the newest name's number and exited 70 (ValueError)
+    # at every restart; a FIFO named like a verdict blocked the read forever.
+    s = Spool(tmp_path)
+    s.put(verdict(1))
+    (tmp_path / "zz-notes.json").write_text('{"idempotency_key": "not-ours"}')
+    (tmp_path / "dir.json").mkdir()
+    (tmp_path / name(2, "adir")).mkdir()
+    os.mkfifo(tmp_path / name(3, "fifo"))
+    os.mkfifo(tmp_path / "zz-fifo.json")
+    os.mknod(tmp_path / name(4, "null"), 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    out = child(tmp_path, put=verdict(5))
+    assert [v["seq"] for v in out["items"]] == [1, 5]
+    assert out["corrupt"] == 6 and out["dropped"] == 0
+    assert out["seconds"] < 10
+    for bad in ("zz-notes.json", "dir.json", name(2, "adir"), name(3, "fifo"),
+                "zz-fifo.json", name(4, "null")):
+        assert (tmp_path / (bad + ".corrupt")).exists(), bad
+        assert any(bad in p for p in out["problems"]), bad
+    # set aside once: a restart sees a clean spool
+    again = child(tmp_path)
+    assert again["corrupt"] == 0 and [v["seq"] for v in again["items"]] == [1, 5]
+
+
+@pytest.mark.parametrize("target", ["secret", "dev-zero", "fifo"])
+def test_a_symlink_is_never_followed(tmp_path: Path, target: str) -> None:
+    # Today's failures: the secret's content was read and delivered as a verdict;
+    # /dev/zero was read until memory ran out; the FIFO blocked the read forever.
+    spool = tmp_path / "spool"
+    Spool(spool).put(verdict(1))
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"idempotency_key": "k", "password": "hunter2"}')
+    os.mkfifo(tmp_path / "fifo")
+    link = spool / name(99999999999999999999, "link")  # the newest: read last
+    link.symlink_to({"secret": secret, "dev-zero": Path("/dev/zero"),
+                     "fifo": tmp_path / "fifo"}[target])
+    out = child(spool, timeout=15)
+    assert "hunter2" not in json.dumps(out)
+    assert [v.get("seq") for v in out["items"]] == [1]
+    assert out["corrupt"] == 1 and "symbolic link" in out["problems"][0]
+    # the link itself was moved aside; its target is untouched
+    assert (spool / (link.name + ".corrupt")).is_symlink()
+    assert secret.read_text() == '{"idempotency_key": "k", "password": "hunter2"}'
+
+
+def test_a_fifo_named_like_a_verdict_does_not_block(tmp_path: Path) -> None:
+    # Today's failure: open() of the FIFO waited for a writer forever (SIGTERM only set
+    # the daemon's stop flag; the read never returned to look at it).
+    s = Spool(tmp_path)
+    s.put(verdict(1))
+    os.mkfifo(tmp_path / name(99999999999999999999, "fifo"))
+    out = child(tmp_path, timeout=15)
+    assert [v["seq"] for v in out["items"]] == [1] and out["corrupt"] == 1
+
+
+def test_a_huge_file_neither_evicts_verdicts_nor_exhausts_memory(tmp_path: Path) -> None:
+    # Today's failure: a 1 GiB file counted against the 64 MiB bound dropped every real
+    # verdict (the one just put too), then was read whole (MemoryError under the limit).
+    s = Spool(tmp_path)
+    for i in range(3):
+        s.put(verdict(i))
+    huge = tmp_path / name(99999999999999999999, "huge")
+    with huge.open("wb") as f:
+        f.truncate(1 << 30)  # sparse: 1 GiB by its size, no disk used
+    out = child(tmp_path, put=verdict(3))
+    assert [v["seq"] for v in out["items"]] == [0, 1, 2, 3]
+    assert out["dropped"] == 0 and out["corrupt"] == 1
+    assert (tmp_path / (huge.name + ".corrupt")).exists()
+
+
+def test_a_verdict_sized_file_that_is_not_json_is_set_aside(tmp_path: Path) -> None:
+    # Nested deeper than the JSON parser recurses: RecursionError, today uncaught (exit 70)
+    s = Spool(tmp_path)
+    s.put(verdict(1))
+    (tmp_path / name(2, "deep")).write_text("[" * 200_000)
+    out = child(tmp_path)
+    assert [v["seq"] for v in out["items"]] == [1] and out["corrupt"] == 1
+
+
+def test_a_file_grown_past_the_bound_after_listing_is_not_read_whole(tmp_path: Path) -> None:
+    s = Spool(tmp_path, max_item_bytes=1000)
+    s.put(verdict(1))
+    big = tmp_path / name(99999999999999999999, "grows")  # after the real one
+    big.write_text("{}")
+    it = s.items()
+    first = next(it)  # listed now, while small
+    big.write_bytes(b" " * 5000)
+    assert first.verdict["seq"] == 1 and list(it) == []
+    assert s.corrupt == 1 and "5000 bytes" in s.problems[-1]
+
+
+def test_set_aside_files_are_bounded(tmp_path: Path) -> None:
+    s = Spool(tmp_path)
+    for i in range(150):
+        (tmp_path / f"junk-{i}.json").write_text("x")
+    assert len(s) == 0 and s.corrupt == 150
+    assert len(list(tmp_path.glob("*.corrupt"))) == 100
+
+
+def test_an_unsafe_key_never_leaves_the_spool_directory(tmp_path: Path) -> None:
+    s = Spool(tmp_path / "spool")
+    key = s.put({**verdict(1), IDEMPOTENCY_KEY: "../../escape/x"})
+    assert key == "../../escape/x" and next(s.items()).key == key
+    assert [p.name for p in tmp_path.iterdir()] == ["spool"]
+
+
+def test_an_oversized_verdict_is_refused_not_stored(tmp_path: Path) -> None:
+    s = Spool(tmp_path, max_item_bytes=1000)
+    with pytest.raises(ValueError, match="more than the 1000"):
+        s.put({**verdict(1), "pad": "x" * 2000})
+    assert len(s) == 0 and not list(tmp_path.iterdir())
+
+
+_SHORT_WRITE = r"""
+import resource, signal, sys
+from agent.ship.spool import Spool
+s = Spool(sys.argv[1])
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of being killed
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+try:
+    key = s.put({"seq": 1, "pad": "z" * 20000})
+    print("returned", key)
+except OSError as e:
+    print("raised", e)
+"""
+
+
+def test_a_short_write_never_returns_a_truncated_verdict(tmp_path: Path) -> None:
+    # RLIMIT_FSIZE makes the kernel write 4096 of the ~20 kB and return 4096 (a real short
+    # write); the next write gets EFBIG. Today os.write's count was ignored: put()
+    # returned, the verdict on disk was 4096 bytes of it, unreadable: lost.
+    proc = subprocess.run([sys.executable, "-c", _SHORT_WRITE, str(tmp_path)],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("raised"), proc.stdout
+    assert "File too large" in proc.stdout
+    assert list(tmp_path.iterdir()) == []  # no truncated verdict, no temporary file

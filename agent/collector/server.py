@@ -1,57 +1,37 @@
-"""`loopback-agent collector`: verdicts in, fleet view out (stdlib HTTP server + SQLite).
+"""`loopback-agent collector`: verdicts in, fleet view out.
 
 POST /v1/verdicts (one verdict or a batch), GET /v1/nodes, /v1/nodes/{node},
 /v1/services, /metrics, /healthz, /openapi.json, and / (a page a person reads).
-Bodies are validated against the verdict JSON Schema (422 naming the field), limited in
-size (413), and need the bearer token when one is configured (401).
+The caller is authenticated from the headers before the body is read (401/403); bodies
+are limited in size (413), must be plain JSON (400) and valid verdicts (422 naming the
+field). ``Collector`` is what the requests do (thread-safe, no HTTP in it); the HTTP
+server is agent.collector.web.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
-from urllib.parse import unquote
 
-import jsonschema
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from agent.collector import views
+from agent.collector.auth import Anyone, Authenticator, Caller, SharedToken, authorize
+from agent.collector.intake import MAX_BATCH, MAX_BODY, BadRequest, Intake
 from agent.collector.page import render_page
 from agent.collector.store import Store
-from agent.collector.views import nodes_view, services_view
-from agent.ship.sender import TokenFile
 
-MAX_BODY = 4 * 1024 * 1024
-MAX_BATCH = 500
-
-
-class BadRequest(Exception):
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [k for k, _ in pairs]
-    dup = next((k for k in keys if keys.count(k) > 1), None)
-    if dup is not None:
-        raise BadRequest(400, f"duplicate key {dup!r} in a JSON object")
-    return dict(pairs)
+__all__ = ["MAX_BATCH", "MAX_BODY", "BadRequest", "Collector", "serve"]
 
 
 class Collector:
-    def __init__(self, store: Store, token_file: str | None = None) -> None:
+    def __init__(self, store: Store, token_file: str | None = None,
+                 authenticator: Authenticator | None = None) -> None:
         self.store = store
-        self.token = TokenFile(token_file) if token_file else None
-        schema = json.loads(resources.files("agent").joinpath("schema/verdict-v1.json")
-                            .read_text())
-        self.validator = jsonschema.Draft202012Validator(schema)
+        self.auth: Authenticator = authenticator or (
+            SharedToken(token_file) if token_file else Anyone())
+        self.intake = Intake()
         r = self.registry = CollectorRegistry()
         self.accepted = Counter("loopback_collector_verdicts_stored",
                                 "Verdicts stored", registry=r)
@@ -61,118 +41,65 @@ class Collector:
                                 "Requests refused", ["code"], registry=r)
         self.nodes = Gauge("loopback_collector_nodes", "Nodes by latest status", ["status"],
                            registry=r)
-        self.lock = threading.Lock()
 
     # -- POST /v1/verdicts ------------------------------------------------------------
 
-    def ingest(self, headers: Any, body: bytes) -> dict[str, Any]:
-        if self.token is not None:
-            want = self.token.token()
-            got = headers.get("Authorization", "")
-            if not want or got != f"Bearer {want}":
-                raise BadRequest(401, "missing or wrong bearer token")
-        try:
-            doc = json.loads(body, object_pairs_hook=_no_duplicate_keys)
-        except BadRequest:
-            raise
-        except (ValueError, RecursionError) as e:
-            raise BadRequest(400, f"not JSON: {e}") from None
-        batch = doc if isinstance(doc, list) else [doc]
-        if not batch:
-            raise BadRequest(422, "empty batch")
-        if len(batch) > MAX_BATCH:
-            raise BadRequest(413, f"batch of {len(batch)} verdicts; at most {MAX_BATCH}")
-        for i, v in enumerate(batch):
-            err = jsonschema.exceptions.best_match(self.validator.iter_errors(v))
-            if err is not None:
-                where = "/".join(str(p) for p in err.absolute_path) or "(document)"
-                prefix = f"[{i}]/" if isinstance(doc, list) else ""
-                raise BadRequest(422, f"{prefix}{where}: {err.message[:300]}")
-            key = v.get("idempotency_key")
-            if key is not None and not isinstance(key, str):
-                raise BadRequest(422, f"{i}/idempotency_key: must be a string")
-            if not key:
-                # without a key, the same document sent twice is still stored once
-                v["idempotency_key"] = hashlib.sha256(
-                    json.dumps(v, sort_keys=True).encode()).hexdigest()
+    def authenticate(self, authorization: str) -> Caller:
+        return self.auth.authenticate(authorization)
+
+    def ingest(self, caller: Caller, body: bytes) -> dict[str, Any]:
+        batch = self.intake.verdicts(body)
+        authorize(caller, [v["node"] for v in batch])
         stored, dup = self.store.add(batch)
         self.accepted.inc(stored)
         self.duplicates.inc(dup)
         return {"stored": stored, "duplicates": dup}
 
+    # -- GET: summaries only, a page at a time ------------------------------------------
+
     def metrics(self) -> bytes:
-        counts: dict[str, int] = {"healthy": 0, "at-risk": 0, "loopback": 0}
-        for v in self.store.latest():
-            counts[v["status"]] = counts.get(v["status"], 0) + 1
+        counts = {"healthy": 0, "at-risk": 0, "loopback": 0, **self.store.status_counts()}
         for s, n in counts.items():
             self.nodes.labels(s).set(n)
         return generate_latest(self.registry)
 
+    def nodes_page(self, page: views.Page) -> tuple[list[dict[str, Any]], int]:
+        return self.store.nodes(page.limit, page.offset), self.store.node_total()
 
-def make_handler(col: Collector) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    def services_page(self, page: views.Page) -> tuple[list[dict[str, Any]], int]:
+        return self.store.services(page.limit, page.offset), self.store.service_total()
 
-        def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def page(self, offset: int) -> str:
+        limit = views.SCREEN_NODES
+        return render_page(self.store.status_counts(), self.store.node_total(),
+                           self.store.nodes(limit, offset),
+                           self.store.services(views.SCREEN_SERVICES, 0,
+                                               max_nodes=views.SCREEN_SERVICE_NODES),
+                           self.store.service_total(), offset, limit)
 
-        def _json(self, code: int, doc: Any) -> None:
-            self._send(code, json.dumps(doc).encode())
+    def history(self, node: str, limit: int, before: int | None) -> tuple[bytes, int | None]:
+        """The JSON array of a node's verdicts, newest first, from the stored text."""
+        docs, more = self.store.history(node, limit, before)
+        return ("[" + ",".join(docs) + "]").encode(), more
 
-        def do_POST(self) -> None:
-            if self.path != "/v1/verdicts":
-                self._json(404, {"error": "not found"})
-                return
-            try:
-                length = self.headers.get("Content-Length")
-                if length is None or not length.isdigit():
-                    raise BadRequest(411, "Content-Length required")
-                if int(length) > MAX_BODY:
-                    raise BadRequest(413, f"body of {length} bytes; at most {MAX_BODY}")
-                body = self.rfile.read(int(length))
-                self._json(200, col.ingest(self.headers, body))
-            except BadRequest as e:
-                col.rejected.labels(str(e.code)).inc()
-                if e.code == 413:
-                    self.close_connection = True  # the unread body stays on the wire
-                self._json(e.code, {"error": e.message})
-
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/":
-                self._send(200, render_page(col.store.latest()).encode(),
-                           "text/html; charset=utf-8")
-            elif path == "/v1/nodes":
-                self._json(200, nodes_view(col.store.latest()))
-            elif m := re.fullmatch(r"/v1/nodes/([^/]+)", path):
-                hist = col.store.history(unquote(m.group(1)))
-                self._json(200 if hist else 404, hist if hist else {"error": "unknown node"})
-            elif path == "/v1/services":
-                self._json(200, services_view(col.store.latest()))
-            elif path == "/metrics":
-                self._send(200, col.metrics(), CONTENT_TYPE_LATEST)
-            elif path == "/healthz":
-                col.store.count()
-                self._send(200, b"ok\n", "text/plain")
-            elif path == "/openapi.json":
-                self._send(200, resources.files("agent").joinpath("schema/collector-openapi.json")
-                           .read_bytes())
-            else:
-                self._json(404, {"error": "not found"})
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    return Handler
+    @staticmethod
+    def openapi() -> bytes:
+        return resources.files("agent").joinpath("schema/collector-openapi.json").read_bytes()
 
 
-def serve(listen: str, store: Store, token_file: str | None = None) -> ThreadingHTTPServer:
+def dumps(doc: Any) -> bytes:
+    return json.dumps(doc, allow_nan=False).encode()
+
+
+def serve(listen: str, store: Store, token_file: str | None = None, *,
+          tls_cert: str | None = None, tls_key: str | None = None,
+          authenticator: Authenticator | None = None) -> Any:
+    """Bind ``listen`` now (an OSError says why not); ``serve_forever()`` then serves
+    until ``shutdown()``."""
+    from agent.collector.tls import TLSFiles
+    from agent.collector.web import CollectorServer
+
     host, _, port = listen.rpartition(":")
-    server = ThreadingHTTPServer((host or "0.0.0.0", int(port)),
-                                 make_handler(Collector(store, token_file)))
-    server.daemon_threads = True
-    return server
+    tls = TLSFiles(tls_cert, tls_key) if tls_cert and tls_key else None
+    return CollectorServer(Collector(store, token_file, authenticator), host or "0.0.0.0",
+                           int(port), tls)

@@ -3,12 +3,17 @@
 One pass (``drain``) sends the oldest verdicts in batches and removes each batch only
 after a 2xx. What to do next is the caller's: ``Backoff.next_delay`` gives exponential
 backoff with full jitter, never shorter than a Retry-After the collector sent (429/503).
-The bearer token is read from a file and re-read when the file changes (rotated Secrets).
+The bearer token is read from a file and re-read when the file changes (a rotated Secret,
+or the kubelet's refresh of a projected service-account token: see agent.ship.auth).
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import random
+import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from pathlib import Path
@@ -16,8 +21,12 @@ from typing import Any
 
 import requests
 
-from agent.ship.spool import Spool
+from agent.ship.spool import Spool, SpoolItem
 
+# well under the collector's 4 MiB request limit, so a full batch is never refused as too
+# large; also what one drain pass holds in memory
+BATCH_BYTES = 2 * 1024 * 1024
+MAX_TOKEN_BYTES = 64 * 1024  # a projected service-account token is ~1 KiB
 RETRYABLE = {408, 425, 429, 500, 502, 503, 504}
 REJECTED = {400, 413, 422}  # the collector will never take these verdicts as they are
 
@@ -35,24 +44,58 @@ class SendResult:
 
 
 class TokenFile:
-    """A bearer token in a file, re-read whenever the file's mtime or size changes."""
+    """A bearer token in a file, re-read whenever the file changes: another file (inode:
+    the kubelet swaps a projected token or a Secret in through a symlink), or a new mtime
+    or size. Read without blocking and at most MAX_TOKEN_BYTES, so a FIFO or a device put
+    there cannot hang or flood the agent; ``problem`` says why there is no token."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple[int, int, int, int] | None = None
         self._token: str | None = None
+        self.problem: str | None = None
 
     def token(self) -> str | None:
         try:
             st = self.path.stat()
-        except OSError:
+            if _stamp(st) != self._stamp:
+                self._token, self._stamp = self._read()
+        except OSError as e:
             self._stamp, self._token = None, None
+            self.problem = f"token file {self.path}: {e.strerror or e}"
             return None
-        stamp = (st.st_mtime_ns, st.st_size)
-        if stamp != self._stamp:
-            self._token = self.path.read_text().strip() or None
-            self._stamp = stamp
+        self.problem = None if self._token else f"token file {self.path} is empty"
         return self._token
+
+    def invalidate(self) -> None:
+        """Read the file again next time (the collector refused the token: it may have
+        been rotated in a way the stamp missed)."""
+        self._stamp = None
+
+    def _read(self) -> tuple[str | None, tuple[int, int, int, int]]:
+        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
+            if st.st_size > MAX_TOKEN_BYTES:
+                raise OSError(errno.EFBIG, f"{st.st_size} bytes: not a token")
+            data = os.read(fd, MAX_TOKEN_BYTES + 1)
+        finally:
+            os.close(fd)
+        if len(data) > MAX_TOKEN_BYTES:
+            raise OSError(errno.EFBIG, "grew while read: not a token")
+        try:
+            text = data.decode("ascii").strip()
+        except UnicodeDecodeError as e:
+            raise OSError(errno.EINVAL, "not an ASCII token") from e
+        if any(c.isspace() for c in text):  # one header value: no line breaks inside
+            raise OSError(errno.EINVAL, "a token has no spaces or line breaks inside")
+        return text or None, _stamp(st)
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 class Sender:
@@ -68,8 +111,12 @@ class Sender:
 
     def send(self, verdicts: list[dict[str, Any]]) -> SendResult:
         headers = {"Content-Type": "application/json"}
-        token = self.token.token() if self.token else None
-        if token:
+        if self.token is not None:
+            token = self.token.token()
+            if token is None:
+                # configured but unreadable: sending without it could only be refused
+                # (401) and would hide why; retried with backoff like any failure
+                return SendResult(False, error=f"no bearer token: {self.token.problem}")
             headers["Authorization"] = f"Bearer {token}"
         try:
             r = self.session.post(self.url, json=verdicts, headers=headers,
@@ -78,6 +125,8 @@ class Sender:
             return SendResult(False, error=f"{type(e).__name__}: {e}")
         if 200 <= r.status_code < 300:
             return SendResult(True, r.status_code)
+        if r.status_code in (401, 403) and self.token is not None:
+            self.token.invalidate()
         return SendResult(False, r.status_code, _retry_after(r.headers.get("Retry-After")),
                           f"HTTP {r.status_code}: {r.text[:200]}")
 
@@ -107,14 +156,15 @@ class DrainResult:
     last: SendResult | None = None  # the failure that ended the pass, if any
 
 
-def drain(spool: Spool, sender: Sender, *, batch: int = 50) -> DrainResult:
-    """Send everything spooled, oldest first, in batches; stop at the first failure.
+def drain(spool: Spool, sender: Sender, *, batch: int = 50,
+          batch_bytes: int = BATCH_BYTES) -> DrainResult:
+    """Send everything spooled, oldest first, in batches of at most ``batch`` verdicts and
+    ``batch_bytes`` (a larger verdict goes alone); stop at the first failure. Verdicts are
+    read one batch at a time, so memory is one batch, whatever the spool holds.
     A batch the collector rejects for good is retried one verdict at a time so a single
     bad verdict is set aside (NAME.rejected) without holding back the others."""
     out = DrainResult()
-    items = list(spool.items())
-    for i in range(0, len(items), batch):
-        chunk = items[i:i + batch]
+    for chunk in _batches(spool.items(), batch, batch_bytes):
         res = sender.send([it.verdict for it in chunk])
         if res.ok:
             for it in chunk:
@@ -136,6 +186,20 @@ def drain(spool: Spool, sender: Sender, *, batch: int = 50) -> DrainResult:
                 out.last = one
                 return out
     return out
+
+
+def _batches(items: Iterator[SpoolItem], batch: int,
+             batch_bytes: int) -> Iterator[list[SpoolItem]]:
+    chunk: list[SpoolItem] = []
+    size = 0
+    for it in items:
+        if chunk and (len(chunk) >= batch or size + it.size > batch_bytes):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(it)
+        size += it.size
+    if chunk:
+        yield chunk
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -1,17 +1,30 @@
 """A durable on-disk spool of verdicts waiting to be shipped.
 
-A verdict is written atomically (temporary file, fsync, rename, fsync of the directory)
-before any attempt to send it, and removed only once the collector accepted it, so a
-crash or SIGKILL at any moment loses nothing that ``put`` returned for. The spool is
-bounded in count and bytes: when full, the oldest verdicts are dropped and counted
-(``dropped``), never unbounded growth. Each verdict carries an idempotency key so that a
-send retried after a lost answer is stored once by the collector.
+A verdict is written atomically (temporary file, every byte written, fsync, rename, fsync
+of the directory) before any attempt to send it, and removed only once the collector
+accepted it, so a crash or SIGKILL at any moment loses nothing that ``put`` returned for;
+a write that cannot complete (disk full, a file size limit) raises instead of leaving a
+truncated verdict behind. The spool is bounded in count and bytes: when full, the oldest
+verdicts are dropped and counted (``dropped``), never unbounded growth. Each verdict
+carries an idempotency key so that a send retried after a lost answer is stored once by
+the collector.
+
+The directory is a hostPath on the node, so anything may appear in it. Only regular files
+named as ``put`` names them are verdicts; any other ``*.json`` entry (a symlink, a
+directory, a FIFO, a device, a foreign name, a file larger than a verdict may be) is set
+aside (renamed NAME.corrupt) without being opened, followed or counted: it can neither be
+shipped, nor block a read, nor evict real verdicts. A verdict file is read with
+O_NOFOLLOW|O_NONBLOCK and at most ``max_item_bytes``, so one swapped in after the listing
+cannot do any of that either.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import stat
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,6 +36,17 @@ IDEMPOTENCY_KEY = "idempotency_key"
 _SUFFIX = ".json"
 _TMP_PREFIX = ".tmp-"
 _CORRUPT_SUFFIX = ".corrupt"
+_REJECTED_SUFFIX = ".rejected"
+# "<ns since epoch, 20 digits>-<key>.json": the only names put() writes
+_NAME = re.compile(r"(\d{20})-([A-Za-z0-9][A-Za-z0-9._-]{0,127})\.json")
+# the collector takes at most 4 MiB per request: a larger verdict can never be delivered
+MAX_ITEM_BYTES = 4 * 1024 * 1024
+_MAX_PROBLEMS = 100  # kept until taken; older ones are dropped, never unbounded
+_MAX_SET_ASIDE = 100  # NAME.corrupt / NAME.rejected files kept for a person to look at
+
+
+class SpoolWriteError(OSError):
+    """A verdict could not be stored (nothing was: no partial file is left)."""
 
 
 @dataclass(frozen=True)
@@ -30,25 +54,36 @@ class SpoolItem:
     name: str  # file name: "<ns since epoch, 20 digits>-<key>.json", so names sort by age
     key: str
     verdict: dict[str, Any]
+    size: int = 0  # bytes on disk (what shipping it costs)
+
+
+class _SetAside(Exception):
+    """This entry is not a verdict the spool can deliver; the message says why."""
 
 
 class Spool:
     def __init__(self, directory: str | Path, *, max_items: int = 1000,
-                 max_bytes: int = 64 * 1024 * 1024) -> None:
-        if max_items < 1 or max_bytes < 1:
+                 max_bytes: int = 64 * 1024 * 1024,
+                 max_item_bytes: int = MAX_ITEM_BYTES) -> None:
+        if max_items < 1 or max_bytes < 1 or max_item_bytes < 1:
             raise ValueError("spool bounds must be positive")
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.max_items = max_items
         self.max_bytes = max_bytes
+        self.max_item_bytes = max_item_bytes
         self.dropped = 0  # oldest verdicts dropped because the spool was full
-        self.corrupt = 0  # files that could not be read back (moved aside, reported)
+        self.corrupt = 0  # entries that are not readable verdicts (moved aside, reported)
         self.rejected = 0  # verdicts the collector refused for good (moved aside)
         self.problems: list[str] = []
+        self._unmovable: set[str] = set()  # set-aside candidates a rename failed for
         self._last_ns = 0
         # leftovers of a write interrupted by a crash: never renamed, so never complete
         for tmp in self.dir.glob(_TMP_PREFIX + "*"):
-            tmp.unlink(missing_ok=True)
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError as e:  # e.g. a directory someone made: never ours, never read
+                self._problem(f"spool entry {tmp.name} left alone: {e.strerror or e}")
         # names must keep increasing after a restart, even if the clock went back
         names = self.names()
         if names:
@@ -58,20 +93,29 @@ class Spool:
 
     def put(self, verdict: dict[str, Any]) -> str:
         """Store a verdict durably; returns its idempotency key (added to the document
-        unless it already has one)."""
+        unless it already has one). Raises ValueError for a verdict larger than
+        ``max_item_bytes`` and SpoolWriteError when it cannot be written completely."""
         doc = dict(verdict)
         key = str(doc.get(IDEMPOTENCY_KEY) or uuid.uuid4())
         doc[IDEMPOTENCY_KEY] = key
         data = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
-        name = f"{self._next_ns():020d}-{key}{_SUFFIX}"
+        if len(data) > self.max_item_bytes:
+            raise ValueError(f"verdict of {len(data)} bytes: more than the "
+                             f"{self.max_item_bytes} a spooled verdict may have")
+        name = f"{self._next_ns():020d}-{_file_key(key)}{_SUFFIX}"
         tmp = self.dir / f"{_TMP_PREFIX}{name}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.dir / name)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                _write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.dir / name)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise SpoolWriteError(e.errno, f"cannot spool a verdict in {self.dir}: "
+                                           f"{e.strerror or e}") from e
         self._fsync_dir()
         self._enforce_bounds()
         return key
@@ -79,12 +123,9 @@ class Spool:
     def set_aside(self, name: str, why: str) -> None:
         """Keep a verdict the collector refuses for good out of the queue, on disk
         (NAME.rejected) for a person to look at; counted and reported."""
-        path = self.dir / name
-        if path.exists():
-            path.rename(path.with_name(name + ".rejected"))
+        if self._rename_aside(name, _REJECTED_SUFFIX, why):
             self.rejected += 1
-            self.problems.append(f"spool file {name} set aside: {why}")
-            self._fsync_dir()
+            self._prune_set_aside()
 
     def remove(self, name: str) -> None:
         """The collector accepted it (2xx)."""
@@ -94,34 +135,136 @@ class Spool:
     # -- reading --------------------------------------------------------------------
 
     def names(self) -> list[str]:
-        return sorted(p.name for p in self.dir.glob("*" + _SUFFIX)
-                      if not p.name.startswith(_TMP_PREFIX))
+        """The spooled verdicts' file names, oldest first."""
+        return [name for name, _ in self._scan()]
 
     def __len__(self) -> int:
-        return len(self.names())
+        return len(self._scan())
 
     def bytes(self) -> int:
-        return sum(_size(self.dir / n) for n in self.names())
+        return sum(size for _, size in self._scan())
 
     def items(self) -> Iterator[SpoolItem]:
-        """Oldest first. A file that cannot be read back is moved aside as
-        NAME.corrupt, counted and reported; the others are still delivered."""
-        for name in self.names():
-            path = self.dir / name
+        """Oldest first, read one at a time (memory: one verdict). An entry that is not a
+        readable verdict is moved aside as NAME.corrupt, counted and reported; the others
+        are still delivered."""
+        for name, _ in self._scan():
             try:
-                doc = json.loads(path.read_bytes())
+                data = self._read(name)
+                doc = json.loads(data)
                 if not isinstance(doc, dict) or not doc.get(IDEMPOTENCY_KEY):
                     raise ValueError("not a spooled verdict")
             except FileNotFoundError:
                 continue  # removed meanwhile (sent by someone else, or dropped)
-            except (OSError, ValueError) as e:
-                self.corrupt += 1
-                self.problems.append(f"spool file {name} unreadable, set aside: {e}")
-                path.rename(path.with_name(name + _CORRUPT_SUFFIX))
+            except (OSError, ValueError, RecursionError, _SetAside) as e:
+                # RecursionError: JSON nested deeper than the parser goes
+                why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+                if self._set_aside_corrupt(name, f"unreadable: {why}"):
+                    self._prune_set_aside()
                 continue
-            yield SpoolItem(name, str(doc[IDEMPOTENCY_KEY]), doc)
+            yield SpoolItem(name, str(doc[IDEMPOTENCY_KEY]), doc, len(data))
+
+    def take_problems(self) -> list[str]:
+        """What went wrong since the last call (for the log), oldest first."""
+        out, self.problems = self.problems, []
+        return out
 
     # -- internals ------------------------------------------------------------------
+
+    def _scan(self) -> list[tuple[str, int]]:
+        """(name, size) of every spooled verdict, oldest first. Anything else named
+        *.json is set aside first, from the directory entry alone (lstat: nothing is
+        opened or followed)."""
+        listed: list[tuple[str, os.stat_result]] = []
+        with os.scandir(self.dir) as entries:
+            for e in entries:
+                if not e.name.endswith(_SUFFIX) or e.name.startswith(_TMP_PREFIX):
+                    continue
+                if e.name in self._unmovable:
+                    continue
+                try:
+                    listed.append((e.name, e.stat(follow_symlinks=False)))
+                except FileNotFoundError:
+                    continue
+        good: list[tuple[str, int]] = []
+        moved = False
+        for name, st in listed:  # renamed after the listing: readdir is not disturbed
+            why = _not_a_verdict(name, st, self.max_item_bytes)
+            if why:
+                moved |= self._set_aside_corrupt(name, why)
+            else:
+                good.append((name, st.st_size))
+        if moved:
+            self._prune_set_aside()
+        good.sort()
+        return good
+
+    def _read(self, name: str) -> bytes:
+        # O_NOFOLLOW: a symlink swapped in since the listing fails (ELOOP), never read;
+        # O_NONBLOCK: a FIFO swapped in cannot block the daemon (fstat refuses it next)
+        fd = os.open(self.dir / name,
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            why = _not_a_verdict(name, os.fstat(fd), self.max_item_bytes)
+            if why:
+                raise _SetAside(why)
+            chunks, left = [], self.max_item_bytes + 1
+            while left > 0:
+                chunk = os.read(fd, min(left, 1 << 20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+            if left <= 0:
+                raise _SetAside(f"grew past {self.max_item_bytes} bytes while read")
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def _set_aside_corrupt(self, name: str, why: str) -> bool:
+        if self._rename_aside(name, _CORRUPT_SUFFIX, why):
+            self.corrupt += 1
+            return True
+        return False
+
+    def _rename_aside(self, name: str, suffix: str, why: str) -> bool:
+        """NAME -> NAME+suffix (rename never follows a symlink: the link itself moves).
+        True when moved; a failure is reported once and the entry is ignored from then
+        on, so it is never read or shipped either way."""
+        path = self.dir / name
+        try:
+            os.rename(path, path.with_name(name + suffix))
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            self._unmovable.add(name)
+            self._problem(f"spool entry {name} ignored ({why}); could not set it aside: "
+                          f"{e.strerror or e}")
+            return False
+        self._problem(f"spool entry {name} set aside as {name + suffix}: {why}")
+        # no fsync: a rename lost in a crash is simply made again at the next listing
+        return True
+
+    def _prune_set_aside(self) -> None:
+        """Keep the newest set-aside files only: a producer of bad entries must not fill
+        the node's disk. Directories are never removed (only renamed)."""
+        aside: list[tuple[int, str]] = []
+        with os.scandir(self.dir) as entries:
+            for e in entries:
+                if e.name.endswith((_CORRUPT_SUFFIX, _REJECTED_SUFFIX)):
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    if not stat.S_ISDIR(st.st_mode):
+                        aside.append((st.st_mtime_ns, e.name))
+        aside.sort()
+        for _, name in aside[:max(0, len(aside) - _MAX_SET_ASIDE)]:
+            (self.dir / name).unlink(missing_ok=True)
+
+    def _problem(self, text: str) -> None:
+        self.problems.append(text)
+        del self.problems[:-_MAX_PROBLEMS]
 
     def _next_ns(self) -> int:
         # strictly increasing even when the clock stands still or steps back
@@ -130,14 +273,14 @@ class Spool:
         return ns
 
     def _enforce_bounds(self) -> None:
-        names = self.names()
-        sizes = [_size(self.dir / n) for n in names]
-        total = sum(sizes)
+        entries = self._scan()
+        total = sum(size for _, size in entries)
         i = 0
         # keep at least the newest verdict even if it alone exceeds the byte bound
-        while i < len(names) - 1 and (len(names) - i > self.max_items or total > self.max_bytes):
-            (self.dir / names[i]).unlink(missing_ok=True)
-            total -= sizes[i]
+        while i < len(entries) - 1 and (len(entries) - i > self.max_items
+                                        or total > self.max_bytes):
+            (self.dir / entries[i][0]).unlink(missing_ok=True)
+            total -= entries[i][1]
             self.dropped += 1
             i += 1
         if i:
@@ -151,8 +294,33 @@ class Spool:
             os.close(fd)
 
 
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
+def _not_a_verdict(name: str, st: os.stat_result, max_bytes: int) -> str | None:
+    """Why the entry ``name`` with (l)stat ``st`` is not a spooled verdict, or None."""
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link (never followed)"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if not _NAME.fullmatch(name):
+        return "not a name the spool writes"
+    if st.st_size > max_bytes:
+        return f"{st.st_size} bytes: more than the {max_bytes} a verdict may have"
+    return None
+
+
+def _file_key(key: str) -> str:
+    """The key as it appears in the file name: itself when it is a safe name part (a
+    UUID), else a digest of it (the document keeps the key itself)."""
+    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", key):
+        return key
+    return "k" + hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """os.write may write less than asked (a signal, a file size limit, a full disk):
+    write the rest until done, or raise."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:  # not seen from Linux for regular files; never loop forever on it
+            raise OSError(0, "write made no progress")
+        view = view[n:]

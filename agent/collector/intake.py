@@ -1,0 +1,155 @@
+"""From a POSTed body to verdicts fit to store: JSON that means one thing, valid Unicode,
+finite numbers, the verdict schema, an idempotency key.
+
+Every check here is linear in the size of the body: the body may come from anyone who
+can reach the port (before the token check when no token is configured).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from importlib import resources
+from typing import Any
+
+import jsonschema
+
+MAX_BODY = 4 * 1024 * 1024
+MAX_BATCH = 500
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# a \uD800-\uDFFF escape or a surrogate itself (its UTF-8 bytes, decoded with
+# 'surrogatepass' as json.loads does): only then can a lone surrogate be in the document
+_MAYBE_SURROGATE = re.compile("\\\\u[dD][89a-fA-F]|[\ud800-\udfff]")
+
+
+class BadRequest(Exception):
+    """A request refused with an HTTP status and a message for the sender."""
+
+    def __init__(self, code: int, message: str, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retry_after = retry_after
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):  # rare: only then look for the name, still in one pass
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise BadRequest(400, f"duplicate key {_shown(k)!r} in a JSON object")
+            seen.add(k)
+    return out
+
+
+def _not_a_number(token: str) -> Any:
+    raise BadRequest(400, f"{token} is not a JSON number (only finite numbers are stored)")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):  # 1e999: JSON, but no double holds it
+        raise BadRequest(400, f"number {text[:40]} is out of range")
+    return value
+
+
+def _shown(text: str) -> str:
+    """A string from the body, safe to put into a reply (no lone surrogate)."""
+    return _SURROGATE.sub("\ufffd", text)[:200]
+
+
+def parse_json(body: bytes) -> Any:
+    """The document, or BadRequest(400) for anything that is not plain, unambiguous JSON:
+    malformed, duplicate keys, NaN/Infinity (Python accepts them; JSON does not)."""
+    try:
+        # JSON between systems is UTF-8 (RFC 8259); json.loads would also guess UTF-16/32
+        text = body.decode("utf-8", "surrogatepass")
+        return json.loads(text, object_pairs_hook=_no_duplicate_keys,
+                          parse_constant=_not_a_number, parse_float=_finite)
+    except BadRequest:
+        raise
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise BadRequest(400, f"not JSON: {_shown(str(e))[:300]}") from None
+
+
+def replace_lone_surrogates(doc: Any) -> tuple[Any, list[str]]:
+    """The document with every lone surrogate replaced by U+FFFD, and the paths where
+    one was. Such a string cannot be encoded as UTF-8: stored as is it would break
+    every later page and JSON reply. Iterative: depth is whatever json.loads allowed."""
+    found: list[str] = []
+
+    def fix(value: str, path: str) -> str:
+        if _SURROGATE.search(value) is None:
+            return value
+        found.append(path)
+        return _SURROGATE.sub("\ufffd", value)
+
+    root = [doc]
+    stack: list[tuple[Any, str]] = [(root, "")]
+    while stack:
+        container, path = stack.pop()
+        items = container.items() if isinstance(container, dict) else enumerate(container)
+        fixes: list[tuple[Any, Any, Any]] = []  # (old key, new key, new value)
+        for k, v in items:
+            where = f"{path}/{k}" if container is not root else ""
+            nk = fix(k, where + " (a key)") if isinstance(k, str) else k
+            nv = fix(v, where or "(document)") if isinstance(v, str) else v
+            if nk is not k or nv is not v:
+                fixes.append((k, nk, nv))
+            if isinstance(v, (dict, list)):
+                stack.append((v, where))
+        for k, nk, nv in fixes:
+            if nk is not k:
+                del container[k]
+            container[nk] = nv
+    return root[0], found
+
+
+class Intake:
+    """Turns a body into a batch of valid verdicts or raises BadRequest."""
+
+    def __init__(self) -> None:
+        schema = json.loads(resources.files("agent").joinpath("schema/verdict-v1.json")
+                            .read_text())
+        self.validator = jsonschema.Draft202012Validator(schema)
+
+    def verdicts(self, body: bytes) -> list[dict[str, Any]]:
+        doc = parse_json(body)
+        text = body.decode("utf-8", "surrogatepass")  # parse_json checked it decodes
+        batch = doc if isinstance(doc, list) else [doc]
+        if not batch:
+            raise BadRequest(422, "empty batch")
+        if len(batch) > MAX_BATCH:
+            raise BadRequest(413, f"batch of {len(batch)} verdicts; at most {MAX_BATCH}")
+        for i, v in enumerate(batch):
+            prefix = f"[{i}]/" if isinstance(doc, list) else ""
+            if isinstance(v, dict) and isinstance(v.get("node"), str) \
+                    and _SURROGATE.search(v["node"]):
+                # a node's name is its identity: never stored altered
+                raise BadRequest(400, f"{prefix}node: {_shown(v['node'])!r} is not valid "
+                                 "Unicode (a lone surrogate, e.g. from undecodable bytes)")
+        if _MAYBE_SURROGATE.search(text):
+            doc, _ = replace_lone_surrogates(doc)
+            batch = doc if isinstance(doc, list) else [doc]
+        for i, v in enumerate(batch):
+            prefix = f"[{i}]/" if isinstance(doc, list) else ""
+            err = jsonschema.exceptions.best_match(self.validator.iter_errors(v))
+            if err is not None:
+                where = "/".join(str(p) for p in err.absolute_path) or "(document)"
+                raise BadRequest(422, f"{prefix}{where}: {_shown(err.message)[:300]}")
+            key = v.get("idempotency_key")
+            if key is not None and not isinstance(key, str):
+                raise BadRequest(422, f"{prefix}idempotency_key: must be a string")
+            if not key:
+                # without a key, the same document sent twice is still stored once
+                v["idempotency_key"] = hashlib.sha256(
+                    json.dumps(v, sort_keys=True).encode()).hexdigest()  # as before: same key
+        return batch
+
+
+def dump(doc: Any) -> str:
+    """JSON text as stored and served: strict (no NaN), UTF-8 friendly, compact."""
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False)

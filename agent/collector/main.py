@@ -1,0 +1,89 @@
+"""`loopback-agent collector`: open the store, choose who may post, serve until SIGTERM,
+prune the history every hour."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import signal
+import ssl
+import sys
+import threading
+from typing import Any
+
+EXIT_USAGE = 64  # as agent.cli (sysexits.h)
+EXIT_CANTCREAT = 73
+
+
+class StartError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def authenticator(args: argparse.Namespace) -> Any:
+    """None (the shared token or nobody, as --token-file says) or the TokenReview one."""
+    mode = getattr(args, "auth", "shared-token")
+    if mode not in ("shared-token", "kube-token"):  # from LOOPBACK_AGENT_AUTH
+        raise StartError(EXIT_USAGE, f"--auth {mode!r}: shared-token or kube-token")
+    if mode != "kube-token":
+        return None
+    from agent.collector.auth import KubeTokenReview
+    from agent.probes.base import ProbeContext
+    from agent.probes.kube_api import KubeUnavailable, api_client
+
+    if args.token_file:
+        raise StartError(EXIT_USAGE, "--auth kube-token verifies each agent's own token: "
+                                     "--token-file is for --auth shared-token")
+    try:
+        api = api_client(ProbeContext(kubeconfig=args.kubeconfig, timeout=5.0))
+    except KubeUnavailable as e:
+        raise StartError(EXIT_USAGE, f"--auth kube-token needs the Kubernetes API: {e}") \
+            from None
+    return KubeTokenReview(api, audience=args.kube_audience,
+                           service_account=args.agent_service_account)
+
+
+def run(args: argparse.Namespace) -> int:
+    from agent.collector.server import serve
+    from agent.collector.store import open_store
+
+    tls_cert, tls_key = getattr(args, "tls_cert", None), getattr(args, "tls_key", None)
+    if bool(tls_cert) != bool(tls_key):
+        raise StartError(EXIT_USAGE, "--tls-cert and --tls-key go together")
+    auth = authenticator(args)
+    db = args.db
+    try:
+        store = open_store(db, retention_days=args.retention_days)
+    except ImportError as e:
+        raise StartError(EXIT_USAGE, f"{db}: {e} (pip install 'loopback-agent[postgres]')") \
+            from e
+    except Exception as e:
+        shown = re.sub(r"//[^@/]*@", "//***@", db)  # no password in the message
+        raise StartError(EXIT_CANTCREAT, f"{shown}: {type(e).__name__}: {e}") from e
+    try:
+        server = serve(args.listen, store, args.token_file, tls_cert=tls_cert,
+                       tls_key=tls_key, authenticator=auth)
+    except ssl.SSLError as e:  # not a certificate, or the key does not match it
+        raise StartError(EXIT_USAGE, f"TLS: {tls_cert}, {tls_key}: {e}") from e
+    except OSError as e:
+        what = f"cannot listen on {args.listen}" if e.filename is None else \
+            f"TLS: cannot read {e.filename}"
+        raise StartError(EXIT_CANTCREAT, f"{what}: {e.strerror or e}") from e
+    stop = threading.Event()
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, lambda *_: stop.set())
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    host, port = server.server_address[:2]
+    scheme = "https" if tls_cert else "http"
+    print(f"loopback-agent collector on {scheme}://{host}:{port}/ ({db})", file=sys.stderr,
+          flush=True)
+    if auth is not None and not tls_cert:
+        print("loopback-agent collector: warning: --auth kube-token without TLS: agents' "
+              "tokens cross the network in clear text", file=sys.stderr, flush=True)
+    while not stop.wait(3600):
+        store.prune()
+    server.shutdown()
+    store.close()
+    return 0

@@ -1,0 +1,484 @@
+"""The collector's HTTP(S) server, on Tornado.
+
+Why Tornado and not the standard library's http.server (which this replaced) or another
+WSGI server: the collector faces every node, and what matters there is measured in
+tests/test_collector_abuse.py. Tornado is an event loop: a connection that sends half a
+request and waits costs a socket, never a thread, and it bounds the *whole* time for
+the request line and headers (and the TLS handshake) and for the body, not each read;
+TLS handshakes are asynchronous. cheroot (CherryPy's server) was measured on this
+machine: it does the TLS handshake in its accept loop, so one client that connects and
+stays silent stopped every new connection for its 10 s timeout, and 20 clients that
+sent half a request delayed a normal one by 19.5 s (a worker thread each, per-read
+timeouts only). waitress buffers well but serves no TLS; gunicorn's workers need a
+buffering proxy in front for slow clients (its own documentation).
+
+What Tornado lacks is added here, small: a cap on open connections, below the file
+descriptor limit, so the accept loop pauses instead of failing; a pause after EMFILE
+(Linux keeps the listening socket readable: without it the loop spins at 100 % CPU);
+a bound on the bytes of all bodies being received at once; a queue limit for the
+worker threads (503 with Retry-After beyond it); a write timeout; and the check of
+Content-Length (two of them: 400).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import resource
+import socket
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from tornado.httpserver import HTTPServer
+from tornado.ioloop import IOLoop
+from tornado.web import Application, RequestHandler, stream_request_body
+
+from agent.collector import views
+from agent.collector.auth import Caller
+from agent.collector.intake import MAX_BODY, BadRequest
+from agent.collector.page import CSP
+from agent.collector.server import Collector, dumps
+from agent.collector.tls import TLSFiles
+
+_RESOURCE_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+
+
+@dataclass(frozen=True)
+class Limits:
+    header_timeout: float = 10.0  # request line + headers (+ TLS handshake); idle keep-alive
+    body_timeout: float = 20.0  # the whole body: a Content-Length longer than it ends here
+    write_timeout: float = 30.0  # a reply the client does not read
+    max_header: int = 64 * 1024
+    max_connections: int = 2048  # and never closer than 64 to RLIMIT_NOFILE
+    body_budget: int = 64 * 1024 * 1024  # bodies being received, all connections together
+    workers: int = 4  # parsing, validation, the database
+    max_queued: int = 256  # requests waiting for a worker
+    backlog: int = 1024
+
+
+def _raise_fd_limit() -> int:
+    """The soft RLIMIT_NOFILE raised to the hard one (as Go programs do): a container's
+    soft limit is often 1024. Returns the limit in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            pass
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def _say(message: str) -> None:
+    print(f"loopback-agent collector: {message}", file=sys.stderr, flush=True)
+
+
+class _HTTPServer(HTTPServer):
+    """Tornado's HTTPServer with an accept loop that knows its limits."""
+
+    def initialize(self, *args: Any, tls: TLSFiles | None = None, max_connections: int = 1024,
+                   **kwargs: Any) -> None:
+        self._tls = tls
+        super().initialize(*args, **kwargs)
+        self.max_connections = max_connections
+        self._accepting = False
+        self._backoff_until = 0.0
+        self._warned = 0.0
+        self._sock: socket.socket | None = None
+
+    # Tornado wraps each accepted socket with ``ssl_options``: the current context, so a
+    # reloaded certificate serves the next connection
+    @property  # type: ignore[override]
+    def ssl_options(self) -> Any:
+        tls = getattr(self, "_tls", None)
+        return tls.context() if tls is not None else None
+
+    @ssl_options.setter
+    def ssl_options(self, value: Any) -> None:
+        pass
+
+    def serve_socket(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._resume()
+
+    def stop_accepting(self) -> None:
+        self._pause()
+        self._sock = None
+
+    def _resume(self) -> None:
+        if self._sock is not None and not self._accepting \
+                and time.monotonic() >= self._backoff_until:
+            IOLoop.current().add_handler(self._sock, self._accept, IOLoop.READ)
+            self._accepting = True
+
+    def _pause(self) -> None:
+        if self._accepting and self._sock is not None:
+            IOLoop.current().remove_handler(self._sock)
+        self._accepting = False
+
+    def _accept(self, fd: Any, events: int) -> None:
+        assert self._sock is not None
+        for _ in range(128):  # then let the requests in progress run
+            if len(self._connections) >= self.max_connections:
+                self._pause()  # new ones wait in the backlog; on_close resumes
+                return
+            try:
+                conn, addr = self._sock.accept()
+            except BlockingIOError:
+                return
+            except ConnectionAbortedError:
+                continue
+            except OSError as e:
+                if e.errno not in _RESOURCE_ERRNOS:
+                    raise
+                self._pause()
+                self._backoff_until = time.monotonic() + 1.0
+                IOLoop.current().call_later(1.0, self._resume)
+                if time.monotonic() - self._warned > 60:
+                    self._warned = time.monotonic()
+                    _say(f"accept: {e.strerror}: pausing new connections for 1 s "
+                         f"({len(self._connections)} open)")
+                return
+            self._handle_connection(conn, addr)
+
+    def on_close(self, server_conn: Any) -> None:
+        super().on_close(server_conn)
+        if len(self._connections) < self.max_connections:
+            self._resume()
+
+
+class CollectorServer:
+    """What the command drives, as it drove socketserver: bound at construction,
+    ``serve_forever()`` in a thread, ``shutdown()`` from another, ``server_address``."""
+
+    def __init__(self, collector: Collector, host: str, port: int,
+                 tls: TLSFiles | None = None, limits: Limits | None = None) -> None:
+        self.collector = collector
+        self.tls = tls
+        self.limits = limits or Limits()
+        fd_limit = _raise_fd_limit()
+        self.max_connections = max(8, min(self.limits.max_connections, fd_limit - 64))
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.socket = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.socket.bind((host.strip("[]"), port))
+            self.socket.listen(self.limits.backlog)
+        except OSError:
+            self.socket.close()
+            raise
+        self.socket.setblocking(False)
+        self.server_address = self.socket.getsockname()
+        self.pool = ThreadPoolExecutor(self.limits.workers, thread_name_prefix="collector")
+        self.auth_pool = ThreadPoolExecutor(4, thread_name_prefix="collector-auth")
+        # /healthz has its own thread: a full request queue is load, not a dead process
+        # (a liveness probe failing under load would restart the collector when busiest)
+        self.health_pool = ThreadPoolExecutor(1, thread_name_prefix="collector-health")
+        self.blocking_auth = bool(getattr(collector.auth, "blocking", False))
+        self.queued = 0  # requests given to the pool and not done (event loop only)
+        self.receiving = 0  # bytes reserved for bodies being received (event loop only)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._stopped = threading.Event()
+
+    # -- running ---------------------------------------------------------------------
+
+    def serve_forever(self) -> None:
+        try:
+            asyncio.run(self._main())
+        finally:
+            self._stopped.set()
+
+    def shutdown(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._stopped.wait(30)
+        for pool in (self.pool, self.auth_pool, self.health_pool):
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        lim = self.limits
+        app = Application(_routes(self), default_handler_class=NotFound,
+                          default_handler_args={"server": self}, log_function=_no_log,
+                          compress_response=False)
+        http = _HTTPServer(app, tls=self.tls, max_connections=self.max_connections,
+                           idle_connection_timeout=lim.header_timeout,
+                           body_timeout=lim.body_timeout, max_header_size=lim.max_header,
+                           # bodies are limited by the handlers (413 with a reason);
+                           # Tornado's own limit would answer a bare 400
+                           max_body_size=1 << 40, decompress_request=False, xheaders=False)
+        http.serve_socket(self.socket)
+        await self._stop.wait()
+        http.stop_accepting()
+        self.socket.close()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(http.close_all_connections(), 5)
+
+    # -- what handlers share ------------------------------------------------------------
+
+    async def work(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` on a worker thread; 503 when too many already wait."""
+        if self.queued >= self.limits.max_queued:
+            raise BadRequest(503, "the collector is busy", retry_after=2)
+        self.queued += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        finally:
+            self.queued -= 1
+
+    async def authenticate(self, authorization: str) -> Caller:
+        if not self.blocking_auth:
+            return self.collector.authenticate(authorization)
+        return await asyncio.get_running_loop().run_in_executor(
+            self.auth_pool, self.collector.authenticate, authorization)
+
+    def reserve(self, n: int) -> None:
+        if self.receiving + n > self.limits.body_budget:
+            raise BadRequest(503, "too many bodies being received", retry_after=2)
+        self.receiving += n
+
+    def release(self, n: int) -> None:
+        self.receiving -= n
+
+
+def _no_log(handler: RequestHandler) -> None:
+    """No access log: a flood of refused requests would flood the log too."""
+
+
+@stream_request_body  # every handler: no body is ever buffered by Tornado itself
+class _Base(RequestHandler):
+    server: CollectorServer
+    accepts_body = False
+
+    def initialize(self, server: CollectorServer) -> None:  # type: ignore[override]
+        self.server = server
+        self.col = server.collector
+        self.body = bytearray()
+        self.reserved = 0
+
+    def set_default_headers(self) -> None:
+        self.clear_header("Server")
+        self.set_header("X-Content-Type-Options", "nosniff")
+        self.set_header("X-Frame-Options", "DENY")
+        self.set_header("Referrer-Policy", "no-referrer")
+        self.set_header("Cache-Control", "no-store")
+        self.set_header("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'")
+
+    async def prepare(self) -> None:
+        try:
+            await self.check_request()
+        except BadRequest as e:
+            self.fail(e)
+
+    async def check_request(self) -> None:
+        h = self.request.headers
+        lengths = h.get_list("Content-Length")
+        if len(lengths) > 1:
+            raise BadRequest(400, "more than one Content-Length header")
+        if lengths and "Transfer-Encoding" in h:
+            raise BadRequest(400, "both Content-Length and Transfer-Encoding")
+        if lengths and not (lengths[0].isdigit() and len(lengths[0]) <= 12):
+            raise BadRequest(400, "Content-Length is not a number")
+        has_body = (int(lengths[0]) if lengths else 0) > 0 or "Transfer-Encoding" in h
+        if has_body and not self.accepts_body:
+            raise BadRequest(400, f"{self.request.method} takes no body here")
+
+    def data_received(self, chunk: bytes) -> None:
+        if self._finished:
+            return
+        if len(self.body) + len(chunk) > MAX_BODY:
+            self.fail(BadRequest(413, f"body over {MAX_BODY} bytes"))
+            return
+        extra = len(self.body) + len(chunk) - self.reserved
+        if extra > 0:  # a chunked body: reserved as it comes
+            try:
+                self.server.reserve(extra)
+            except BadRequest as e:
+                self.fail(e)
+                return
+            self.reserved += extra
+        self.body += chunk
+
+    def on_finish(self) -> None:
+        self._release()
+
+    def on_connection_close(self) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        if self.reserved:
+            self.server.release(self.reserved)
+            self.reserved = 0
+        self.body = bytearray()
+
+    def fail(self, e: BadRequest) -> None:
+        if self._finished:
+            return
+        if self.request.method == "POST":
+            self.col.rejected.labels(str(e.code)).inc()
+        self.set_status(e.code)
+        if e.retry_after is not None:
+            self.set_header("Retry-After", str(e.retry_after))
+        self.reply(dumps({"error": e.message}))
+
+    def reply(self, body: bytes, ctype: str = "application/json") -> None:
+        self.set_header("Content-Type", ctype)
+        done = self.finish(body)
+        # a client that does not read its reply must not hold it (and its memory) forever
+        stream = getattr(self.request.connection, "stream", None)
+        if stream is None:
+            return
+        loop = IOLoop.current()
+        timer = loop.call_later(self.server.limits.write_timeout,
+                                lambda: None if done.done() else stream.close())
+        done.add_done_callback(lambda _: loop.remove_timeout(timer))
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.finish(dumps({"error": self._reason}))
+
+    def args(self) -> dict[str, list[str]]:
+        return {k: [v.decode("utf-8", "replace") for v in vs]
+                for k, vs in self.request.query_arguments.items()}
+
+    async def run(self, fn: Any, *args: Any) -> Any:
+        return await self.server.work(fn, *args)
+
+
+class NotFound(_Base):
+    async def prepare(self) -> None:
+        await super().prepare()
+        if not self._finished:
+            self.fail(BadRequest(404, "not found"))
+
+
+class Verdicts(_Base):
+    accepts_body = True
+    caller: Caller | None = None
+
+    async def check_request(self) -> None:
+        await super().check_request()
+        if self.request.method != "POST":
+            return
+        lengths = self.request.headers.get_list("Content-Length")
+        if not lengths and "Transfer-Encoding" not in self.request.headers:
+            raise BadRequest(411, "Content-Length required")
+        length = int(lengths[0]) if lengths else 0
+        if length > MAX_BODY:
+            raise BadRequest(413, f"body of {length} bytes; at most {MAX_BODY}")
+        # who is calling is known from the headers: refused before the body is read
+        self.caller = await self.server.authenticate(
+            self.request.headers.get("Authorization", ""))
+        self.server.reserve(length)
+        self.reserved = length
+
+    async def post(self) -> None:
+        assert self.caller is not None
+        try:
+            result = await self.run(self.col.ingest, self.caller, bytes(self.body))
+        except BadRequest as e:
+            self.fail(e)
+            return
+        finally:
+            self._release()
+        self.reply(dumps(result))
+
+
+class Page(_Base):
+    async def get(self) -> None:
+        try:
+            offset = views.page_of(self.args(), (views.SCREEN_NODES,
+                                                 views.SCREEN_NODES)).offset
+            html = await self.run(self.col.page, offset)
+        except BadRequest as e:
+            self.fail(e)
+            return
+        self.set_header("Content-Security-Policy", CSP)
+        # old databases may hold text that does not encode: never a 500 for it
+        self.reply(html.encode("utf-8", "replace"), "text/html; charset=utf-8")
+
+
+class Nodes(_Base):
+    async def get(self) -> None:
+        try:
+            page = views.page_of(self.args(), views.NODES_PAGE)
+            rows, total = await self.run(self.col.nodes_page, page)
+        except BadRequest as e:
+            self.fail(e)
+            return
+        self._paged(rows, total, "/v1/nodes", page)
+
+    def _paged(self, rows: list[Any], total: int, path: str, page: views.Page) -> None:
+        self.set_header("X-Total-Count", str(total))
+        link = views.next_link(path, page, total)
+        if link:
+            self.set_header("Link", link)
+        self.reply(dumps(rows))
+
+
+class Services(Nodes):
+    async def get(self) -> None:
+        try:
+            page = views.page_of(self.args(), views.SERVICES_PAGE)
+            rows, total = await self.run(self.col.services_page, page)
+        except BadRequest as e:
+            self.fail(e)
+            return
+        self._paged(rows, total, "/v1/services", page)
+
+
+class History(_Base):
+    async def get(self, node: str) -> None:
+        try:
+            args = self.args()
+            limit = views._int(args, "limit", views.HISTORY_PAGE[0], 1, views.HISTORY_PAGE[1])
+            body, more = await self.run(self.col.history, node, limit, views.cursor(args))
+        except BadRequest as e:
+            self.fail(e)
+            return
+        if body == b"[]" and "before" not in args:
+            self.fail(BadRequest(404, "unknown node"))
+            return
+        link = views.history_link("/v1/nodes/" + quote(node, safe=""), limit, more)
+        if link:
+            self.set_header("Link", link)
+        self.reply(body)
+
+
+class Metrics(_Base):
+    async def get(self) -> None:
+        try:
+            body = await self.run(self.col.metrics)
+        except BadRequest as e:
+            self.fail(e)
+            return
+        self.reply(body, CONTENT_TYPE_LATEST)
+
+
+class Health(_Base):
+    async def get(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self.server.health_pool,
+                                                          self.col.store.ping)
+        self.reply(b"ok\n", "text/plain")
+
+
+class OpenAPI(_Base):
+    def get(self) -> None:
+        self.reply(self.col.openapi())
+
+
+def _routes(server: CollectorServer) -> list[Any]:
+    kw = {"server": server}
+    return [(r"/", Page, kw), (r"/v1/verdicts", Verdicts, kw), (r"/v1/nodes", Nodes, kw),
+            (r"/v1/nodes/([^/]+)", History, kw), (r"/v1/services", Services, kw),
+            (r"/metrics", Metrics, kw), (r"/healthz", Health, kw), (r"/openapi.json", OpenAPI, kw)]

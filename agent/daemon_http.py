@@ -1,0 +1,114 @@
+"""The agent's small HTTP listener (/metrics, /healthz), hardened for a port that is open
+on every node address (hostNetwork).
+
+The standard library's ThreadingHTTPServer waits forever for a request and starts a thread
+per connection, without bound; its listen backlog is 5. Here:
+
+- every read and write times out (READ_TIMEOUT): an idle connection is closed;
+- a connection lives at most LIFETIME seconds whatever it does: one that trickles a byte
+  now and then (slowloris) is shut down by a single reaper thread;
+- at most MAX_CONNECTIONS are served at once, and MAX_PER_CLIENT from one address; one
+  more is closed at once (threads, file descriptors and memory stay bounded; the timeouts
+  free the slots within seconds), so one client holding connections open cannot lock out
+  the kubelet's probes or Prometheus;
+- the backlog is BACKLOG (the kernel caps it at net.core.somaxconn), so a burst of
+  scrapes and probes waits to be accepted instead of being dropped.
+
+A request is answered in milliseconds, so the bounds cost a legitimate client nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+READ_TIMEOUT = 5.0
+LIFETIME = 15.0
+MAX_CONNECTIONS = 64
+MAX_PER_CLIENT = 16
+BACKLOG = 128
+
+
+class BoundedHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = BACKLOG
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], *,
+                 max_connections: int = MAX_CONNECTIONS, max_per_client: int = MAX_PER_CLIENT,
+                 lifetime: float = LIFETIME) -> None:
+        self._max, self._max_per_client = max_connections, max_per_client
+        self._open: dict[socket.socket, tuple[float, str]] = {}  # -> (accepted, client)
+        self._per_client: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._lifetime = lifetime
+        self._closing = threading.Event()
+        super().__init__(address, handler)
+        threading.Thread(target=self._reap, name="http-reaper", daemon=True).start()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        client = str(client_address[0])
+        with self._lock:
+            full = (len(self._open) >= self._max
+                    or self._per_client.get(client, 0) >= self._max_per_client)
+            if not full:
+                self._open[request] = (time.monotonic(), client)
+                self._per_client[client] = self._per_client.get(client, 0) + 1
+        if full:
+            self.shutdown_request(request)  # shed this one: stay bounded
+            return
+        try:
+            super().process_request(request, client_address)  # its own thread
+        except BaseException:
+            self._done(request)
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._done(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], OSError):
+            return  # a client that went away or was cut off: nothing to report
+        super().handle_error(request, client_address)
+
+    def server_close(self) -> None:
+        self._closing.set()
+        super().server_close()
+
+    def _done(self, request: socket.socket) -> None:
+        with self._lock:
+            entry = self._open.pop(request, None)
+            if entry is not None:
+                left = self._per_client[entry[1]] - 1
+                if left:
+                    self._per_client[entry[1]] = left
+                else:
+                    del self._per_client[entry[1]]
+
+    def _reap(self) -> None:
+        while not self._closing.wait(1.0):
+            now = time.monotonic()
+            with self._lock:
+                old = [s for s, (t, _) in self._open.items() if now - t > self._lifetime]
+            for s in old:
+                # wakes the handler's blocked read with EOF; it then cleans up
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A handler with the read timeout set (StreamRequestHandler applies ``timeout`` to
+    the socket) and no per-request log lines (stdout/stderr carry verdicts and logs)."""
+
+    timeout = READ_TIMEOUT
+
+    def log_message(self, *args: Any) -> None:
+        pass
