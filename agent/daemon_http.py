@@ -32,6 +32,16 @@ LIFETIME = 15.0
 MAX_CONNECTIONS = 64
 MAX_PER_CLIENT = 16
 BACKLOG = 128
+RESERVED_LOCAL = 16
+
+
+def _from_this_host(request: Any, client: str) -> bool:
+    """A connection from this node: loopback, or to the very address it comes from."""
+    try:
+        return client.startswith("127.") or client in ("::1", "::ffff:127.0.0.1") or \
+            client == request.getsockname()[0]
+    except OSError:
+        return False
 
 
 class BoundedHTTPServer(ThreadingHTTPServer):
@@ -53,8 +63,12 @@ class BoundedHTTPServer(ThreadingHTTPServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         client = str(client_address[0])
+        # the kubelet probes a hostNetwork pod from the node itself (node IP to node IP):
+        # such connections may also use RESERVED_LOCAL slots, so remote clients filling
+        # the shared ones cannot fail the liveness probe and restart the agent
+        local = _from_this_host(request, client)
         with self._lock:
-            full = (len(self._open) >= self._max
+            full = (len(self._open) >= self._max + (RESERVED_LOCAL if local else 0)
                     or self._per_client.get(client, 0) >= self._max_per_client)
             if not full:
                 self._open[request] = (time.monotonic(), client)

@@ -49,6 +49,7 @@ class FakeKubeAPI:
         self.tokens: dict[str, dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.calls: Counter[str] = Counter()
+        self.delay = 0.0  # seconds each token review takes (a slow API server)
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -77,6 +78,7 @@ class FakeKubeAPI:
                 if not self._authorized():
                     return None
                 spec = body["spec"]
+                time.sleep(api.delay)
                 api.calls["tokenreview"] += 1
                 api.calls[f"tokenreview:{spec['token'][-12:]}"] += 1
                 known = api.tokens.get(spec["token"])
@@ -254,3 +256,33 @@ def test_kube_token_mode_needs_an_api_and_no_shared_token(tmp_path: Path,
     r = start("--kubeconfig", str(kube.kubeconfig(tmp_path / "kc")), "--token-file",
               str(tmp_path / "t"))
     assert r.returncode == 64 and "--token-file" in r.stderr
+
+
+def test_known_agents_never_queue_behind_reviews_of_unknown_tokens(
+        collector: Proc, kube: FakeKubeAPI) -> None:
+    # a flood of JWT-shaped garbage while the API server is slow: every review takes 2 s
+    # and the collector runs 4 at once; an agent reviewed before is answered from the
+    # cache at once, and one bad token repeated costs a single review
+    a = kube.agent_token("agent-aaaaa", "node-a")
+    assert post(collector, verdict("node-a"), a).status_code == 200
+    kube.delay = 2.0
+    flood = [threading.Thread(target=lambda i=i: post(collector, verdict("x"), jwt(f"bad{i}")))
+             for i in range(24)]
+    for t in flood:
+        t.start()
+    time.sleep(0.5)  # the reviews are under way
+    t0 = time.monotonic()
+    assert post(collector, verdict("node-a"), a).status_code == 200
+    # queued behind the flood it would wait for 6 rounds of 4 reviews (12 s) or time out
+    assert time.monotonic() - t0 < 5.0
+    for t in flood:
+        t.join(timeout=60)
+    kube.delay = 0.0
+    deadline = time.monotonic() + 30  # reviews of the flood still queued: let them end
+    while kube.calls["tokenreview"] < 1 + 24 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    bad = jwt("same-bad-one")
+    before = kube.calls["tokenreview"]
+    codes = [post(collector, verdict("node-a"), bad).status_code for _ in range(5)]
+    assert codes == [401] * 5
+    assert kube.calls["tokenreview"] - before == 1  # refused again from memory

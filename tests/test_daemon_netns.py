@@ -280,3 +280,74 @@ def test_a_verdict_that_cannot_be_spooled_is_said_and_retried(lab: Lab, tmp_path
     assert err.count("verdict not spooled") == 3, err  # said, and tried again each cycle
     assert "File too large" in err and "Traceback" not in err
     assert list((tmp_path / "spool").iterdir()) == []  # nothing truncated left behind
+
+
+_PROBE_UNDER_FLOOD = r"""
+import socket, sys, time, urllib.request
+sys.path.insert(0, sys.argv[1])
+from agent.daemon_http import BoundedHTTPServer
+from http.server import BaseHTTPRequestHandler
+import threading
+
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+    def log_message(self, *a): pass
+
+srv = BoundedHTTPServer(("10.250.0.1", 19811), H, max_connections=8, max_per_client=4)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+print("ready", flush=True)
+sys.stdin.readline()  # the flood from the other namespace now holds every shared slot
+t0 = time.monotonic()
+with urllib.request.urlopen("http://10.250.0.1:19811/healthz", timeout=3) as r:
+    print(r.status, round(time.monotonic() - t0, 3), flush=True)
+"""
+
+_FLOOD = r"""
+import socket, sys, time
+held = []
+for src in ("10.250.0.2", "10.250.0.3", "10.250.0.4"):
+    for _ in range(4):
+        s = socket.socket(); s.bind((src, 0)); s.connect(("10.250.0.1", 19811)); held.append(s)
+time.sleep(0.5)
+alive = 0
+for s in held:  # the shed ones were closed by the server at once
+    s.setblocking(False)
+    try:
+        alive += s.recv(1) != b""
+    except BlockingIOError:
+        alive += 1
+print(alive, flush=True)
+time.sleep(3)
+"""
+
+
+def test_a_remote_flood_cannot_fail_the_kubelets_probe() -> None:
+    # remote clients from several addresses hold every shared slot of the :9808 listener;
+    # the kubelet's probe comes from the node itself (node IP to node IP) and still gets in
+    from lab import netns
+
+    with netns.netns("lbhp") as node, netns.netns("lbhr") as remote:
+        netns.veth(node, "eth0", remote, "eth0")
+        node.sh("ip addr add 10.250.0.1/24 dev eth0 && ip link set eth0 up && "
+                "ip link set lo up")
+        remote.sh("ip addr add 10.250.0.2/24 dev eth0 && ip addr add 10.250.0.3/24 dev eth0 "
+                  "&& ip addr add 10.250.0.4/24 dev eth0 && ip link set eth0 up")
+        server = node.popen([sys.executable, "-c", _PROBE_UNDER_FLOOD,
+                             str(Path(__file__).parents[1])], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+        try:
+            assert server.stdout is not None and server.stdin is not None
+            assert server.stdout.readline().strip() == "ready"
+            flood = remote.popen([sys.executable, "-c", _FLOOD], stdout=subprocess.PIPE)
+            assert flood.stdout is not None
+            held = int(flood.stdout.readline())
+            assert held == 8  # the shared slots are all taken, the rest shed
+            server.stdin.write("go\n")
+            server.stdin.flush()
+            status, _took = server.stdout.readline().split()
+            assert status == "200"
+            flood.wait(timeout=30)
+        finally:
+            server.kill()
+            server.wait(timeout=30)

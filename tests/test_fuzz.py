@@ -163,6 +163,10 @@ def test_kube_documents_of_any_shape(kind: str, doc: Any) -> None:
 
 def _valid_verdict(v: Verdict) -> None:
     doc = v.to_dict()
+    # the loader and the diagnosis contain their own bugs (a section skipped, a
+    # "diagnosis-incomplete" finding): here such a contained bug still fails the test
+    assert not [f for f in doc["findings"] if f["id"] == "diagnosis-incomplete"], doc
+    assert not [u for u in doc["unknowns"] if "internal error" in u["reason"]], doc
     text = json.dumps(doc, allow_nan=False)  # raises on NaN/Infinity
     jsonschema.validate(json.loads(text), _SCHEMA)
     assert not any(isinstance(x, float) and not math.isfinite(x) for x in _leaves(doc))

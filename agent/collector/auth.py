@@ -95,6 +95,9 @@ def _token_expiry(token: str) -> float | None:
         return None
 
 
+REFUSED_TTL = 10.0  # seconds a refused token is refused without another review
+
+
 class KubeTokenReview:
     """Verifies projected service-account tokens with the TokenReview API.
 
@@ -119,24 +122,49 @@ class KubeTokenReview:
         self.ttl = ttl
         self.max_cached = max_cached
         self._cache: OrderedDict[bytes, tuple[Caller, float]] = OrderedDict()
+        self._refused: OrderedDict[bytes, tuple[BadRequest, float]] = OrderedDict()
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(concurrency)
 
-    def authenticate(self, authorization: str) -> Caller:
+    def cached(self, authorization: str) -> Caller | None:
+        """The answer without calling the API, when there is one (a malformed token, or
+        one reviewed recently, either way): cheap enough for the server's event loop, so
+        known agents never queue behind reviews of unknown tokens."""
         token = _bearer(authorization)
         if len(token) > MAX_TOKEN or not _JWT.fullmatch(token):
             raise BadRequest(401, "the bearer token is not a Kubernetes service-account "
                                   "token (a JWT)")
         key = hashlib.sha256(token.encode()).digest()
-        now = time.time()
         with self._lock:
             hit = self._cache.get(key)
-            if hit is not None and hit[1] > now:
-                return hit[0]
+            refused = self._refused.get(key)
+        now = time.time()
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        if refused is not None and refused[1] > now:
+            raise refused[0]
+        return None
+
+    def authenticate(self, authorization: str) -> Caller:
+        hit = self.cached(authorization)
+        if hit is not None:
+            return hit
+        token = _bearer(authorization)
+        key = hashlib.sha256(token.encode()).digest()
+        now = time.time()
         if not self._slots.acquire(timeout=self.timeout):
             raise BadRequest(503, "too many token reviews in progress", retry_after=5)
         try:
             caller = self._review(token)
+        except BadRequest as e:
+            if e.code in (401, 403):
+                # a refused token is refused again for a while without asking the API:
+                # a flood of one bad token costs one review
+                with self._lock:
+                    self._refused[key] = (e, now + REFUSED_TTL)
+                    while len(self._refused) > self.max_cached:
+                        self._refused.popitem(last=False)
+            raise
         finally:
             self._slots.release()
         until = now + self.ttl

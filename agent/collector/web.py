@@ -48,6 +48,8 @@ from agent.collector.server import Collector, dumps
 from agent.collector.tls import TLSFiles
 
 _RESOURCE_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+# token reviews waiting for the API (beyond: 503): unknown tokens cannot pile up
+AUTH_QUEUE = 64
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,7 @@ class CollectorServer:
         self.health_pool = ThreadPoolExecutor(1, thread_name_prefix="collector-health")
         self.blocking_auth = bool(getattr(collector.auth, "blocking", False))
         self.queued = 0  # requests given to the pool and not done (event loop only)
+        self.auth_waiting = 0  # token reviews given to auth_pool and not done (loop only)
         self.receiving = 0  # bytes reserved for bodies being received (event loop only)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -239,8 +242,17 @@ class CollectorServer:
     async def authenticate(self, authorization: str) -> Caller:
         if not self.blocking_auth:
             return self.collector.authenticate(authorization)
-        return await asyncio.get_running_loop().run_in_executor(
-            self.auth_pool, self.collector.authenticate, authorization)
+        hit = self.collector.auth.cached(authorization)  # known callers: no queue
+        if hit is not None:
+            return hit
+        if self.auth_waiting >= AUTH_QUEUE:
+            raise BadRequest(503, "too many token reviews waiting", retry_after=5)
+        self.auth_waiting += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self.auth_pool, self.collector.authenticate, authorization)
+        finally:
+            self.auth_waiting -= 1
 
     def reserve(self, n: int) -> None:
         if self.receiving + n > self.limits.body_budget:
