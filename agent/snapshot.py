@@ -7,19 +7,21 @@ and there was nothing".
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import functools
 import ipaddress
 import json
 import types
 import typing
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 SNAPSHOT_SCHEMA = "loopback-agent/snapshot/v1"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Address:
     """One IPv4/IPv6 address bound on an interface (`ip addr`)."""
 
@@ -30,7 +32,7 @@ class Address:
     link_up: bool = True  # interface administratively/operationally up
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LocalRoute:
     """One route of the `local` table (table 255), e.g. `local 10.0.0.5 dev kube-ipvs0 ...`."""
 
@@ -41,7 +43,7 @@ class LocalRoute:
     line: str  # the route as `ip route show table local` prints it, for evidence
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class IpSet:
     """One ipset with its members in `ipset save` form, e.g. "10.0.0.5,tcp:80"."""
 
@@ -50,7 +52,7 @@ class IpSet:
     members: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class IpvsRealServer:
     address: str
     port: int
@@ -58,7 +60,7 @@ class IpvsRealServer:
     weight: int = 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class IpvsVirtualServer:
     protocol: str  # "TCP" | "UDP" | "SCTP"
     address: str
@@ -67,7 +69,7 @@ class IpvsVirtualServer:
     real_servers: tuple[IpvsRealServer, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Rule:
     """One iptables rule as `iptables-save` prints it (without counters)."""
 
@@ -75,11 +77,96 @@ class Rule:
     source: str = ""  # where it came from, "iptables-save.txt:123"
 
 
-@dataclass(frozen=True)
+class Rules(Sequence[Rule]):
+    """A chain's rules without an object per rule: their texts, and where each came from,
+    either one file and each rule's line in it, or each rule's whole source. A node of
+    10k services holds 200k rules: a :class:`Rule` is made only for the ones a caller
+    takes (``rules[i]``, iteration); ``texts`` and ``source(i)`` make none."""
+
+    __slots__ = ("_file", "_where", "texts")
+
+    def __init__(self, texts: Sequence[str] = (), sources: Sequence[str] = ()) -> None:
+        if len(texts) != len(sources):
+            raise ValueError("Rules: one source per text")
+        self.texts: tuple[str, ...] = tuple(texts)
+        self._file: str | None = None  # set: _where holds line numbers in this file
+        self._where: Sequence[Any] = tuple(sources)
+
+    @classmethod
+    def of(cls, rules: Iterable[Rule]) -> Rules:
+        if isinstance(rules, Rules):
+            return rules
+        rules = tuple(rules)
+        return cls(tuple(r.text for r in rules), tuple(r.source for r in rules))
+
+    @classmethod
+    def in_file(cls, texts: Sequence[str], file: str, lines: Sequence[int]) -> Rules:
+        """Rules read from ``file``, the i-th on line ``lines[i]`` (source "file:line")."""
+        if len(texts) != len(lines):
+            raise ValueError("Rules: one line per text")
+        out = cls.__new__(cls)
+        out.texts = tuple(texts)
+        out._file = file
+        # lines one after another (a dump's chain) are a range: none stored one by one
+        out._where = lines if isinstance(lines, range) else array.array("I", lines)
+        return out
+
+    def source(self, i: int) -> str:
+        """Where rule ``i`` came from ("iptables-save.txt:123")."""
+        if self._file is None:
+            return self._where[i]  # type: ignore[no-any-return]
+        return f"{self._file}:{self._where[i]}"
+
+    def sources(self) -> Iterator[str]:
+        if self._file is None:
+            return iter(self._where)
+        return (f"{self._file}:{n}" for n in self._where)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    @overload
+    def __getitem__(self, i: int) -> Rule: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Rules: ...
+
+    def __getitem__(self, i: int | slice) -> Rule | Rules:
+        if isinstance(i, slice):
+            out = Rules.__new__(Rules)
+            out.texts, out._file, out._where = self.texts[i], self._file, self._where[i]
+            return out
+        return Rule(self.texts[i], self.source(i))
+
+    def __iter__(self) -> Iterator[Rule]:
+        return map(Rule, self.texts, self.sources())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Rules):
+            return self.texts == other.texts and list(self.sources()) == list(other.sources())
+        if isinstance(other, tuple):
+            return tuple(self) == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"Rules({list(self)!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Rules, (self.texts, tuple(self.sources())))
+
+
+@dataclass(frozen=True, slots=True)
 class Chain:
     name: str
     policy: str | None = None  # "ACCEPT"/"DROP" for built-in chains, None for user chains
-    rules: tuple[Rule, ...] = ()
+    rules: Rules = field(default_factory=Rules)  # given as any sequence of Rule
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rules, Rules):
+            object.__setattr__(self, "rules", Rules.of(self.rules))
 
 
 @dataclass(frozen=True)
@@ -96,7 +183,7 @@ class Table:
         return {c.name: c for c in self.chains}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Netfilter:
     """The iptables rules of the backend that holds kube-proxy's chains."""
 
@@ -113,7 +200,7 @@ class Netfilter:
         return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class KubeProxy:
     """The kube-proxy process as seen through /proc (psutil)."""
 
@@ -125,7 +212,7 @@ class KubeProxy:
     args: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServicePort:
     port: int
     protocol: str = "TCP"
@@ -133,14 +220,14 @@ class ServicePort:
     name: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LoadBalancerIngress:
     ip: str | None = None
     hostname: str | None = None
     ip_mode: str | None = None  # "VIP" | "Proxy" | None (field absent)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Service:
     namespace: str
     name: str
@@ -157,7 +244,7 @@ class Service:
         return f"{self.namespace}/{self.name}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class IngressBackend:
     """An Ingress rule's backend service (for mapping an Ingress address to services)."""
 
@@ -166,7 +253,7 @@ class IngressBackend:
     port_name: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Ingress:
     namespace: str
     name: str
@@ -179,14 +266,14 @@ class Ingress:
         return f"{self.namespace}/{self.name}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeInfo:
     name: str
     pod_cidrs: tuple[str, ...] = ()
     internal_ips: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Unknown:
     """Something that could not be read, and why (shown to the user, kept in the verdict)."""
 
@@ -241,7 +328,7 @@ def to_plain(obj: Any) -> Any:
     """Dataclasses -> dicts, tuples -> lists; other JSON types unchanged."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, (list, tuple)):
+    if isinstance(obj, (list, tuple, Rules)):
         return [to_plain(v) for v in obj]
     if isinstance(obj, dict):
         return {str(k): to_plain(v) for k, v in obj.items()}
@@ -263,6 +350,8 @@ def from_plain(tp: Any, value: Any, path: str = "$") -> Any:
         return from_plain(args[0], value, path) if len(args) == 1 else value
     if value is None:
         raise ValueError(f"{path}: null where a value is required")
+    if tp is Rules:
+        return Rules.of(from_plain(tuple[Rule, ...], value, path))
     if origin is tuple:
         (inner, *_rest) = typing.get_args(tp)
         if not isinstance(value, list):
@@ -271,6 +360,11 @@ def from_plain(tp: Any, value: Any, path: str = "$") -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise ValueError(f"{path}: expected an object, got {type(value).__name__}")
+        bad = next((k for k, v in value.items()
+                    if isinstance(v, bool) or not isinstance(v, (str, int))), None)
+        if bad is not None:
+            raise ValueError(f"{path}.{bad}: expected a string, got "
+                             f"{type(value[bad]).__name__}")
         return {_text(k, path): _text(str(v), f"{path}.{k}") for k, v in value.items()}
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):

@@ -26,7 +26,9 @@ SAMPLES = {
     bundle_files.NODE: "node.json",
     bundle_files.INGRESSES: "ingresses.json",
 }
-KUBE_PROXY = Unknown("kube-proxy", "process flags are not part of saved outputs")
+KUBE_PROXY = Unknown("kube-proxy", "its flags, log or configuration are not in the input "
+                     "(`ps -ef | grep kube-proxy` or `kubectl -n kube-system logs` of its "
+                     "pod would show its mode)")
 README = Unknown("README.txt", "README.txt: no known command output in it (give iptables-save, "
                  "ipset save, ipvsadm -Ln, ip addr, ip route show table local, sysctl -a, "
                  "or kubectl get svc -A -o yaml)")

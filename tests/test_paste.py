@@ -391,3 +391,77 @@ def test_a_rules_only_nodeport_walk_stands_in_for_the_nodes_address() -> None:
     ev = " ".join(served.evidence)
     assert served.served is False
     assert "stands for it" in ev and "has no local endpoints" in ev and "--dport 3001" in ev
+
+
+CONSTRUCTED = Path(__file__).parent / "data" / "constructed"  # see its README
+
+
+def _verdict_of(case: str) -> dict:  # type: ignore[type-arg]
+    return diagnose(load_bundle(CONSTRUCTED / case), "n").to_dict()
+
+
+def _ids(v: dict) -> set[tuple[str, str | None]]:  # type: ignore[type-arg]
+    return {(f["id"], f["lb_ip"]) for f in v["findings"]}
+
+
+def test_xlb_without_a_pod_rule_marks_for_drop_and_the_pod_leaves_unmasqueraded() -> None:
+    v = _verdict_of("full-xlb-mark-drop-no-cluster-cidr")
+    assert ("pod-to-lb-not-masqueraded", "203.0.113.50") in _ids(v)
+
+
+def test_an_unseen_fw_or_xlb_chain_is_never_taken_as_captured() -> None:
+    # the same node as above, only KUBE-SERVICES pasted: KUBE-FW may end in a loop
+    v = _verdict_of("excerpt-fw-chain-unseen-no-cluster-cidr")
+    assert v["status"] != "healthy"
+    assert ("pod-to-lb-undetermined", "203.0.113.50") in _ids(v)
+    undecided = next(f for f in v["findings"] if f["id"] == "pod-to-lb-undetermined")
+    assert "iptables -t nat -S KUBE-FW-AAAAAAAAAAAAAAAA" in undecided["summary"]
+
+
+def test_a_built_in_chain_an_excerpt_does_not_show_decides_no_loop() -> None:
+    # nat POSTROUTING is not in the excerpt: a CNI's masquerade there is unseen
+    v = _verdict_of("excerpt-postrouting-unseen")
+    assert not [f for f in v["findings"] if f["id"] == "pod-to-lb-not-masqueraded"]
+    assert v["status"] != "healthy"
+
+
+def test_nodeport_addresses_do_not_fake_a_missing_local_endpoint() -> None:
+    v = _verdict_of("etp-local-endpoint-nodeport-addresses")
+    assert not [f for f in v["findings"] if f["id"] == "etp-local-no-local-endpoint"]
+
+
+def test_internal_traffic_policy_local_is_not_external() -> None:
+    v = _verdict_of("itp-local-filter-rule")
+    assert not [f for f in v["findings"] if f["id"] == "etp-local-no-local-endpoint"]
+
+
+def test_kube_proxys_own_words_settle_its_mode_and_pod_cidr() -> None:
+    # kube-proxy's startup log as `kubectl logs` prints it (the FLAG lines are verbatim
+    # from kubernetes/kubernetes#92033; the "Using ipvs Proxier." line is kube-proxy's own
+    # message of that era), a `ps` line, and its ConfigMap
+    log = ('I0610 22:03:26.540358       1 flags.go:33] FLAG: --proxy-mode=""\n'
+           'I0610 22:03:26.540375       1 flags.go:33] FLAG: --proxy-port-range=""\n'
+           "I0610 22:03:26.673838       1 server_others.go:259] Using ipvs Proxier.\n")
+    snap = load(log + real("k8s-issue-79783-tke-ipvs-lb-ip-on-kube-ipvs0"))
+    assert snap.kube_proxy is not None and snap.kube_proxy.mode == "ipvs"
+    ps = ("root      2317  2290  0 Nov24 ?        00:41:10 /usr/local/bin/kube-proxy "
+          "--proxy-mode=iptables --cluster-cidr=10.244.0.0/16 --hostname-override=n1\n")
+    v = diagnose(load(ps + real("k8s-1.26era-iptables-lb-etp-local-ext-svl",
+                                "iptables-save.txt")), "n").to_dict()
+    assert v["kube_proxy_mode"] == "iptables" and "as the input shows it" in \
+        v["context"]["kube_proxy_mode_from"]
+    cm = """apiVersion: v1
+data:
+  config.conf: |-
+    apiVersion: kubeproxy.config.k8s.io/v1alpha1
+    clusterCIDR: 10.244.0.0/16
+    kind: KubeProxyConfiguration
+    mode: "ipvs"
+kind: ConfigMap
+metadata:
+  name: kube-proxy
+  namespace: kube-system
+"""
+    snap = load(cm, "kube-proxy-cm.yaml")
+    assert snap.kube_proxy is not None
+    assert (snap.kube_proxy.mode, snap.kube_proxy.cluster_cidr) == ("ipvs", "10.244.0.0/16")

@@ -21,8 +21,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
 from agent.bundle import files as bundle_files
 from agent.bundle import sections as fmt
 from agent.bundle.sections import Section, split_sections
@@ -36,6 +34,7 @@ from agent.parse.kube import parse_ingresses, parse_node, parse_services
 from agent.parse.route_text import parse_local_routes
 from agent.parse.svc_table import parse_svc_table
 from agent.parse.sysctl_text import parse_sysctls
+from agent.probes.kube_proxy import from_paste
 from agent.snapshot import (
     Address,
     IpSet,
@@ -71,6 +70,8 @@ class _Evidence:
     seen: dict[str, list[str]] = field(default_factory=dict)  # format -> sources
     problems: list[tuple[str, int | None, str]] = field(default_factory=list)
     notes: list[Unknown] = field(default_factory=list)
+    # lines that may speak of kube-proxy (its command line, log, configuration)
+    kube_proxy_lines: list[str] = field(default_factory=list)
 
     def saw(self, format_: str, where: str) -> None:
         self.seen.setdefault(format_, []).append(where)
@@ -105,12 +106,13 @@ def load_texts(texts: list[tuple[str, str | InputError, str]], origin: str) -> N
         if isinstance(text, InputError):
             refused.append(str(text))
             continue
-        if not text.strip() and hint in (fmt.IPSET, fmt.IPVSADM):
+        if hint in (fmt.IPSET, fmt.IPVSADM) and (not text or text.isspace()):
             # `ipset save` / `ipvsadm -Ln` print nothing on a node without sets or IPVS:
             # the bundle's empty file says "none", not "unknown"
             ev.saw(hint, f"{source} (empty)")
             continue
         before = sum(len(v) for v in ev.seen.values())
+        _kube_proxy_lines(text, source, ev)
         sections = split_sections(text, source, hint)
         for s in sections:
             _read_section(s, ev)
@@ -126,6 +128,22 @@ def load_texts(texts: list[tuple[str, str | InputError, str]], origin: str) -> N
                          None, "nothing usable found" + (": " + "; ".join(refused + lines)
                                                          if refused else " (no files)"))
     return _snapshot(ev, origin, refused)
+
+
+def _kube_proxy_lines(text: str, source: str, ev: _Evidence) -> None:
+    """Keep what may say kube-proxy's mode and cluster CIDR (a substring test per line:
+    a big dump costs little); the file counts as read when it does say it."""
+    if "KubeProxyConfiguration" in text:
+        lines = text.splitlines()  # a YAML document: its lines together
+    elif "kube-proxy" in text or "Prox" in text or "FLAG: --" in text:
+        lines = [ln for ln in text.splitlines()
+                 if ("kube-proxy" in ln or "Prox" in ln or "FLAG: --" in ln)
+                 and not ln.startswith(("-A ", ":", "["))]
+    else:
+        return
+    if lines and from_paste(lines)[0] is not None:
+        ev.kube_proxy_lines += lines
+        ev.saw("kube-proxy", source)
 
 
 def _dir_texts(d: Path):  # type: ignore[no-untyped-def]
@@ -175,13 +193,15 @@ def _read_text(file: Path, name: str, follow: bool = False) -> str:
         if fd >= 0:
             os.close(fd)
     try:
-        return data.decode("utf-8").replace("\r\n", "\n")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
         raise InputError(name, line,
                          f"not UTF-8 text (byte 0x{data[e.start]:02x} at column {column})"
                          ) from None
+    # a test for "\r" (memchr) before the replace, which scans 20x slower
+    return text.replace("\r\n", "\n") if "\r" in text else text
 
 
 # --- one reader per format ---------------------------------------------------------------
@@ -264,7 +284,14 @@ def _tolerant(parse: Callable[[str, str], T], s: Section, ev: _Evidence,
 
 
 def _ipset(s: Section, ev: _Evidence) -> bool:
-    lines = s.lines
+    if s.text is not None and "Number of entries:" not in s.text:
+        sets = _tolerant(parse_ipsets, s, ev)  # a whole file (split_sections)
+        for st in sets or ():
+            old = ev.ipsets.get(st.name)
+            ev.ipsets[st.name] = st if old is None else IpSet(
+                st.name, st.type, tuple(dict.fromkeys(old.members + st.members)))
+        return bool(sets)
+    lines = s.all_lines()
     name = s.hint.get("set")
     if name and not any(t.lstrip().startswith(("Name:", "create ", "add ")) for _, t in lines):
         # `ipset list NAME | grep ...`: bare members, the name is the command's
@@ -405,8 +432,10 @@ def _kube(s: Section, ev: _Evidence) -> bool:
     text = "\n".join(t for _, t in s.lines) if s.doc is None else ""
     try:
         docs = [s.doc] if s.doc is not None else [json.loads(text)] if text.lstrip(
-        ).startswith(("{", "[")) else [d for d in yaml.safe_load_all(text) if d is not None]
-    except (ValueError, yaml.YAMLError) as e:
+        ).startswith(("{", "[")) else _yaml_documents(text)
+    except Exception as e:
+        if not isinstance(e, ValueError) and not _yaml_error(e):
+            raise
         mark = getattr(e, "problem_mark", None)
         line = s.first_line + (mark.line if mark else getattr(e, "lineno", 1) - 1)
         ev.problems.append((s.source, line, f"not valid YAML/JSON: "
@@ -460,6 +489,17 @@ def _kube(s: Section, ev: _Evidence) -> bool:
             continue
         used = True
     return used
+
+
+def _yaml_documents(text: str) -> list[Any]:
+    import yaml  # only for pasted YAML: 10 ms to import, which a bundle's JSON does without
+
+    return [d for d in yaml.safe_load_all(text) if d is not None]
+
+
+def _yaml_error(e: Exception) -> bool:
+    yaml = sys.modules.get("yaml")  # not imported: no YAML was read
+    return yaml is not None and isinstance(e, yaml.YAMLError)
 
 
 def _svc_table(s: Section, ev: _Evidence) -> bool:
@@ -531,8 +571,15 @@ def _snapshot(ev: _Evidence, origin: str, refused: list[str]) -> NodeSnapshot:
     unknowns += ev.notes
     unknowns += [Unknown(r.split(":", 1)[0], r) for r in refused
                  if "(the lines are named above)" not in r]
-    unknowns.append(Unknown("kube-proxy", "process flags are not part of saved outputs"))
+    kube_proxy, how = from_paste(ev.kube_proxy_lines) if ev.kube_proxy_lines else (None, "")
+    if kube_proxy is None:
+        unknowns.append(Unknown("kube-proxy", "its flags, log or configuration are not in "
+                                "the input (`ps -ef | grep kube-proxy` or `kubectl -n "
+                                "kube-system logs` of its pod would show its mode)"))
+    else:
+        unknowns.append(Unknown("kube-proxy", f"read from the input: {how}"))
     return NodeSnapshot(
+        kube_proxy=kube_proxy,
         node=ev.node.name if ev.node else None,
         origin=origin,
         netfilter=netfilter,

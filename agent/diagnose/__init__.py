@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from agent import __version__
 from agent.capture.model import CaptureResult
 from agent.diagnose.context import Context
-from agent.diagnose.lb_ip import LbTarget, discover, service_of_chains, split_by_family
+from agent.diagnose.lb_ip import ChainServices, LbTarget, discover, split_by_family
 from agent.diagnose.model import Finding, LbIpReport, Verdict, status_of
 from agent.diagnose.node_facts import NodeFacts, build_facts, kube_proxy_mode
 from agent.diagnose.paths import PathFinder
@@ -52,7 +52,7 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
     unknowns = [{"source": u.source, "reason": u.reason} for u in snap.unknowns]
     unknowns += [{"source": "LB IPs", "reason": r} for r in skipped]
     ctx = Context(snap, facts, targets, PathFinder(facts), mode, mode_how, unknowns,
-                  service_of_chains(snap), capture)
+                  ChainServices(snap), capture)
     findings: list[Finding] = []
     if not targets and snap.services is None:
         # without the Service objects "none found" may just mean "not visible here"
@@ -80,13 +80,18 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
     lb_ips: dict[str, list] = {}
     for t in (*targets, *v6_targets):
         lb_ips.setdefault(t.ip, []).append(t)
+    # 10k LB IPs share a few port lists ("TCP/80") and each has one Service: one tuple
+    # for each different one
+    shared: dict[tuple[str, ...], tuple[str, ...]] = {}
     reports = tuple(
         LbIpReport(
             ip=ip,
-            ports=tuple(sorted({f"{t.protocol}/{t.port}" for t in ts if t.port})),
+            ports=_one(shared, tuple(sorted({f"{t.protocol}/{t.port}" for t in ts if t.port}))),
             kind=ts[0].kind,
-            services=tuple(sorted({t.service for t in ts if t.service})),
-            learned_from=tuple(dict.fromkeys(s for t in ts for s in t.learned_from)),
+            services=_one(shared, tuple(sorted({t.service for t in ts if t.service}))),
+            learned_from=ts[0].learned_from if len(ts) == 1 and len(
+                set(ts[0].learned_from)) == len(ts[0].learned_from) else
+            tuple(dict.fromkeys(s for t in ts for s in t.learned_from)),
             local=facts.is_local(ip),
         )
         for ip, ts in lb_ips.items()
@@ -118,6 +123,11 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
     )
 
 
+def _one(shared: dict[tuple[str, ...], tuple[str, ...]], value: tuple[str, ...]
+         ) -> tuple[str, ...]:
+    return shared.setdefault(value, value)
+
+
 def _ipv6_not_walked(targets: list[LbTarget]) -> list[Finding]:
     """An IPv6 LB IP is a way to loop the agent does not follow yet: it is undecided,
     never silently healthy."""
@@ -143,6 +153,6 @@ def _ip_key(ip: str | None) -> tuple[int, ...]:
     if not ip:
         return (0,)
     try:
-        return tuple(int(x) for x in ip.split("."))
+        return tuple(map(int, ip.split(".")))
     except ValueError:
         return (999,)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agent.capture.model import CaptureResult
@@ -20,7 +21,7 @@ class Context:
     mode: str
     mode_how: str
     unknowns: list[dict[str, str]]
-    chain_services: dict[str, str]  # KUBE-SVC-<hash> etc. -> "ns/name"
+    chain_services: Mapping[str, str]  # KUBE-SVC-<hash> etc. -> "ns/name"
     capture: CaptureResult | None = None
 
     def unknown(self, source: str, reason: str) -> None:

@@ -7,10 +7,11 @@ import base64
 import hashlib
 import ipaddress
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
-from agent.netfilter.rules import parse_rule
-from agent.snapshot import NodeSnapshot, Service
+from agent.netfilter.rules import parse_rule_text
+from agent.snapshot import NodeSnapshot, Rules, Service
 
 # kube-proxy comments: "ns/svc:port loadbalancer IP", "ns/svc:port external IP"
 _KIND_BY_COMMENT = (("loadbalancer IP", "loadbalancer"), ("external IP", "external"))
@@ -19,7 +20,7 @@ _PROTOCOLS = frozenset({"TCP", "UDP", "SCTP"})
 _HASHED_CHAIN = re.compile(r"^KUBE-(SVC|EXT|SVL|FW|XLB)-([A-Z2-7]{16})$")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LbTarget:
     ip: str
     port: int
@@ -43,7 +44,8 @@ class LbTarget:
 def chain_hash(service_port_name: str, protocol: str) -> str:
     """kube-proxy's portProtoHash: base32(sha256(name + proto))[:16]."""
     digest = hashlib.sha256((service_port_name + protocol.lower()).encode()).digest()
-    return base64.b32encode(digest).decode()[:16]
+    # base32 turns each 5 bytes into 8 characters: the first 10 bytes give the 16
+    return base64.b32encode(digest[:10]).decode()
 
 
 def service_of_chains(snap: NodeSnapshot) -> dict[str, str]:
@@ -59,12 +61,35 @@ def service_of_chains(snap: NodeSnapshot) -> dict[str, str]:
     return out
 
 
+class ChainServices(Mapping[str, str]):
+    """service_of_chains(snap), made when first asked (a walk's comments name the Service
+    nearly always: hashing 10k Services' ports would be for nothing)."""
+
+    def __init__(self, snap: NodeSnapshot) -> None:
+        self._snap = snap
+        self._map: dict[str, str] | None = None
+
+    def _made(self) -> dict[str, str]:
+        if self._map is None:
+            self._map = service_of_chains(self._snap)
+        return self._map
+
+    def __getitem__(self, chain: str) -> str:
+        return self._made()[chain]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._made())
+
+    def __len__(self) -> int:
+        return len(self._made())
+
+
 _COMMENT = re.compile(r'--comment "([^"]*)"')
 _SVC_ANYWHERE = re.compile(r"(?:^|\s)([a-z0-9][-a-z0-9.]*)/([a-z0-9][-a-z0-9.]*):")
 _CHAIN_IN_LINE = re.compile(r"-[jg] (KUBE-(?:SVC|EXT|SVL|FW|XLB)-[A-Z2-7]{16})\b")
 
 
-def infer_service(evidence: tuple[str, ...], hashed: dict[str, str]) -> str | None:
+def infer_service(evidence: tuple[str, ...], hashed: Mapping[str, str]) -> str | None:
     """The Service a walk went through: from kube-proxy's comments ("ns/svc:port ..."),
     else from the hash in a KUBE-SVC/EXT/SVL/FW/XLB chain name (needs the Services)."""
     for line in evidence:
@@ -187,10 +212,11 @@ def _node_ports_from_rules(snap: NodeSnapshot) -> dict[tuple[str, int, str], int
     def commented(chain_name: str) -> list[tuple[str, str, int]]:
         chain = nat.chain(chain_name)
         out = []
-        for rule in chain.rules if chain else ():
-            if "--dport" not in rule.text or "--comment" not in rule.text:
+        rules = chain.rules if chain else Rules()
+        for i, text in enumerate(rules.texts):
+            if "--dport" not in text or "--comment" not in text:
                 continue
-            r = parse_rule(rule)
+            r = parse_rule_text(text, rules.source(i))
             proto = next((a[0] for k, n, a in r.conds if k == "proto" and not n), None)
             dport = next((a[0] for k, n, a in r.conds if k.endswith("--dport") and not n), "")
             if r.comment and proto and dport.isdigit():
@@ -222,12 +248,16 @@ _LB_SETS = {
 def _from_ipsets(snap: NodeSnapshot, add) -> None:  # type: ignore[no-untyped-def]
     """kube-proxy IPVS mode lists LB and external IPs as "ip,proto:port" in ipsets; a
     pasted excerpt may hold any one of them."""
+    local_sets: dict[str, set[tuple[str, str, int] | None]] = {}
     for name, (kind, local_name) in _LB_SETS.items():
         s = snap.ipset(name)
         if s is None:
             continue
         local = snap.ipset(local_name)
-        local_keys = {_ip_proto_port(m) for m in local.members} if local else set()
+        local_keys = local_sets.get(local_name)
+        if local_keys is None:
+            local_keys = local_sets[local_name] = {_ip_proto_port(m) for m in local.members} \
+                if local else set()
         for m in s.members:
             parsed = _ip_proto_port(m)
             if parsed is None:
@@ -253,10 +283,11 @@ def _from_filter(snap: NodeSnapshot, add) -> None:  # type: ignore[no-untyped-de
     flt = snap.netfilter.table("filter") if snap.netfilter else None
     for chain_name in _FILTER_CHAINS:
         chain = flt.chain(chain_name) if flt else None
-        for rule in chain.rules if chain else ():
-            if "--comment" not in rule.text or " -d " not in rule.text:
+        rules = chain.rules if chain else Rules()
+        for i, text in enumerate(rules.texts):
+            if "--comment" not in text or " -d " not in text:
                 continue
-            r = parse_rule(rule)
+            r = parse_rule_text(text, rules.source(i))
             ip, proto, port = _dst_proto_port(r.conds)
             if ip is None or port is None or proto is None or "/" in ip or not r.comment:
                 continue
@@ -265,7 +296,7 @@ def _from_filter(snap: NodeSnapshot, add) -> None:  # type: ignore[no-untyped-de
             etp = "Local" if "has no local endpoints" in r.comment else None
             kind = "loadbalancer" if "KUBE-FW-" in r.comment or "KUBE-PROXY-FIREWALL" in \
                 chain_name else "external"
-            src = f"filter {chain_name} rule ({rule.source})" if rule.source \
+            src = f"filter {chain_name} rule ({r.source})" if r.source \
                 else f"filter {chain_name} rule"
             add(LbTarget(ip, port, proto, kind, service, (src,), etp,
                          f"filter rule '{r.comment}'" if etp else ""))
@@ -290,11 +321,11 @@ def _from_kube_ipvs0(snap: NodeSnapshot, add, known: set[str]) -> None:  # type:
             subnets.append((ipaddress.ip_network(f"{a.address}/{a.prefixlen}", strict=False),
                             a.ifname))
     for ip, how in seen.items():
+        if ip in known or ip in cluster_ips:
+            continue
         try:
             addr = ipaddress.ip_address(ip)
         except ValueError:
-            continue
-        if ip in known or ip in cluster_ips:
             continue
         if addr.is_global:
             why = "a globally routable address on kube-ipvs0 is no ClusterIP"
@@ -331,12 +362,12 @@ def _from_rules(snap: NodeSnapshot, add) -> None:  # type: ignore[no-untyped-def
     chain = nat.chain("KUBE-SERVICES")
     if chain is None:
         return
-    hashed = service_of_chains(snap)
-    for rule in chain.rules:
-        text = rule.text
+    hashed: dict[str, str] | None = None  # made when a comment does not name the Service
+    rules = chain.rules
+    for i, text in enumerate(rules.texts):
         if "loadbalancer IP" not in text and "external IP" not in text:
             continue
-        r = parse_rule(rule)
+        r = parse_rule_text(text, rules.source(i))
         if r.comment is None:
             continue
         kind = next((k for marker, k in _KIND_BY_COMMENT if r.comment.endswith(marker)), None)
@@ -346,9 +377,14 @@ def _from_rules(snap: NodeSnapshot, add) -> None:  # type: ignore[no-untyped-def
         if ip is None or port is None or proto is None or "/" in ip:
             continue
         m = _SVC_IN_COMMENT.match(r.comment)
-        service = f"{m.group(1)}/{m.group(2)}" if m else hashed.get(r.target or "")
+        if m:
+            service: str | None = f"{m.group(1)}/{m.group(2)}"
+        else:
+            if hashed is None:
+                hashed = service_of_chains(snap)
+            service = hashed.get(r.target or "")
         add(LbTarget(ip, port, proto, kind, service,
-                     (f"nat KUBE-SERVICES rule ({rule.source})" if rule.source
+                     (f"nat KUBE-SERVICES rule ({r.source})" if r.source
                       else "nat KUBE-SERVICES rule",)))
 
 
@@ -364,6 +400,6 @@ def _ip_proto_port(member: str) -> tuple[str, str, int] | None:
 
 def _ip_key(ip: str) -> tuple[int, ...]:
     try:
-        return tuple(int(x) for x in ip.split("."))
+        return tuple(map(int, ip.split(".")))
     except ValueError:
         return (999,)

@@ -13,7 +13,7 @@ SEVERITIES = ("info", "warning", "critical")
 STATUSES = ("healthy", "at-risk", "loopback")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Finding:
     id: str
     severity: str  # "info" | "warning" | "critical"
@@ -39,7 +39,7 @@ class Finding:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LbIpReport:
     """One LoadBalancer/external/Ingress address the node knows, for the report."""
 
@@ -61,7 +61,7 @@ class LbIpReport:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Verdict:
     node: str
     time: str

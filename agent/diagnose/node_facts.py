@@ -16,7 +16,7 @@ _POD_BRIDGES = ("cni0", "cbr0", "kube-bridge", "cilium_host", "weave", "docker0"
 _NOT_PODS = {"lo", KUBE_IPVS0}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodNetwork:
     pod_ip: str
     prefix: str
@@ -52,9 +52,11 @@ class NodeFacts:
     # addresses that are never the node's (the documentation-range client a walk sends
     # from outside): UNICAST for addrtype even when the node's addresses are unknown
     assumed_remote: frozenset[str] = frozenset()
-    _sets: dict[str, tuple[str, frozenset[str]]] = field(default_factory=dict)
-    _addrs: dict[str, list[Address]] = field(default_factory=dict)
-    _ipvs: dict[tuple[str, str, int], IpvsVirtualServer] = field(default_factory=dict)
+    # lookup tables (a node of 10k services has 20k addresses and 30k virtual servers: an
+    # address with one of them maps to it, not to a list or a dict of one)
+    _addrs: dict[str, Address | tuple[Address, ...]] = field(default_factory=dict)
+    _ipvs: dict[str, IpvsVirtualServer | dict[tuple[str, int], IpvsVirtualServer]] = \
+        field(default_factory=dict)
 
     # -- NodeView for the walker ----------------------------------------------------
 
@@ -74,15 +76,14 @@ class NodeFacts:
         return "UNICAST"
 
     def ipset_members(self, name: str) -> tuple[str, frozenset[str]] | None:
+        """(type, members) of a set; made anew each time: the walker keeps what it asked
+        for as long as it walks, and a verdict keeps no 10k-member set alive."""
         if self.snapshot.ipsets is None:
             return None
-        got = self._sets.get(name)
-        if got is None:
-            s = self.snapshot.ipset(name)
-            if s is None:
-                return None
-            got = self._sets[name] = (s.type, frozenset(s.members))
-        return got
+        s = self.snapshot.ipset(name)
+        if s is None:
+            return None
+        return s.type, frozenset(s.members)
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -102,12 +103,19 @@ class NodeFacts:
             return None
         return self.local_route(addr) is not None
 
-    def addresses_of(self, addr: str) -> list[Address]:
-        return self._addrs.get(addr, [])
+    def addresses_of(self, addr: str) -> tuple[Address, ...]:
+        got = self._addrs.get(addr)
+        return () if got is None else got if isinstance(got, tuple) else (got,)
 
     def virtual_server(self, protocol: str, addr: str, port: int) -> IpvsVirtualServer | None:
         """The IPVS virtual server for addr:port (the caller checks ipvs is known)."""
-        return self._ipvs.get((protocol.upper(), addr, port))
+        got = self._ipvs.get(addr)
+        if got is None:
+            return None
+        protocol = protocol.upper()
+        if isinstance(got, IpvsVirtualServer):
+            return got if got.protocol == protocol and got.port == port else None
+        return got.get((protocol, port))
 
 
 @functools.lru_cache(maxsize=65536)
@@ -117,10 +125,22 @@ def _ip(addr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
 
 def build_facts(snap: NodeSnapshot) -> NodeFacts:
     f = NodeFacts(snap)
+    addrs = f._addrs
     for a in snap.addresses or ():
-        f._addrs.setdefault(a.address, []).append(a)
-    for vs in snap.ipvs or ():
-        f._ipvs[(vs.protocol, vs.address, vs.port)] = vs
+        had = addrs.get(a.address)
+        addrs[a.address] = a if had is None else \
+            (*had, a) if isinstance(had, tuple) else (had, a)
+    servers = f._ipvs
+    for vs in snap.ipvs or ():  # the last of two for one address and port is the one
+        had_vs = servers.get(vs.address)
+        if had_vs is None or (isinstance(had_vs, IpvsVirtualServer) and (
+                had_vs.protocol, had_vs.port) == (vs.protocol, vs.port)):
+            servers[vs.address] = vs
+        elif isinstance(had_vs, IpvsVirtualServer):
+            servers[vs.address] = {(had_vs.protocol, had_vs.port): had_vs,
+                                   (vs.protocol, vs.port): vs}
+        else:
+            had_vs[(vs.protocol, vs.port)] = vs
     if snap.local_routes is not None:
         for r in snap.local_routes:
             if r.type == "local":
@@ -265,7 +285,9 @@ def kube_proxy_mode(snap: NodeSnapshot) -> tuple[str, str]:
         return given, f"given with --mode {given}"
     kp = snap.kube_proxy
     if kp and kp.mode in ("ipvs", "iptables"):
-        return kp.mode, f"kube-proxy --proxy-mode={kp.mode}"
+        return kp.mode, (f"kube-proxy --proxy-mode={kp.mode}" if kp.pid is not None else
+                         f"kube-proxy's mode {kp.mode} as the input shows it (its command "
+                         "line, log or configuration)")
     if kp and kp.mode:
         return "unknown", f"kube-proxy runs in mode {kp.mode!r}, which this agent does not read"
     if snap.ipsets is not None and snap.ipset("KUBE-CLUSTER-IP") is not None:
@@ -319,7 +341,7 @@ _IPVS_SETS = frozenset({
 def _matches_ipvs_set(nat) -> bool:  # type: ignore[no-untyped-def]
     needles = tuple(f"--match-set {n} " for n in ("KUBE-CLUSTER-IP", "KUBE-LOAD-BALANCER",
                                                     "KUBE-LOOP-BACK", "KUBE-NODE-PORT-TCP"))
-    return any(n in r.text for c in nat.chains for r in c.rules for n in needles)
+    return any(n in text for c in nat.chains for text in c.rules.texts for n in needles)
 
 
 # kube-proxy's rules that name the cluster's pod CIDR (its --cluster-cidr):
@@ -337,10 +359,12 @@ def pod_cidrs_in_rules(snap: NodeSnapshot) -> list[tuple[str, str]]:
     for chain in nat.chains if nat else ():
         if not chain.name.startswith(("KUBE-SERVICES", "KUBE-SVC-", "KUBE-XLB-", "KUBE-EXT-")):
             continue
-        for r in chain.rules:
-            if "-s " not in r.text:
+        rules = chain.rules
+        for i, text in enumerate(rules.texts):
+            if "-s " not in text:
                 continue
-            m = _NOT_FROM_PODS.search(r.text) or _FROM_PODS.search(r.text)
+            m = _NOT_FROM_PODS.search(text) or _FROM_PODS.search(text)
             if m and m.group(1) not in found:
-                found[m.group(1)] = f"{r.text[:120]}" + (f" ({r.source})" if r.source else "")
+                source = rules.source(i)
+                found[m.group(1)] = f"{text[:120]}" + (f" ({source})" if source else "")
     return list(found.items())

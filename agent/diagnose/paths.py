@@ -4,13 +4,15 @@ is its source kept?). The evidence is the walk, rule by rule."""
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from agent.diagnose.lb_ip import LbTarget
 from agent.diagnose.node_facts import NODE_STAND_IN, OUTSIDE_CLIENT, POD_STAND_IN, NodeFacts
-from agent.netfilter.walk import SRC_UNKNOWN, HookResult, Packet, TableWalker
+from agent.netfilter.walk import SRC_UNKNOWN, UNSEEN_REST, HookResult, Packet, Step, TableWalker
 from agent.snapshot import Chain, Netfilter, Rule, Table
 
 # An outside client (TEST-NET-2): never local, never a pod.
@@ -49,15 +51,17 @@ _NO_LOOP = frozenset({"captured", "masqueraded", "dropped"})
 _RANK = {"not-masqueraded": 0, "unknown": 1, "dropped": 2, "masqueraded": 3, "captured": 4}
 
 
-@dataclass(frozen=True)
-class PathOutcome:
+class PathOutcome(NamedTuple):
+    """How one path (or, merged, all of them) of a pod's packet ended (a NamedTuple: one is
+    made per path of every LB IP's walk)."""
+
     kind: str  # "captured" | "masqueraded" | "not-masqueraded" | "dropped" | "unknown"
     how: str
     evidence: tuple[str, ...]
     mixed: bool = False  # branches disagreed
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServedOutcome:
     """An outside client's SYN to LB IP:port arriving on the uplink."""
 
@@ -117,7 +121,10 @@ def with_kube_proxy_hooks(nf: Netfilter) -> tuple[Netfilter, tuple[str, ...]]:
             existing = next((c for c in chains if c.name == builtin), None)
             # kube-proxy prepends its jumps (EnsureRule(Prepend, ...))
             if existing is None:
-                chains.append(Chain(builtin, "ACCEPT", tuple(rules)))
+                # an excerpt's unseen built-in chain holds more than kube-proxy's jump (a
+                # CNI's masquerade in POSTROUTING): falling off its end is not ACCEPT
+                chains.append(Chain(builtin, UNSEEN_REST if nf.partial else "ACCEPT",
+                                    tuple(rules)))
             else:
                 chains[chains.index(existing)] = Chain(builtin, existing.policy,
                                                        (*rules, *existing.rules))
@@ -157,8 +164,9 @@ def not_walked(nf: Netfilter) -> tuple[str, ...]:
 def _referenced(t: Table, chain: str) -> bool:
     """Does any rule of the table jump or go to ``chain``?"""
     needles = (f"-j {chain}", f"-g {chain}")
-    return any(r.text.endswith(needles) or f"-j {chain} " in r.text or f"-g {chain} " in r.text
-               for c in t.chains for r in c.rules)
+    inside = (f"-j {chain} ", f"-g {chain} ")
+    return any(text.endswith(needles) or inside[0] in text or inside[1] in text
+               for c in t.chains for text in c.rules.texts)
 
 
 class PathFinder:
@@ -166,6 +174,7 @@ class PathFinder:
         self.facts = facts
         snap = facts.snapshot
         self.notes: tuple[str, ...] = ()
+        self._lines: dict[str, str] = {}
         self.nat: TableWalker | None = None
         self.filter: TableWalker | None = None
         self.partial = snap.netfilter is not None and snap.netfilter.partial
@@ -201,14 +210,23 @@ class PathFinder:
         return _merge(outcomes)
 
     def _after_prerouting(self, res: HookResult, head: tuple[str, ...]) -> list[PathOutcome]:
-        ev = head + tuple(s.render() for s in res.steps)
+        ev = head + tuple(map(_rendered, res.steps))
         p = res.packet
         unseen = _UNSEEN_ENDPOINT_CHAIN.search(res.detail) if res.verdict == "UNKNOWN" \
             and self.partial else None
+        if unseen and unseen.group(2) in ("XLB", "FW"):
+            # before 1.24, without --cluster-cidr, KUBE-XLB has no rule for pods: with no
+            # local endpoint it only marks for drop (kubelet drops that mark on INPUT and
+            # OUTPUT, not FORWARD) and the pod's packet leaves as it is: unseen, undecided
+            chain = unseen.group(1)
+            why = (f"what {chain} does with a pod's packet: `iptables -t nat -S {chain}` "
+                   "shows it (without kube-proxy's --cluster-cidr and a local endpoint it "
+                   "lets it leave unmasqueraded)")
+            return [PathOutcome("unknown", why, (*ev, why))]
         if unseen:
             # kube-proxy jumps only to chains it wrote: endpoint chains DNAT to an endpoint;
-            # its external chains (EXT, XLB, FW) send on to those or mark/let the filter
-            # table drop what has no (local) endpoint. Either way the packet is handled on
+            # its EXT chains (1.24+) send on to those, or leave what has no local endpoint
+            # to filter's "has no local endpoints" drop. Either way the packet is handled on
             # the node, never sent to the LB with the pod's source.
             chain, kind = unseen.group(1), unseen.group(2)
             if kind in ("SVC", "SVL", "SEP"):
@@ -238,21 +256,22 @@ class PathFinder:
             how, line = self._ipvs_capture(p)
             results.append(PathOutcome("captured", how, (
                 *ev, f"routing{ASSUMED} {p.dst} is a local address (bound on kube-ipvs0 "
-                     f"or another interface){DECIDES_LOCAL} -> INPUT", line, f"result: {how}")))
+                     f"or another interface){DECIDES_LOCAL} -> INPUT", line,
+                self._once(f"result: {how}"))))
             ev = (*ev, f"routing{ASSUMED} {p.dst} is NOT a local address{DECIDES_LOCAL}")
         elif local:
             how, line = self._ipvs_capture(p)
             route = self.facts.local_route(p.dst)
             return [PathOutcome("captured", how,
                                 (*ev, f"routing: {p.dst} is local ({route.line if route else ''})"
-                                 " -> INPUT", line, f"result: {how}"))]
+                                 " -> INPUT", line, self._once(f"result: {how}")))]
         out_iface = self.facts.uplink
         ev = (*ev, f"routing: {p.dst} is not a local address -> forwarded out "
                    f"{out_iface or '(uplink unknown)'}"
               + (f" [{self.facts.uplink_how}]" if self.facts.uplink_how else ""))
         p = p._replace(out_iface=out_iface)
         for fr in self._filter("FORWARD", p):
-            ev2 = ev + tuple(s.render() for s in fr.steps if s.table == "filter")
+            ev2 = ev + tuple(_rendered(s) for s in fr.steps if s.table == "filter")
             if fr.verdict == "UNKNOWN":
                 results.append(PathOutcome("unknown", fr.detail, (*ev2, fr.detail)))
                 continue
@@ -261,7 +280,7 @@ class PathFinder:
                 continue
             assert self.nat is not None
             for pr in self.nat.walk("POSTROUTING", fr.packet):
-                ev3 = ev2 + tuple(s.render() for s in pr.steps)
+                ev3 = ev2 + tuple(map(_rendered, pr.steps))
                 if pr.verdict == "UNKNOWN":
                     results.append(PathOutcome("unknown", pr.detail, (*ev3, pr.detail)))
                 elif pr.verdict in ("MASQUERADE", "SNAT"):
@@ -287,6 +306,11 @@ class PathFinder:
                            "(no DNAT, not local, no SNAT/MASQUERADE)")
                     results.append(PathOutcome("not-masqueraded", how, (*ev3, f"result: {how}")))
         return results
+
+    def _once(self, line: str) -> str:
+        """One string for an evidence line many findings share (a result said the same
+        way for 10k LB IPs)."""
+        return self._lines.setdefault(line, line)
 
     def _ipvs_capture(self, p: Packet) -> tuple[str, str]:
         snap = self.facts.snapshot
@@ -324,7 +348,9 @@ class PathFinder:
         node_ip = f.node_ip
         head: tuple[str, ...] = ()
         if node_ip is None:
-            if NODE_STAND_IN not in f.assumed_local:
+            if NODE_STAND_IN not in f.assumed_local or self._nodeports_by_address():
+                # with --nodeport-addresses kube-proxy names the node's addresses in its
+                # NodePort jump: a stand-in would miss it
                 return ServedOutcome(None, None, (), "the node's address is unknown")
             node_ip = NODE_STAND_IN
             head = (f"the node's address is not in the input: {NODE_STAND_IN} stands for it "
@@ -336,7 +362,7 @@ class PathFinder:
         kept: bool | None = None
         evidence: tuple[str, ...] = head
         for res in self.nat.walk("PREROUTING", pkt):
-            ev = head + tuple(s.render() for s in res.steps)
+            ev = head + tuple(map(_rendered, res.steps))
             if res.verdict == "UNKNOWN":
                 return ServedOutcome(None, None, (*ev, res.detail), res.detail)
             if res.verdict in ("DROP", "REJECT"):
@@ -349,14 +375,14 @@ class PathFinder:
                 for fr in self._filter("INPUT", p):
                     if fr.verdict == "UNKNOWN":
                         return ServedOutcome(None, None, (*ev, fr.detail), fr.detail)
-                    evidence = (*ev, *(s.render() for s in fr.steps),
+                    evidence = (*ev, *map(_rendered, fr.steps),
                                 f"no DNAT to an endpoint: {fr.verdict} in filter INPUT")
                 continue
             out = (f.pod.iface if f.pod and f.pod.iface and _in(p.dst, f.pod.prefix)
                    else f.uplink)
             p = p._replace(out_iface=out)
             for fr in self._filter("FORWARD", p):
-                ev2 = ev + tuple(s.render() for s in fr.steps if s.table == "filter")
+                ev2 = ev + tuple(_rendered(s) for s in fr.steps if s.table == "filter")
                 if fr.verdict == "UNKNOWN":
                     return ServedOutcome(None, None, (*ev2, fr.detail), fr.detail)
                 if fr.verdict in ("DROP", "REJECT"):
@@ -368,12 +394,22 @@ class PathFinder:
                         return ServedOutcome(None, None, (*ev2, pr.detail), pr.detail)
                     masq = pr.verdict in ("MASQUERADE", "SNAT")
                     kept = (not masq) if kept is None else (kept and not masq)
-                    evidence = ev2 + tuple(s.render() for s in pr.steps)
+                    evidence = ev2 + tuple(map(_rendered, pr.steps))
         if served_any:
             how = ("served here" + ("" if kept is None else
                                     (", client source kept" if kept else ", source masqueraded")))
             return ServedOutcome(True, kept, evidence, how)
         return ServedOutcome(False, None, evidence, "not served on this node")
+
+    def _nodeports_by_address(self) -> bool:
+        """Does kube-proxy jump to KUBE-NODEPORTS for named destination addresses
+        (--nodeport-addresses) rather than for every local one?"""
+        nat = self.facts.snapshot.netfilter.table("nat") if \
+            self.facts.snapshot.netfilter else None
+        chain = nat.chain("KUBE-SERVICES") if nat else None
+        return chain is not None and any(
+            " -d " in text and ("-j KUBE-NODEPORTS" in text or "-g KUBE-NODEPORTS" in text)
+            for text in chain.rules.texts)
 
     def _filter(self, chain: str, p: Packet) -> list[HookResult]:
         return self.filter.walk(chain, p) if self.filter else [HookResult("ACCEPT", p, ())]
@@ -395,7 +431,9 @@ def _merge(outcomes: list[PathOutcome]) -> PathOutcome:
         return PathOutcome("unknown", "no path", ())
     kinds = {o.kind for o in outcomes}
     worst = min(outcomes, key=lambda o: _RANK[o.kind])
-    assumed = [o for o in outcomes if _assumptions(o)]
+    # (an assumption line holds ASSUMED, which holds no line break: one search of the
+    # lines joined finds one as a search of each line would)
+    assumed = [o for o in outcomes if ASSUMED in "\n".join(o.evidence)]
     if assumed and len(kinds) > 1 and not kinds <= _NO_LOOP:
         # the answer depends on a fact the input lacks: name it, decide nothing
         facts = list(dict.fromkeys(_fact(a) for o in assumed for a in _assumptions(o)))
@@ -419,6 +457,11 @@ def _merge(outcomes: list[PathOutcome]) -> PathOutcome:
 
 def _assumptions(o: PathOutcome) -> list[str]:
     return [e for e in o.evidence if ASSUMED in e or ": assumed " in e]
+
+
+# A step's evidence line, made once for the steps many walks share (kube-proxy's jumps
+# from the built-in chains, KUBE-MARK-MASQ): one string for every finding that shows it.
+_rendered = functools.lru_cache(maxsize=4096)(Step.render)
 
 
 def _fact(line: str) -> str:

@@ -9,10 +9,11 @@ target is not understood the branch ends as ``UNKNOWN`` naming the rule.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import ipaddress
 import re
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
 from agent.netfilter.rules import (
@@ -22,10 +23,10 @@ from agent.netfilter.rules import (
     ParsedRule,
     parse_mark,
     parse_net,
-    parse_rule,
+    parse_rule_text,
     port_in,
 )
-from agent.snapshot import Chain, Rule, Table
+from agent.snapshot import Chain, Rules, Table
 
 TRUE, FALSE, MAYBE = 1, 0, 2
 ASSUME = "assume"  # the action of a Step that records an assumed answer
@@ -34,6 +35,9 @@ ASSUMABLE = ("addrtype --", "ipset ", "source address")
 # why a source match cannot be decided when the pod's own address is not known
 SRC_UNKNOWN = ("source address: the pods' addresses on this node are not in the input "
                "(their CIDR decides it)")
+# the "policy" of a built-in chain an excerpt does not show, holding only the jumps
+# kube-proxy always installs: a packet falling off its end meets rules nobody has seen
+UNSEEN_REST = "(unseen)"
 MAX_DEPTH = 64
 MAX_PATHS = 32
 
@@ -90,9 +94,8 @@ class Step(NamedTuple):
         return f"{self.table} {self.chain}: {self.text}{where}"
 
 
-@dataclass(frozen=True)
-class HookResult:
-    """How one path through a hook ended."""
+class HookResult(NamedTuple):
+    """How one path through a hook ended (a transient value: one per path of a walk)."""
 
     verdict: str  # ACCEPT DROP REJECT DNAT SNAT MASQUERADE REDIRECT UNKNOWN
     packet: Packet
@@ -105,68 +108,141 @@ class HookResult:
         return tuple(s.text for s in self.steps if s.action == ASSUME)
 
 
+# NamedTuple(...) through its generated __new__ costs three times this, for each step
+_new_step = tuple.__new__
+
+# what the walk does with a target that is not a chain (one dict lookup, not a dozen tests)
+_VERDICT, _RETURN, _TO, _NETMAP, _FROM, _MARK, _CONNMARK, _PASSIVE, _QUEUE = range(9)
+_TARGET_KIND = {"ACCEPT": _VERDICT, "DROP": _VERDICT, "REJECT": _VERDICT, "RETURN": _RETURN,
+                "DNAT": _TO, "REDIRECT": _TO, "NETMAP": _NETMAP, "SNAT": _FROM,
+                "MASQUERADE": _FROM, "MARK": _MARK, "CONNMARK": _CONNMARK,
+                "QUEUE": _QUEUE, "NFQUEUE": _QUEUE,
+                **{t: _PASSIVE for t in PASSIVE_TARGETS}}
+
 _DST_RE = re.compile(r"(?<!! )-d (\d+\.\d+\.\d+\.\d+)(?:/32)?(?=\s)")
 _DPORT_RE = re.compile(r"(?<!! )--dport (\d+)(?=\s)")
 _QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
+SMALL_CHAIN = 16  # rules: a scan is cheaper than indexing them
+# small chains whose parsed rules a walker keeps (kube-proxy writes one to four rules per
+# service and endpoint chain: 47k chains for 10k services, each walked once or twice)
+KEPT_SMALL_CHAINS = 1024
 
 
 class _ChainIndex:
-    """Rules of one chain, indexed by exact destination address, else by exact destination
-    port, so a 30k-rule KUBE-SERVICES or KUBE-NODEPORTS costs a dict lookup per packet
-    rather than a scan. A rule with neither is a candidate for every packet."""
+    """Rules of one chain, parsed when first reached. A big chain is indexed by exact
+    destination address, else by exact destination port, so a 30k-rule KUBE-SERVICES or
+    KUBE-NODEPORTS costs a dict lookup per packet rather than a scan; a rule with neither
+    is a candidate for every packet. A big chain keeps the parses of those shared rules
+    only: one destination's rule is reached by that destination's walk, and keeping every
+    parse would hold the whole table twice."""
+
+    __slots__ = ("by_dport", "by_dst", "generic", "keep", "n", "name", "parsed", "policy",
+                 "rules")
 
     def __init__(self, chain: Chain) -> None:
-        self.chain = chain
-        self.rules: tuple[Rule, ...] = chain.rules
-        self.parsed: list[ParsedRule | None] = [None] * len(chain.rules)
-        self.by_dst: dict[str, list[int]] = {}
-        self.by_dport: dict[int, list[int]] = {}
-        if len(chain.rules) <= 16:  # a scan is cheaper than the regexes
-            self.generic = list(range(len(chain.rules)))
+        self.name = chain.name
+        self.policy = chain.policy
+        self.rules: Rules = chain.rules
+        n = self.n = len(chain.rules.texts)
+        self.parsed: list[ParsedRule | None] = [None] * n
+        self.generic: list[int] | None = None  # None: every rule (a small chain)
+        self.keep: frozenset[int] | None = None  # None: keep every parse
+        if n <= SMALL_CHAIN:
             return
-        self.generic = []
-        for i, r in enumerate(chain.rules):
-            # -d / --dport inside a quoted comment must not index the rule
-            text = _QUOTED.sub('""', r.text) if '"' in r.text else r.text
-            m = _DST_RE.search(text)
+        generic = []
+        by_dst: dict[str, list[int]] = {}
+        by_dport: dict[int, list[int]] = {}
+        self.by_dst, self.by_dport = by_dst, by_dport
+        dst_search = _DST_RE.search
+        dport_search = _DPORT_RE.search
+        for i, text in enumerate(chain.rules.texts):
+            m = _outside_quotes(dst_search, text)
             if m:
-                self.by_dst.setdefault(m.group(1), []).append(i)
+                by_dst.setdefault(m.group(1), []).append(i)
                 continue
-            m = _DPORT_RE.search(text)
+            m = _outside_quotes(dport_search, text)
             if m:
-                self.by_dport.setdefault(int(m.group(1)), []).append(i)
+                by_dport.setdefault(int(m.group(1)), []).append(i)
             else:
-                self.generic.append(i)
+                generic.append(i)
+        self.generic = generic
+        self.keep = frozenset(generic)
 
-    def candidates(self, dst: str, dport: int) -> list[int]:
+    def candidates(self, dst: str, dport: int, start: int) -> Sequence[int]:
+        """The rules from ``start`` on that a packet to dst:dport may match, in order."""
+        generic = self.generic
+        if generic is None:
+            return range(start, self.n)
         a = self.by_dst.get(dst)
         b = self.by_dport.get(dport)
-        if not a and not b:
-            return self.generic
-        return sorted(self.generic + (a or []) + (b or []))
+        if a or b:
+            generic = sorted(generic + (a or []) + (b or []))
+        return generic[bisect.bisect_left(generic, start):] if start else generic
 
     def rule(self, i: int) -> ParsedRule:
         p = self.parsed[i]
         if p is None:
-            p = self.parsed[i] = parse_rule(self.rules[i])
+            rules = self.rules
+            p = parse_rule_text(rules.texts[i], rules.source(i))
+            if self.keep is None or i in self.keep:
+                self.parsed[i] = p
         return p
+
+
+def _outside_quotes(search: Callable[..., re.Match[str] | None], text: str
+                    ) -> re.Match[str] | None:
+    """The first match of ``search`` that is not inside a quoted comment (-d / --dport in
+    a comment must not index the rule): what it finds in the text with each quoted part
+    emptied. A rule with one quoted part and no backslash (kube-proxy's comment) is
+    searched before and after it, in place; any other is emptied first."""
+    first = text.find('"')
+    if first < 0:
+        return search(text)
+    last = text.find('"', first + 1)
+    if last < 0 or "\\" in text or text.find('"', last + 1) >= 0:
+        return search(_QUOTED.sub('""', text))
+    # (a search from ``last`` on still sees the quote before it, as the emptied text does)
+    return search(text, 0, first) or search(text, last + 1)
 
 
 class TableWalker:
     def __init__(self, table: Table, view: NodeView, partial: bool = False) -> None:
         self.table = table
+        self.tname = table.name
         self.view = view
         self.partial = partial  # an excerpt: a missing chain is unseen, not empty
-        self._idx: dict[str, _ChainIndex] = {}
+        self._chains = {c.name: c for c in table.chains}
+        self._big: dict[str, _ChainIndex] = {}
+        # small chains reached lately, in two generations: the young ones, and the ones
+        # before them (dropped when the young ones make a full generation; one reached
+        # again goes back to the young)
+        self._young: dict[str, _ChainIndex] = {}
+        self._old: dict[str, _ChainIndex] = {}
         self._budget = MAX_PATHS
+        self._sets: dict[str, tuple[str, frozenset[str]] | None] = {}  # what the view said
+        # the quick tests, with those that ask the view (the same answers as _cond's)
+        self._tests: dict[str, Test] = {**_TESTS, "addrtype--src-type": self._t_src_type,
+                                         "addrtype--dst-type": self._t_dst_type,
+                                         "set--match-set": self._t_match_set}
 
     def _index(self, name: str) -> _ChainIndex | None:
-        ix = self._idx.get(name)
+        ix = self._young.get(name) or self._big.get(name)
+        if ix is not None:
+            return ix
+        ix = self._old.get(name)
         if ix is None:
-            chain = self.table.chain(name)
+            chain = self._chains.get(name)
             if chain is None:
                 return None
-            ix = self._idx[name] = _ChainIndex(chain)
+            ix = _ChainIndex(chain)
+            if ix.generic is not None:
+                self._big[name] = ix
+                return ix
+        young = self._young
+        if len(young) >= KEPT_SMALL_CHAINS // 2:
+            self._old = young
+            young = self._young = {}
+        young[name] = ix
         return ix
 
     def walk(self, chain: str, pkt: Packet) -> list[HookResult]:
@@ -174,20 +250,25 @@ class TableWalker:
         self._budget = MAX_PATHS
         ix = self._index(chain)
         if ix is None and self.partial:
-            return [HookResult("UNKNOWN", pkt, (), f"{self.table.name} {chain} is not in the "
-                               f"input (an excerpt): `iptables -t {self.table.name} -S` "
+            return [HookResult("UNKNOWN", pkt, (), f"{self.tname} {chain} is not in the "
+                               f"input (an excerpt): `iptables -t {self.tname} -S` "
                                "shows it")]
         if ix is None:
-            return [HookResult("ACCEPT", pkt, (), f"{self.table.name} {chain}: no such chain "
+            return [HookResult("ACCEPT", pkt, (), f"{self.tname} {chain}: no such chain "
                                "(nothing hooked here)")]
         out = []
         for verdict, p, steps, detail in self._run(ix, 0, pkt, (), 0):
             if verdict is None:
-                policy = ix.chain.policy or "ACCEPT"
-                steps = (*steps, Step(self.table.name, chain, f"policy {policy}", "", policy))
+                policy = ix.policy or "ACCEPT"
+                if policy == UNSEEN_REST:
+                    out.append(HookResult("UNKNOWN", p, steps, (
+                        f"the rest of {self.tname} {chain} is not in the input (an excerpt): "
+                        f"`iptables -t {self.tname} -S {chain}` shows it")))
+                    continue
+                steps = (*steps, Step(self.tname, chain, f"policy {policy}", "", policy))
                 out.append(HookResult(policy, p, steps, f"end of {chain}: policy {policy}"))
             else:
-                out.append(HookResult(verdict, p, steps, detail))
+                out.append(_new_step(HookResult, (verdict, p, steps, detail)))
         return out
 
     # -- traversal -------------------------------------------------------------------
@@ -196,15 +277,41 @@ class TableWalker:
              depth: int) -> list[tuple[str | None, Packet, tuple[Step, ...], str]]:
         if depth > MAX_DEPTH:
             return [("UNKNOWN", pkt, steps, f"more than {MAX_DEPTH} nested jumps "
-                     f"(a loop through {ix.chain.name}?)")]
+                     f"(a loop through {ix.name}?)")]
         results: list[tuple[str | None, Packet, tuple[Step, ...], str]] = []
-        cands = ix.candidates(pkt.dst, pkt.dport)
-        # start is an index into the chain; skip candidates before it
+        tname = self.tname
+        parsed = ix.parsed
+        tests = self._tests
+        kind_of = _TARGET_KIND.get
+        cands = range(start, ix.n) if ix.generic is None else \
+            ix.candidates(pkt.dst, pkt.dport, start)
+        texts = ix.rules.texts
         for i in cands:
-            if i < start:
-                continue
-            r = ix.rule(i)
-            m, why = self._match(r, pkt)
+            r = parsed[i]
+            if r is None:
+                if _src_rules_out(texts[i], pkt):
+                    continue  # not parsed: its first match, on the source, fails
+                r = ix.rule(i)
+            # does it match? TRUE / FALSE / MAYBE, or None with the reason when it
+            # cannot be decided (inline: this runs for every rule reached)
+            m: int | None = TRUE
+            why = ""
+            for c in r.conds:
+                k, negate, a = c
+                test = tests.get(k)
+                try:
+                    v, reason = self._cond(c, pkt) if test is None else test(a, pkt)
+                except (ValueError, TypeError, IndexError) as e:  # a malformed value
+                    v, reason = None, f"cannot read {k} {' '.join(a)!r}: {e}"
+                if negate and v is not None and v != MAYBE:
+                    v = TRUE if v == FALSE else FALSE
+                if v == FALSE:
+                    m = FALSE
+                    break
+                if v is None and m is not None:
+                    m, why = None, reason
+                elif v == MAYBE and m == TRUE:
+                    m = MAYBE
             if r.problem and m != FALSE:
                 results.append(("UNKNOWN", pkt, steps, _unknown(r, r.problem)))
                 return results
@@ -215,10 +322,10 @@ class TableWalker:
                 # follow both answers; the caller decides whether they agree
                 self._budget -= 1
                 where = f" ({r.source})" if r.source else ""
-                no = Step(self.table.name, ix.chain.name,
+                no = Step(tname, ix.name,
                           f"assumed NOT matching: {r.text}{where}: {why}", r.source, ASSUME)
                 results.extend(self._run(ix, i + 1, pkt, (*steps, no), depth))
-                steps = (*steps, Step(self.table.name, ix.chain.name,
+                steps = (*steps, Step(tname, ix.name,
                                       f"assumed matching: {r.text}{where}: {why}", r.source,
                                       ASSUME))
                 m = TRUE
@@ -237,14 +344,17 @@ class TableWalker:
             tgt = r.target
             if tgt is None:
                 continue
-            step = Step(self.table.name, ix.chain.name, r.text, r.source, tgt)
-            if tgt in ("ACCEPT", "DROP", "REJECT"):
-                results.append((tgt, pkt, (*steps, step), f"{tgt} in {ix.chain.name}"))
+            step = _new_step(Step, (tname, ix.name, r.text, r.source, tgt))
+            kind = kind_of(tgt)
+            if kind is None:
+                pass  # a chain (below)
+            elif kind == _VERDICT:
+                results.append((tgt, pkt, (*steps, step), f"{tgt} in {ix.name}"))
                 return results
-            if tgt == "RETURN":
+            elif kind == _RETURN:
                 results.append((None, pkt, (*steps, step), ""))
                 return results
-            if tgt in ("DNAT", "REDIRECT") or (tgt == "NETMAP" and pkt.out_iface is None):
+            elif kind == _TO or (kind == _NETMAP and pkt.out_iface is None):
                 try:
                     new = _dnat(r, pkt)
                 except ValueError as e:
@@ -253,11 +363,11 @@ class TableWalker:
                 results.append((tgt if tgt != "NETMAP" else "DNAT", new, (*steps, step),
                                 f"{tgt} to {new.dst}:{new.dport}"))
                 return results
-            if tgt in ("SNAT", "MASQUERADE", "NETMAP"):
+            elif kind in (_FROM, _NETMAP):
                 results.append((tgt if tgt != "NETMAP" else "SNAT", pkt, (*steps, step),
                                 f"{tgt} {r.target_opts.get('--to-source', '')}".strip()))
                 return results
-            if tgt == "MARK":
+            elif kind == _MARK:
                 new_pkt, err = _mark(r, pkt)
                 if err:
                     results.append(("UNKNOWN", pkt, steps, _unknown(r, err)))
@@ -265,16 +375,16 @@ class TableWalker:
                 pkt = new_pkt
                 steps = (*steps, step._replace(action=f"mark {pkt.mark:#x}"))
                 continue
-            if tgt == "CONNMARK":
+            elif kind == _CONNMARK:
                 new_pkt, err = _connmark(r, pkt)
                 if err:
                     results.append(("UNKNOWN", pkt, steps, _unknown(r, err)))
                     return results
                 pkt = new_pkt
                 continue
-            if tgt in PASSIVE_TARGETS:
+            elif kind == _PASSIVE:
                 continue
-            if tgt in ("QUEUE", "NFQUEUE"):
+            else:  # _QUEUE
                 results.append(("UNKNOWN", pkt, steps,
                                  _unknown(r, f"target {tgt} hands the packet to user space")))
                 return results
@@ -283,42 +393,21 @@ class TableWalker:
                 if tgt in BUILTIN_TARGETS:
                     continue
                 results.append(("UNKNOWN", pkt, steps, _unknown(
-                    r, f"target {tgt} is neither a chain of table {self.table.name} "
+                    r, f"target {tgt} is neither a chain of table {tname} "
                        "nor a target this walker knows" + (
-                           f" (not in the input: `iptables -t {self.table.name} -S {tgt}` "
+                           f" (not in the input: `iptables -t {tname} -S {tgt}` "
                            "shows it)" if self.partial else ""))))
                 return results
-            for verdict, p2, s2, d2 in self._run(sub, 0, pkt, (*steps, step), depth + 1):
-                if verdict is not None:
-                    results.append((verdict, p2, s2, d2))
-                elif r.goto:
-                    results.append((None, p2, s2, d2))
+            for res in self._run(sub, 0, pkt, (*steps, step), depth + 1):
+                if res[0] is not None or r.goto:
+                    results.append(res)
                 else:
-                    results.extend(self._run(ix, i + 1, p2, s2, depth))
+                    results.extend(self._run(ix, i + 1, res[1], res[2], depth))
             return results
         results.append((None, pkt, steps, ""))
         return results
 
     # -- matching ----------------------------------------------------------------------
-
-    def _match(self, r: ParsedRule, pkt: Packet) -> tuple[int | None, str]:
-        """TRUE / FALSE / MAYBE, or None with the reason when it cannot be decided."""
-        result: int | None = TRUE
-        why = ""
-        for c in r.conds:
-            try:
-                v, reason = self._cond(c, pkt)
-            except (ValueError, TypeError, IndexError) as e:  # a malformed value in the rule
-                v, reason = None, f"cannot read {c[0]} {' '.join(c[2])!r}: {e}"
-            if v is not None and c[1] and v != MAYBE:
-                v = TRUE if v == FALSE else FALSE
-            if v == FALSE:
-                return FALSE, ""
-            if v is None and result is not None:
-                result, why = None, reason
-            elif v == MAYBE and result == TRUE:
-                result = MAYBE
-        return result, why
 
     def _cond(self, c: Cond, pkt: Packet) -> tuple[int | None, str]:
         k, _, a = c
@@ -435,18 +524,35 @@ class TableWalker:
                           "read (give iptables-save output)")
         return None, f"match '-m {module}' option {opt} is not supported"
 
+    def _t_src_type(self, a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
+        if not pkt.src_known:
+            return None, SRC_UNKNOWN
+        t = self.view.addr_type(pkt.src)
+        if t is None:
+            return None, "addrtype --src-type: local addresses of the node unknown"
+        return (TRUE if t in a[0].split(",") else FALSE), ""
+
+    def _t_dst_type(self, a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
+        t = self.view.addr_type(pkt.dst)
+        if t is None:
+            return None, "addrtype --dst-type: local addresses of the node unknown"
+        return (TRUE if t in a[0].split(",") else FALSE), ""
+
+    def _t_match_set(self, a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
+        return self._set(a[0], a[1], pkt)
+
     def _set(self, name: str, flags: str, pkt: Packet) -> tuple[int | None, str]:
-        got = self.view.ipset_members(name)
+        if name in self._sets:
+            got = self._sets[name]
+        else:
+            got = self._sets[name] = self.view.ipset_members(name)
         if got is None:
             return None, f"ipset {name} is not known on this node"
         settype, members = got
-        dims = settype.split(":", 1)[1].split(",") if ":" in settype else ["ip"]
-        dirs = flags.split(",")
-        if len(dirs) < len(dims):
-            dims = dims[: len(dirs)]
+        dims_dirs, multi = _set_plan(settype, flags)
         parts: list[str] = []
         nets: list[int] = []
-        for dim, d in zip(dims, dirs, strict=False):
+        for dim, d in dims_dirs:
             if dim in ("ip", "net"):
                 if d == "src" and not pkt.src_known:
                     return None, SRC_UNKNOWN
@@ -455,7 +561,7 @@ class TableWalker:
                     nets.append(len(parts) - 1)
             elif dim == "port":
                 port = pkt.sport if d == "src" else pkt.dport
-                parts.append(f"{pkt.proto}:{port}" if len(dims) > 1 else str(port))
+                parts.append(f"{pkt.proto}:{port}" if multi else str(port))
             elif dim == "mac":
                 return None, f"ipset {name} of type {settype} matches MAC addresses"
             else:
@@ -465,6 +571,17 @@ class TableWalker:
             return (TRUE if key in members else FALSE), ""
         index = _net_index(members, tuple(nets), len(parts))
         return (TRUE if _net_member(parts, nets, index) else FALSE), ""
+
+
+@functools.lru_cache(maxsize=256)
+def _set_plan(settype: str, flags: str) -> tuple[tuple[tuple[str, str], ...], bool]:
+    """The (dimension, direction) pairs a `--match-set NAME FLAGS` compares for a set of
+    ``settype``, and whether there are several (ports are then "proto:port")."""
+    dims = settype.split(":", 1)[1].split(",") if ":" in settype else ["ip"]
+    dirs = flags.split(",")
+    if len(dirs) < len(dims):
+        dims = dims[: len(dirs)]
+    return tuple(zip(dims, dirs, strict=False)), len(dims) > 1
 
 
 def _net_member(parts: list[str], nets: list[int],
@@ -580,3 +697,75 @@ def _connmark(r: ParsedRule, pkt: Packet) -> tuple[Packet, str]:
     except ValueError as e:
         return pkt, f"bad connmark value: {e}"
     return pkt, "CONNMARK option not supported"
+
+
+# a rule whose first match is on the source (kube-proxy's endpoint chains start with
+# "-s ENDPOINT -j KUBE-MARK-MASQ"): the tokens the parser would read, before any quote
+_LEADING_SRC = re.compile(r'-A [^\s"]+ -s ([^\s"]+) ')
+
+
+def _src_rules_out(text: str, pkt: Packet) -> bool:
+    """Does the rule's first match, `-s X`, fail for ``pkt``? Then the rule cannot match,
+    whatever follows (the walk stops at the first match that fails): no need to parse
+    it."""
+    if not text.startswith("-s ", text.find(" ", 3) + 1):
+        return False  # (the cheap test first: most rules do not start so)
+    m = _LEADING_SRC.match(text)
+    if m is None:
+        return False
+    try:
+        return _t_src((m.group(1),), pkt)[0] == FALSE
+    except (ValueError, TypeError, IndexError):
+        return False
+
+
+# -- the matches nearly every rule has, without the general dispatch of TableWalker._cond
+# (the same answers: _cond says what each one means) ---------------------------------
+
+Test = Callable[[tuple[str, ...], Packet], tuple[int | None, str]]
+
+
+def _t_src(a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
+    if not pkt.src_known:
+        return None, SRC_UNKNOWN
+    return _in_net(pkt.src, a[0]), ""
+
+
+def _t_dst(a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
+    return _in_net(pkt.dst, a[0]), ""
+
+
+def _t_proto(a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
+    p = a[0]
+    if p in ("all", "0"):
+        return TRUE, ""
+    return (TRUE if p in (pkt.proto, _PROTO_NUM.get(pkt.proto)) else FALSE), ""
+
+
+def _t_dport(a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
+    return (TRUE if port_in(a[0], pkt.dport) else FALSE), ""
+
+
+def _t_maybe(a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
+    return MAYBE, ""
+
+
+def _t_mark(a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
+    v, m = parse_mark(a[0])
+    return (TRUE if (pkt.mark & m) == v else FALSE), ""
+
+
+def _t_ctstate(a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
+    states = {"NEW"} | ({"DNAT"} if pkt.orig_dst else set())
+    return (TRUE if states & set(a[0].split(",")) else FALSE), ""
+
+
+_TESTS: dict[str, Test] = {
+    "src": _t_src, "dst": _t_dst, "proto": _t_proto,
+    **{f"{proto}--{opt}": _t_dport for proto in ("tcp", "udp", "sctp")
+       for opt in ("dport", "destination-port")},
+    **{f"statistic--{opt}": _t_maybe for opt in ("mode", "probability", "every", "packet")},
+    "mark--mark": _t_mark,
+    **{f"{module}--{opt}": _t_ctstate for module in ("conntrack", "state")
+       for opt in ("ctstate", "state")},
+}

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from sys import intern
 from typing import Any
 
 from agent.errors import InputError
+from agent.parse.ip_text import PLAIN_V4
 from agent.parse.json_text import loads
 from agent.snapshot import Address
 
@@ -63,7 +65,9 @@ def _parse_text(text: str, source: str) -> list[Address]:
         peer = words[words.index("peer") + 1] if "peer" in words[:-1] else None
         address, prefixlen = _addr_prefix(addr_text, peer, family, source, lineno)
         scope = words[words.index("scope") + 1] if "scope" in words[:-1] else "global"
-        addrs.append(Address(ifname, address, prefixlen, scope, link_up))
+        # interned: kube-ipvs0 holds 20k addresses, each one a route's too
+        addrs.append(Address(intern(ifname), intern(address), prefixlen, intern(scope),
+                             link_up))
     if not seen_line:
         raise InputError(source, None, "empty file")
     return addrs
@@ -75,6 +79,13 @@ def _addr_prefix(addr_text: str, peer: str | None, family: str, source: str,
     address, _, plen = addr_text.partition("/")
     if not plen and peer is not None:
         plen = peer.partition("/")[2]
+    if family == "inet" and PLAIN_V4.fullmatch(address):
+        # what ipaddress would say of it, without it
+        if not plen:
+            return address, 32
+        if not (plen.isascii() and plen.isdigit()) or int(plen) > 32:
+            raise InputError(source, lineno, f"bad prefix length in {_short(addr_text)!r}")
+        return address, int(plen)
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:

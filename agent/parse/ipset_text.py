@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 
 from agent.errors import InputError
-from agent.parse.ip_text import canonical_ip, is_network
+from agent.parse.ip_text import PLAIN_V4, PLAIN_V4_NET, canonical_ip, is_network
 from agent.snapshot import IpSet
 
 # Options ipset prints after a member that take one argument, and flags without one.
@@ -53,10 +53,24 @@ def parse_ipsets(text: str, source: str = "ipset.txt") -> tuple[IpSet, ...]:
 def _parse_save(lines: list[str], source: str) -> tuple[IpSet, ...]:
     types: dict[str, str] = {}
     members: dict[str, list[str]] = {}
+    # set -> a regex its plain members match (None: none is known for its type)
+    plain: dict[str, re.Pattern[str] | None] = {}
     for lineno, raw in enumerate(lines, 1):
         line = raw.strip()
         if not line:
             continue
+        m = _PLAIN_ADD.fullmatch(line)
+        if m is not None:
+            # "add SET MEMBER" with nothing after the member: a member that fits its
+            # type's plain form needs no closer look
+            name, elem = m.groups()
+            if name in plain:
+                shape = plain[name]
+            else:
+                shape = plain[name] = _plain_shape(types[name]) if name in types else None
+            if shape is not None and shape.fullmatch(elem):
+                members[name].append(elem)
+                continue
         parts = line.split(None, 3)
         if parts[0] == "create":
             if len(parts) < 3:
@@ -186,6 +200,23 @@ def _member(rest: str, set_type: str, source: str, lineno: int) -> str:
         # Unknown words are options of some newer ipset: ignored rather than fatal.
         i += 1
     return f"{elem} nomatch" if nomatch else elem
+
+
+_PLAIN_ADD = re.compile(r'add (\S+) ([^\s"]+)')
+# what each component of a member looks like as kube-proxy's sets hold it; each is
+# narrower than the component's check below (so a match is a member that passes it)
+_PLAIN_COMPONENT = {"ip": PLAIN_V4.pattern, "net": PLAIN_V4_NET.pattern,
+                    "port": "(?:[a-z0-9]+:)?[0-9]+"}
+
+
+def _plain_shape(set_type: str) -> re.Pattern[str] | None:
+    kind, _, dims = set_type.partition(":")
+    if kind not in ("hash", "bitmap"):
+        return None
+    parts = [_PLAIN_COMPONENT.get(d) for d in dims.split(",")]
+    if None in parts:
+        return None
+    return re.compile(",".join(f"(?:{p})" for p in parts))  # type: ignore[misc]
 
 
 def _is_ip(value: str) -> bool:

@@ -7,8 +7,10 @@ without ``-n`` ipvsadm prints host and service names that cannot be resolved off
 
 from __future__ import annotations
 
+import operator
 import re
 from dataclasses import dataclass, field
+from sys import intern
 
 from agent.errors import InputError
 from agent.parse.ip_text import canonical_ip
@@ -43,17 +45,49 @@ class _Service:
     reals: list[IpvsRealServer] = field(default_factory=list)
 
 
+# `ipvsadm -S -n` as kube-proxy's state prints it: "-A -t ADDR:PORT -s SCHED" and
+# "-a -t ADDR:PORT -r ADDR:PORT -m -w N". Such a line is read without the general loop of
+# _save_line when all of it is valid; anything else (and any error) goes that way.
+_SAVE_SHAPE = re.compile(r"-([Aa]) -([tu]) (\S+)(?: -s ([a-z][a-z0-9_-]*)|"
+                         r" -r ((\S+) -([mgi]) -w ([0-9]+)))")
+_FORWARD_FLAG = {"m": "Masq", "g": "Route", "i": "Tunnel"}
+_PROTOCOL_FLAG = {"t": "TCP", "u": "UDP"}
+
+
 def parse_ipvsadm(text: str, source: str = "ipvsadm.txt") -> tuple[IpvsVirtualServer, ...]:
     """Parse `ipvsadm -Ln` or `ipvsadm -S -n`; a table with only its headers is empty."""
     services: dict[tuple[str, str, int], _Service] = {}
     current: _Service | None = None
     in_fwmark = False  # real servers of a skipped FWM service are skipped too
     stats = False  # `ipvsadm -Ln --stats/--rate`: counters where scheduler and method were
+    # a node lists each endpoint under its ClusterIP, LB IP and NodePort services: one
+    # address read once, one real server object shared
+    places: dict[str, tuple[str, int | None] | None] = {}
+    reals: dict[str, IpvsRealServer] = {}
+    saved_shape = _SAVE_SHAPE.fullmatch
+    # `ipvsadm -S` lists a service's real servers right after it: the last service's
+    # "-t ADDR:PORT" and the service it is
+    last_place: tuple[str, str] | None = None
+    last: _Service | None = None
     for lineno, raw in enumerate(text.split("\n"), 1):
         line = raw.strip()
         if not line:
             continue
-        if line.startswith("-"):
+        if line[0] == "-":
+            m = saved_shape(line)
+            if m is not None:
+                if m.group(1) == "a" and m.group(6) is not None and last is not None \
+                        and (m.group(2), m.group(3)) == last_place:
+                    rs = reals.get(m.group(5))
+                    if rs is not None:  # a real server read before, of the same service
+                        last.reals.append(rs)
+                        continue
+                if _saved(m, services, places, reals):
+                    if m.group(1) == "A":
+                        last_place = (m.group(2), m.group(3))
+                        last = services[(_PROTOCOL_FLAG[m.group(2)],
+                                         *places[m.group(3)])]  # type: ignore[misc]
+                    continue
             if line.startswith("->"):
                 if line.split()[1:2] == ["RemoteAddress:Port"]:
                     continue  # the column header
@@ -90,11 +124,65 @@ def parse_ipvsadm(text: str, source: str = "ipvsadm.txt") -> tuple[IpvsVirtualSe
             _check_scheduler(scheduler, source, lineno)
         key = (_LIST_PROTOCOLS[prot], address, port)
         current = services.setdefault(key, _Service(*key, scheduler))
+    by_place = operator.attrgetter("address", "port")
     return tuple(
-        IpvsVirtualServer(s.protocol, s.address, s.port, s.scheduler,
-                          tuple(sorted(s.reals, key=lambda r: (r.address, r.port))))
-        for _, s in sorted(services.items(), key=lambda kv: kv[0])
+        IpvsVirtualServer(s.protocol, intern(s.address), s.port, intern(s.scheduler),
+                          tuple(sorted(s.reals, key=by_place)))
+        for s in (services[key] for key in sorted(services))
     )
+
+
+def _saved(m: re.Match[str], services: dict[tuple[str, str, int], _Service],
+           places: dict[str, tuple[str, int | None] | None],
+           reals: dict[str, IpvsRealServer]) -> bool:
+    """Add a `_SAVE_SHAPE` line as _save_line would; False (nothing done) when any part of
+    it is not valid, for _save_line to say what."""
+    command, prot, service, scheduler, real_part, real, forward, weight = m.groups()
+    place = _place(service, places)
+    if place is None or place[1] is None:
+        return False
+    key = (_PROTOCOL_FLAG[prot], place[0], place[1])
+    if command == "A":
+        if scheduler is None:
+            return False
+        svc = services.get(key)
+        if svc is None:
+            services[key] = _Service(*key, scheduler)
+        else:
+            svc.scheduler = scheduler
+        return True
+    svc = services.get(key)
+    if real is None or svc is None:
+        return False
+    rs = reals.get(real_part)
+    if rs is None:
+        where = _place(real, places)
+        if where is None:
+            return False
+        if where[1] is None:  # no port: the service's (not one to share)
+            rs = IpvsRealServer(intern(where[0]), key[2], _FORWARD_FLAG[forward], int(weight))
+        else:
+            rs = reals[real_part] = IpvsRealServer(intern(where[0]), where[1],
+                                                   _FORWARD_FLAG[forward], int(weight))
+    svc.reals.append(rs)
+    return True
+
+
+def _place(text: str, places: dict[str, tuple[str, int | None] | None]
+           ) -> tuple[str, int | None] | None:
+    """What _addr_port makes of ``text`` (a port of None: none given), None where it
+    refuses it; remembered per text."""
+    if text in places:
+        return places[text]
+    try:
+        got: tuple[str, int | None] | None = _addr_port(text, "", 0, default_port=-1)
+    except InputError:
+        got = None
+    else:
+        if got[1] == -1:
+            got = (got[0], None)
+    places[text] = got
+    return got
 
 
 def _list_real(line: str, source: str, lineno: int) -> IpvsRealServer:

@@ -8,6 +8,7 @@ once the JSON is decoded, so it is given only for syntax errors.
 from __future__ import annotations
 
 import ipaddress
+from sys import intern
 from typing import Any
 
 from agent.errors import InputError
@@ -81,6 +82,9 @@ def parse_ingresses(doc: dict[str, Any],
 
 
 def _service(item: dict[str, Any], path: str, source: str) -> Service:
+    plain = _plain_service(item)
+    if plain is not None:
+        return plain
     namespace, name = _ns_name(item, path, source)
     meta = _obj(item, "metadata", path, source)
     spec = _obj(item, "spec", path, source)
@@ -129,6 +133,73 @@ def _service(item: dict[str, Any], path: str, source: str) -> Service:
         annotations=annotations,
         ports=tuple(ports),
     )
+
+
+def _plain_service(item: dict[str, Any]) -> Service | None:
+    """What _service makes of a Service of the usual shape (each field it reads absent or of
+    its JSON type), without the paths its messages would need; None for anything else,
+    which _service reads and names. Values that repeat across Services (namespaces,
+    types, protocols, addresses the node's other outputs hold too) are interned."""
+    meta, spec, status = item.get("metadata"), item.get("spec"), item.get("status")
+    if type(meta) is not dict or (spec is not None and type(spec) is not dict) or \
+            (status is not None and type(status) is not dict):
+        return None
+    spec = spec or {}
+    name, namespace = meta.get("name"), meta.get("namespace")
+    raw_annotations = meta.get("annotations") or {}
+    if type(name) is not str or not name or type(raw_annotations) is not dict or \
+            (namespace is not None and type(namespace) is not str):
+        return None
+    cluster_ip, stype = spec.get("clusterIP"), spec.get("type")
+    etp, ext, raw_ports = spec.get("externalTrafficPolicy"), spec.get("externalIPs"), \
+        spec.get("ports")
+    if not _str_or_none(cluster_ip, stype, etp) or \
+            (ext is not None and (type(ext) is not list or
+                                  any(type(v) is not str for v in ext))) or \
+            (raw_ports is not None and type(raw_ports) is not list):
+        return None
+    ports = []
+    for port in raw_ports or ():
+        if type(port) is not dict:
+            return None
+        number, protocol, node_port, pname = port.get("port"), port.get("protocol"), \
+            port.get("nodePort"), port.get("name")
+        if type(number) is not int or (node_port is not None and type(node_port) is not int) \
+                or not _str_or_none(protocol, pname):
+            return None
+        ports.append(ServicePort(number, intern(protocol) if protocol else "TCP", node_port,
+                                 intern(pname) if pname else None))
+    lb = (status or {}).get("loadBalancer")
+    if lb is not None and type(lb) is not dict:
+        return None
+    ingress = (lb or {}).get("ingress")
+    if ingress is not None and type(ingress) is not list:
+        return None
+    lb_ingress = []
+    for ing in ingress or ():
+        if type(ing) is not dict:
+            return None
+        ip, host, mode = ing.get("ip"), ing.get("hostname"), ing.get("ipMode")
+        if not _str_or_none(ip, host, mode):
+            return None
+        lb_ingress.append(LoadBalancerIngress(intern(ip) if ip else None, host or None,
+                                              intern(mode) if mode else None))
+    return Service(
+        namespace=intern(namespace) if namespace else "default",
+        name=name,
+        type=intern(stype) if stype else "ClusterIP",
+        cluster_ip=None if cluster_ip in ("", "None", None) else intern(cluster_ip),
+        external_ips=tuple(ext) if ext else (),
+        lb_ingress=tuple(lb_ingress),
+        external_traffic_policy=intern(etp) if etp else None,
+        annotations={k: v for k, v in raw_annotations.items()
+                     if isinstance(k, str) and isinstance(v, str)},
+        ports=tuple(ports),
+    )
+
+
+def _str_or_none(*values: Any) -> bool:
+    return all(v is None or type(v) is str for v in values)
 
 
 def _ingress(item: dict[str, Any], path: str, source: str) -> Ingress:

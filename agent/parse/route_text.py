@@ -7,9 +7,11 @@ makes a packet with such a source "martian" when it arrives from outside.
 from __future__ import annotations
 
 import ipaddress
+from sys import intern
 from typing import Any
 
 from agent.errors import InputError
+from agent.parse.ip_text import PLAIN_V4, PLAIN_V4_NET
 from agent.parse.json_text import loads
 from agent.snapshot import LocalRoute
 
@@ -60,7 +62,10 @@ def _parse_text(text: str, source: str) -> list[LocalRoute]:
                 dev = words[i + 1]
             else:
                 src = _check_addr(words[i + 1], source, lineno)
-        routes.append(LocalRoute(rtype, dst, dev, src, line))
+        # interned: 20k routes of kube-ipvs0 repeat its name, and their addresses are the
+        # ones the node's addresses, IPVS and Services hold
+        routes.append(LocalRoute(intern(rtype), intern(dst), dev and intern(dev),
+                                 src and intern(src), line))
     if not seen_line:
         raise InputError(source, None, "empty file")
     return routes
@@ -117,7 +122,7 @@ def _opt_str(item: dict[str, Any], key: str, n: int, source: str,
 
 
 def _check_dst(word: str, source: str, lineno: int | None) -> str:
-    if word == "default":
+    if word == "default" or PLAIN_V4_NET.fullmatch(word):
         return word
     try:
         ipaddress.ip_network(word, strict=False)
@@ -128,6 +133,8 @@ def _check_dst(word: str, source: str, lineno: int | None) -> str:
 
 
 def _check_addr(word: str, source: str, lineno: int | None) -> str:
+    if PLAIN_V4.fullmatch(word):
+        return word
     try:
         ipaddress.ip_address(word)
     except ValueError:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -187,3 +188,64 @@ def collect(ctx: ProbeContext) -> ProbeResult:
 
 
 PROBE = register(Probe(name=SOURCE, field="kube_proxy", collect=collect))
+
+
+# --- what a paste shows of kube-proxy (offline) ------------------------------------------
+
+# kube-proxy's startup log: `FLAG: --proxy-mode="ipvs"` (every flag, at -v>=1) and the
+# proxier it chose ("Using ipvs Proxier.", "Using iptables Proxier", newer: "Using
+# iptables proxy"; klog's structured form quotes it)
+_LOG_FLAG = re.compile(r'FLAG: --(proxy-mode|cluster-cidr|masquerade-all)="([^"]*)"')
+_LOG_PROXIER = re.compile(r'"?Using (ipvs|iptables|nftables|userspace) [Pp]rox(?:ier|y)\b')
+_PROXY_ARGS = re.compile(r"(?:^|[\s/\"'])kube-proxy(?:\s|\"|'|$)")
+
+
+def from_paste(lines: Sequence[str]) -> tuple[KubeProxy | None, str]:
+    """KubeProxy from pasted text: its command line (`ps`, a pod spec's args, a systemd
+    unit), its startup log, or its KubeProxyConfiguration (also inside the kube-proxy
+    ConfigMap). (None, "") when the text says nothing of it; else the fact and where the
+    mode came from."""
+    mode = cidr = masq = None
+    how = ""
+    text = "\n".join(lines)
+    if "KubeProxyConfiguration" in text:
+        start = text.index("KubeProxyConfiguration")
+        block = text[text.rfind("\n", 0, text.rfind("apiVersion", 0, start) + 1) + 1:]
+        conf = read_config(_dedent(block))
+        mode, cidr = conf.get("mode"), conf.get("clusterCIDR")
+        masq = _bool(conf.get("masqueradeAll"))
+        how = "KubeProxyConfiguration"
+        if not mode:
+            mode, how = "iptables", "KubeProxyConfiguration with mode unset (iptables on Linux)"
+    for line in lines:
+        m = _LOG_PROXIER.search(line)
+        if m and m.group(1) != "userspace":
+            mode, how = m.group(1), f"kube-proxy's log: {line.strip()[:100]}"
+        for flag, value in _LOG_FLAG.findall(line):
+            if flag == "proxy-mode" and value and not mode:
+                mode, how = value, f"kube-proxy's log: FLAG: --proxy-mode={value}"
+            elif flag == "cluster-cidr" and value:
+                cidr = cidr or value
+            elif flag == "masquerade-all":
+                masq = _bool(value)
+        if _PROXY_ARGS.search(line) and "--" in line:
+            words = line.replace("\\", " ").replace('"', " ").replace(",", " ").split()
+            flags = parse_flags(words)
+            if flags.get("proxy-mode") and not mode:
+                mode = flags["proxy-mode"]
+                how = f"kube-proxy's command line: --proxy-mode={mode}"
+            cidr = cidr or flags.get("cluster-cidr")
+            if flags.get("masquerade-all"):
+                masq = _bool(flags["masquerade-all"])
+    if mode is None and cidr is None and masq is None:
+        return None, ""
+    return KubeProxy(mode=mode or None, cluster_cidr=cidr or None,
+                     masquerade_all=masq), how
+
+
+def _dedent(block: str) -> str:
+    """A KubeProxyConfiguration embedded in a ConfigMap (`config.conf: |`) is indented."""
+    lines = block.splitlines()
+    first = next((ln for ln in lines if ln.strip()), "")
+    pad = len(first) - len(first.lstrip())
+    return "\n".join(ln[pad:] if ln[:pad].isspace() else ln for ln in lines)

@@ -14,21 +14,45 @@ _NO_LOCAL = "has no local endpoints"
 _LOCAL_HINTS = (_NO_LOCAL, "KUBE-XLB-", "KUBE-SVL-")
 
 
-def stated_no_local(snap: NodeSnapshot) -> dict[str, str]:
-    """kube-proxy's own word, in a rule comment ("ns/svc:port has no local endpoints",
-    nat KUBE-XLB or filter KUBE-EXTERNAL-SERVICES): "ns/svc" -> the first such rule."""
-    out: dict[str, str] = {}
+def stated_no_local(snap: NodeSnapshot) -> dict[str, list[tuple[str, str]]]:
+    """kube-proxy's own word, in a rule comment ("ns/svc:port has no local endpoints")
+    where it speaks of externalTrafficPolicy=Local: nat KUBE-XLB-* and filter
+    KUBE-EXTERNAL-SERVICES (filter KUBE-SERVICES says the same of internalTrafficPolicy=
+    Local, on the ClusterIP: not this). "ns/svc" -> [(chain, "table chain: rule (where)")]."""
+    out: dict[str, list[tuple[str, str]]] = {}
     nf = snap.netfilter
     for table in nf.tables if nf else ():
         for chain in table.chains:
-            for r in chain.rules:
-                if _NO_LOCAL not in r.text:
+            if not (chain.name.startswith("KUBE-XLB-") or
+                    chain.name == "KUBE-EXTERNAL-SERVICES"):
+                continue
+            rules = chain.rules
+            for i, text in enumerate(rules.texts):
+                if _NO_LOCAL not in text:
                     continue
-                m = _STATED.search(r.text)
-                if m and m.group(1) not in out:
-                    out[m.group(1)] = f"{table.name} {chain.name}: {r.text}" + (
-                        f" ({r.source})" if r.source else "")
+                m = _STATED.search(text)
+                if m:
+                    source = rules.source(i)
+                    out.setdefault(m.group(1), []).append((chain.name, (
+                        f"{table.name} {chain.name}: {text}"
+                        + (f" ({source})" if source else ""))))
     return out
+
+
+def _stated_for(t, entries: list[tuple[str, str]]) -> str | None:  # type: ignore[no-untyped-def]
+    """The rule that says this LB IP:port has no local endpoint: any in the Service's own
+    KUBE-XLB chain; in KUBE-EXTERNAL-SERVICES one for this address or its NodePort."""
+    for chain, line in entries:
+        if chain.startswith("KUBE-XLB-"):
+            return line
+        rule = line.split(": ", 1)[1]
+        if re.search(rf" -d {re.escape(t.ip)}(?:/32)?\b", rule) and \
+                re.search(rf"--dport {t.port}\b", rule):
+            return line
+        if t.node_port and "addrtype --dst-type LOCAL" in rule and \
+                re.search(rf"--dport {t.node_port}\b", rule):
+            return line
+    return None
 
 
 _STATED = re.compile(r'--comment "?([a-z0-9][-a-z0-9.]*/[a-z0-9][-a-z0-9.]*)(?::\S*)? '
@@ -55,10 +79,10 @@ def check(ctx: Context) -> list[Finding]:
             ev.append(f"externalTrafficPolicy=Local ({t.etp_how})")
             ev.append(f"IPVS virtual server {t.protocol} {t.ip}:{t.port} "
                       + ("has no real servers" if vs else "does not exist"))
-        elif t.service in stated:
+        elif t.service in stated and _stated_for(t, stated[t.service]):
             # the rule that says so is kube-proxy's statement of the endpoints it has: no
             # walk needed (a walk can be misled by an excerpt or a test's shared NodePort)
-            ev.append(f"kube-proxy's rule: {stated[t.service]}")
+            ev.append(f"kube-proxy's rule: {_stated_for(t, stated[t.service])}")
             ev.append(f"externalTrafficPolicy=Local ({t.etp_how or 'kube-proxy rules'})")
         else:
             served = ctx.paths.outside_to_lb(t)

@@ -23,6 +23,7 @@ def check(ctx: Context) -> list[Finding]:
         if t.kind == "loadbalancer":
             by_ip.setdefault(t.ip, []).append(t)
     out = []
+    sysctls: list[str] | None = None  # the same lines for every LB IP: made once
     for ip, targets in by_ip.items():
         route = ctx.facts.local_route(ip)
         if route is None:
@@ -34,7 +35,9 @@ def check(ctx: Context) -> list[Finding]:
             state = "" if a.link_up else " (interface DOWN: it only holds addresses)"
             evidence.append(f"address {a.address}/{a.prefixlen} on {a.ifname}{state}")
         evidence += [f"learned from {src}" for x in targets for src in x.learned_from]
-        evidence += sysctl_evidence(ctx)
+        if sysctls is None:
+            sysctls = sysctl_evidence(ctx)
+        evidence += sysctls
         prevent = any(k == PREVENT_LOOPBACK and v.lower() == "true"
                       for x in targets for k, v in x.annotations)
         dev = route.dev or "an interface"

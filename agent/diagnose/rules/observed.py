@@ -135,8 +135,8 @@ def _services_by_node_port(ctx: Context) -> dict[int, tuple[str | None, str | No
     nat = ctx.snapshot.netfilter.table("nat") if ctx.snapshot.netfilter else None
     chain = nat.chain("KUBE-NODEPORTS") if nat else None
     lb_by_service = {t.service: t.ip for t in ctx.targets if t.service}
-    for rule in chain.rules if chain else ():
-        m = _NODEPORT_RULE.search(rule.text)
+    for text in chain.rules.texts if chain else ():
+        m = _NODEPORT_RULE.search(text)
         if m and int(m.group(3)) not in out:
             svc = f"{m.group(1)}/{m.group(2)}"
             out[int(m.group(3))] = (svc, lb_by_service.get(svc))

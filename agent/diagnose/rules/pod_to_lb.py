@@ -20,8 +20,10 @@ UNDETERMINED = "pod-to-lb-undetermined"
 
 def check(ctx: Context) -> list[Finding]:
     out = []
+    walkable = ctx.mode != "unknown" and _has_kube_proxy_rules(ctx)
+    etp_lines: dict[tuple[str, str], str] = {}  # one string per policy, not per finding
     for t in ctx.targets:
-        if ctx.mode == "unknown" or not _has_kube_proxy_rules(ctx):
+        if not walkable:
             # kube-proxy's rules are not in this backend's dump (nftables mode, a
             # kube-proxy replacement, the other backend): walking them would prove nothing
             o = PathOutcome("unknown", "kube-proxy's rules were not found in the iptables "
@@ -42,7 +44,11 @@ def check(ctx: Context) -> list[Finding]:
         common = {"lb_ip": t.ip, "port": t.port, "protocol": t.protocol, "service": t.service}
         ev = list(o.evidence)
         if t.etp:
-            ev.append(f"externalTrafficPolicy={t.etp} ({t.etp_how or 'from the Service'})")
+            line = etp_lines.get((t.etp, t.etp_how))
+            if line is None:
+                line = etp_lines[(t.etp, t.etp_how)] = \
+                    f"externalTrafficPolicy={t.etp} ({t.etp_how or 'from the Service'})"
+            ev.append(line)
         ev.append("learned from " + "; ".join(t.learned_from))
         ev += t.disagreements
         if o.kind == "not-masqueraded":
