@@ -13,7 +13,7 @@ from typing import NamedTuple
 from agent.diagnose.lb_ip import LbTarget
 from agent.diagnose.node_facts import NODE_STAND_IN, OUTSIDE_CLIENT, POD_STAND_IN, NodeFacts
 from agent.netfilter.walk import SRC_UNKNOWN, UNSEEN_REST, HookResult, Packet, Step, TableWalker
-from agent.snapshot import Chain, Netfilter, Rule, Table
+from agent.snapshot import Chain, IpSet, Netfilter, Rule, Table
 
 # An outside client (TEST-NET-2): never local, never a pod.
 
@@ -175,6 +175,7 @@ class PathFinder:
         snap = facts.snapshot
         self.notes: tuple[str, ...] = ()
         self._lines: dict[str, str] = {}
+        self._sets: dict[str, tuple[IpSet, frozenset[str]]] = {}
         self.nat: TableWalker | None = None
         self.filter: TableWalker | None = None
         self.partial = snap.netfilter is not None and snap.netfilter.partial
@@ -307,6 +308,14 @@ class PathFinder:
                     results.append(PathOutcome("not-masqueraded", how, (*ev3, f"result: {how}")))
         return results
 
+    def _members(self, s: IpSet) -> frozenset[str]:
+        """A set's members to look up (a tuple of 10k members is searched from the start
+        each time); kept while the PathFinder is."""
+        got = self._sets.get(s.name)
+        if got is None or got[0] is not s:
+            got = self._sets[s.name] = (s, frozenset(s.members))
+        return got[1]
+
     def _once(self, line: str) -> str:
         """One string for an evidence line many findings share (a result said the same
         way for 10k LB IPs)."""
@@ -328,7 +337,7 @@ class PathFinder:
         member = f"{p.dst},{p.proto}:{p.dport}"
         for name in ("KUBE-LOAD-BALANCER", "KUBE-EXTERNAL-IP", "KUBE-CLUSTER-IP"):
             s = snap.ipset(name)
-            if s is not None and member in s.members:
+            if s is not None and member in self._members(s):
                 return ("served inside the node (local address; kube-proxy lists it in "
                         f"ipset {name}): the packet never goes to the load balancer"), \
                     f"IPVS state unknown; ipset {name} has {member}"

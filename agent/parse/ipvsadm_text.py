@@ -76,17 +76,18 @@ def parse_ipvsadm(text: str, source: str = "ipvsadm.txt") -> tuple[IpvsVirtualSe
         if line[0] == "-":
             m = saved_shape(line)
             if m is not None:
-                if m.group(1) == "a" and m.group(6) is not None and last is not None \
-                        and (m.group(2), m.group(3)) == last_place:
-                    rs = reals.get(m.group(5))
+                g = m.groups()
+                if g[0] == "a" and g[5] is not None and last is not None \
+                        and (g[1], g[2]) == last_place:
+                    rs = reals.get(g[4])
                     if rs is not None:  # a real server read before, of the same service
                         last.reals.append(rs)
                         continue
-                if _saved(m, services, places, reals):
-                    if m.group(1) == "A":
-                        last_place = (m.group(2), m.group(3))
-                        last = services[(_PROTOCOL_FLAG[m.group(2)],
-                                         *places[m.group(3)])]  # type: ignore[misc]
+                if _saved(g, services, places, reals):
+                    if g[0] == "A":
+                        last_place = (g[1], g[2])
+                        last = services[(_PROTOCOL_FLAG[g[1]],
+                                         *places[g[2]])]  # type: ignore[misc]
                     continue
             if line.startswith("->"):
                 if line.split()[1:2] == ["RemoteAddress:Port"]:
@@ -132,12 +133,12 @@ def parse_ipvsadm(text: str, source: str = "ipvsadm.txt") -> tuple[IpvsVirtualSe
     )
 
 
-def _saved(m: re.Match[str], services: dict[tuple[str, str, int], _Service],
+def _saved(groups: tuple[str, ...], services: dict[tuple[str, str, int], _Service],
            places: dict[str, tuple[str, int | None] | None],
            reals: dict[str, IpvsRealServer]) -> bool:
-    """Add a `_SAVE_SHAPE` line as _save_line would; False (nothing done) when any part of
-    it is not valid, for _save_line to say what."""
-    command, prot, service, scheduler, real_part, real, forward, weight = m.groups()
+    """Add a `_SAVE_SHAPE` line (its groups) as _save_line would; False (nothing done)
+    when any part of it is not valid, for _save_line to say what."""
+    command, prot, service, scheduler, real_part, real, forward, weight = groups
     place = _place(service, places)
     if place is None or place[1] is None:
         return False

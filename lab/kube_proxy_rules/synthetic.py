@@ -26,7 +26,10 @@ def synthetic(n_services: int, mode: str, seed: int = 0) -> dict[str, str]:
     """A support bundle (file name -> text) for a node with ``n_services`` LoadBalancer
     services, 2-3 endpoints each (some on this node), every second one eTP=Local, unique
     LB IPs and NodePorts (a widened --service-node-port-range beyond 2768 services).
-    Deterministic for a given seed; fast enough for 20k services."""
+    Ports stay ports: past 35,536 services (NodePorts 30000-65535) the rest have none
+    (allocateLoadBalancerNodePorts: false), past 20,000 no health check NodePort either
+    (10000 + i would meet the NodePorts). Deterministic for a given seed; 50k services
+    take some 10 s."""
     if mode not in ("iptables", "ipvs"):
         raise ValueError(f"mode must be 'iptables' or 'ipvs', not {mode!r}")
     rng = random.Random(seed)
@@ -43,10 +46,11 @@ def synthetic(n_services: int, mode: str, seed: int = 0) -> dict[str, str]:
         etp = "Local" if i % 2 else "Cluster"
         services.append(LbService(
             namespace=f"ns{i // 100}", name=f"svc{i}", port=80, target_port=8080,
-            node_port=30000 + i, cluster_ip=str(ipaddress.IPv4Address(svc_base + 10 + i)),
+            node_port=30000 + i if 30000 + i <= 65535 else None,
+            cluster_ip=str(ipaddress.IPv4Address(svc_base + 10 + i)),
             lb_ip=str(ipaddress.IPv4Address(lb_base + 1 + i)), etp=etp,
             local_endpoints=local, remote_endpoints=remote,
-            health_check_node_port=(10000 + i) if etp == "Local" else None))
+            health_check_node_port=(10000 + i) if etp == "Local" and i < 20_000 else None))
 
     interfaces: list[tuple[str, str, Sequence[str]]] = [
         ("lo", "UP", ["127.0.0.1/8"]), ("eth0", "UP", [f"{node_ip}/24"]),
