@@ -7,11 +7,11 @@ once the JSON is decoded, so it is given only for syntax errors.
 
 from __future__ import annotations
 
-import ipaddress
 from sys import intern
 from typing import Any
 
 from agent.errors import InputError
+from agent.parse.ip_text import canonical_ip, is_network
 from agent.parse.json_text import loads
 from agent.snapshot import (
     Ingress,
@@ -52,11 +52,8 @@ def parse_node(doc: dict[str, Any], source: str = "node.json") -> NodeInfo:
         single = _opt_str(spec, "podCIDR", f"{path}spec.", source)
         cidrs = (single,) if single else ()
     for i, c in enumerate(cidrs):
-        try:
-            ipaddress.ip_network(c, strict=False)
-        except ValueError:
-            raise InputError(source, None, f"{path}spec.podCIDRs[{i}]: {c!r} is not a CIDR"
-                             ) from None
+        if not is_network(c):
+            raise InputError(source, None, f"{path}spec.podCIDRs[{i}]: {c!r} is not a CIDR")
     status = _obj(node, "status", path, source)
     ips = []
     for i, addr in enumerate(_list(status, "addresses", f"{path}status.", source)):
@@ -65,7 +62,7 @@ def parse_node(doc: dict[str, Any], source: str = "node.json") -> NodeInfo:
             raise InputError(source, None, f"{where[:-1]}: expected an object")
         if _opt_str(addr, "type", where, source) == "InternalIP":
             ip = _opt_str(addr, "address", where, source)
-            if ip and _is_address(ip):
+            if ip and canonical_ip(ip):
                 ips.append(ip)
     return NodeInfo(name, cidrs, tuple(ips))
 
@@ -381,11 +378,3 @@ def _json_type(value: Any) -> str:
 def _short(value: Any, n: int = 40) -> str:
     text = repr(value)
     return text if len(text) <= n else text[: n - 3] + "..."
-
-
-def _is_address(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True

@@ -7,10 +7,10 @@ LoadBalancer, else spec.externalIPs) and ports with their NodePorts.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 
 from agent.errors import InputError
+from agent.parse.ip_text import canonical_ip
 from agent.snapshot import LoadBalancerIngress, Service, ServicePort
 
 _TYPES = frozenset({"ClusterIP", "NodePort", "LoadBalancer", "ExternalName"})
@@ -44,7 +44,7 @@ def parse_svc_table(text: str, source: str = "services.txt") -> tuple[Service, .
         ns = words[col["NAMESPACE"]] if "NAMESPACE" in col else "default"
         name = words[col["NAME"]]
         cluster_ip = words[col["CLUSTER-IP"]] if "CLUSTER-IP" in col else None
-        ext = [x for x in words[col["EXTERNAL-IP"]].split(",") if _is_ip(x)]
+        ext = [x for x in words[col["EXTERNAL-IP"]].split(",") if canonical_ip(x)]
         # kubectl before 1.5 printed no TYPE: an EXTERNAL-IP there was most often the load
         # balancer's (it also showed spec.externalIPs; both reach the node the same way)
         stype = words[col["TYPE"]] if "TYPE" in col else \
@@ -61,15 +61,7 @@ def parse_svc_table(text: str, source: str = "services.txt") -> tuple[Service, .
         if not ports:
             ports = [ServicePort(0)]  # rows trimmed of PORT(S): the addresses still count
         lb = tuple(LoadBalancerIngress(ip=x) for x in ext) if stype == "LoadBalancer" else ()
-        out.append(Service(ns, name, stype, cluster_ip if _is_ip(cluster_ip or "") else None,
+        out.append(Service(ns, name, stype, cluster_ip if canonical_ip(cluster_ip or "") else None,
                            external_ips=() if stype == "LoadBalancer" else tuple(ext),
                            lb_ingress=lb, ports=tuple(ports)))
     return tuple(out)
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
