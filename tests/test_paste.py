@@ -465,3 +465,11 @@ metadata:
     snap = load(cm, "kube-proxy-cm.yaml")
     assert snap.kube_proxy is not None
     assert (snap.kube_proxy.mode, snap.kube_proxy.cluster_cidr) == ("ipvs", "10.244.0.0/16")
+
+
+def test_a_bad_cluster_cidr_in_kube_proxys_flags_is_named_not_used() -> None:
+    ps = ("root      2317  2290  0 Nov24 ?        00:41:10 /usr/local/bin/kube-proxy "
+          "--proxy-mode=iptables --cluster-cidr=garbage/99\n")
+    snap = load(ps + real("k8s-1.26era-iptables-lb-etp-local-ext-svl", "iptables-save.txt"))
+    assert snap.kube_proxy is not None and snap.kube_proxy.cluster_cidr is None
+    assert any("'garbage/99' is not a CIDR" in u.reason for u in snap.unknowns)

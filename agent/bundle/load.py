@@ -141,7 +141,7 @@ def _kube_proxy_lines(text: str, source: str, ev: _Evidence) -> None:
                  and not ln.startswith(("-A ", ":", "["))]
     else:
         return
-    if lines and from_paste(lines)[0] is not None:
+    if lines and any(from_paste(lines)):  # a fact, or a value it names as unusable
         ev.kube_proxy_lines += lines
         ev.saw("kube-proxy", source)
 
@@ -572,6 +572,8 @@ def _snapshot(ev: _Evidence, origin: str, refused: list[str]) -> NodeSnapshot:
     unknowns += [Unknown(r.split(":", 1)[0], r) for r in refused
                  if "(the lines are named above)" not in r]
     kube_proxy, how = from_paste(ev.kube_proxy_lines) if ev.kube_proxy_lines else (None, "")
+    if "not used" in how:  # a value it could not use: said like any unreadable line
+        unknowns.append(Unknown("input", f"kube-proxy: {how}"))
     if kube_proxy is None:
         unknowns.append(Unknown("kube-proxy", "its flags, log or configuration are not in "
                                 "the input (`ps -ef | grep kube-proxy` or `kubectl -n "

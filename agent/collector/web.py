@@ -420,33 +420,33 @@ class Page(_Base):
         self.reply(html.encode("utf-8", "replace"), "text/html; charset=utf-8")
 
 
-class Nodes(_Base):
+class _Paged(_Base):
+    """A list a page at a time: the page spec, the collector's reader and the path."""
+
+    list_spec: Any
+    list_reader: str
+    list_path: str
+
     async def get(self) -> None:
         try:
-            page = views.page_of(self.args(), views.NODES_PAGE)
-            rows, total = await self.run(self.col.nodes_page, page)
+            page = views.page_of(self.args(), self.list_spec)
+            rows, total = await self.run(getattr(self.col, self.list_reader), page)
         except BadRequest as e:
             self.fail(e)
             return
-        self._paged(rows, total, "/v1/nodes", page)
-
-    def _paged(self, rows: list[Any], total: int, path: str, page: views.Page) -> None:
         self.set_header("X-Total-Count", str(total))
-        link = views.next_link(path, page, total)
+        link = views.next_link(self.list_path, page, total)
         if link:
             self.set_header("Link", link)
         self.reply(dumps(rows))
 
 
-class Services(Nodes):
-    async def get(self) -> None:
-        try:
-            page = views.page_of(self.args(), views.SERVICES_PAGE)
-            rows, total = await self.run(self.col.services_page, page)
-        except BadRequest as e:
-            self.fail(e)
-            return
-        self._paged(rows, total, "/v1/services", page)
+class Nodes(_Paged):
+    list_spec, list_reader, list_path = views.NODES_PAGE, "nodes_page", "/v1/nodes"
+
+
+class Services(_Paged):
+    list_spec, list_reader, list_path = views.SERVICES_PAGE, "services_page", "/v1/services"
 
 
 class History(_Base):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 
+from agent.parse.ip_text import is_network
 from agent.probes.base import Probe, ProbeContext, ProbeResult, register, unavailable
 from agent.snapshot import KubeProxy, Unknown
 
@@ -237,8 +238,11 @@ def from_paste(lines: Sequence[str]) -> tuple[KubeProxy | None, str]:
             cidr = cidr or flags.get("cluster-cidr")
             if flags.get("masquerade-all"):
                 masq = _bool(flags["masquerade-all"])
+    if cidr and not all(is_network(c.strip()) for c in cidr.split(",")):
+        how = (f"{how}; " if how else "") + f"its cluster CIDR {cidr!r} is not a CIDR: not used"
+        cidr = None
     if mode is None and cidr is None and masq is None:
-        return None, ""
+        return None, how
     return KubeProxy(mode=mode or None, cluster_cidr=cidr or None,
                      masquerade_all=masq), how
 
