@@ -34,6 +34,7 @@ from agent.snapshot import (
     Unknown,
 )
 from lab.netns import Netns, netns, veth
+from tests.nodestate import settle
 
 PY = sys.executable
 
@@ -379,13 +380,20 @@ def test_addresses_match_ip_json(node: Netns) -> None:
     assert all(not a.link_up and a.prefixlen == 32 for a in ipvs0)
 
 
+def local_tables(ns: Netns) -> str:
+    """What `ip` prints of both families' local tables, IPv4 first."""
+    return (ns.run("ip", "route", "show", "table", "local").stdout
+            + ns.run("ip", "-6", "route", "show", "table", "local").stdout)
+
+
 @pytest.mark.netns
 def test_local_table_matches_ip_route(node: Netns) -> None:
+    settle(node)  # the link-local address's local route follows its DAD
     snap = snapshot_in(node)
-    printed = [line.rstrip() for line in
-               node.run("ip", "route", "show", "table", "local").stdout.splitlines()]
+    printed = [line.rstrip() for line in local_tables(node).splitlines()]
     routes = snap.local_routes or ()
     assert sorted(r.line for r in routes) == sorted(printed)
+    assert any(":" in r.dst for r in routes)  # the IPv6 table too (::1 at least)
     assert list(routes) == sorted(routes, key=lambda r: (r.type, r.dst, r.dev or ""))
     by_dst = {r.dst: r for r in routes}
     # The kernel adds local routes for addresses of a DOWN interface (and nothing else:
@@ -408,9 +416,9 @@ def test_local_table_linkdown() -> None:
     with netns("lbpd") as ns, netns("lbpq") as peer:
         veth(ns, "eth0", peer, "eth1")  # peer end stays DOWN: no carrier
         ns.sh("ip addr add 10.5.0.10/24 dev eth0 && ip link set eth0 up")
+        settle(ns)
         snap = snapshot_in(ns)
-        printed = [line.rstrip() for line in
-                   ns.run("ip", "route", "show", "table", "local").stdout.splitlines()]
+        printed = [line.rstrip() for line in local_tables(ns).splitlines()]
         assert sorted(r.line for r in snap.local_routes or ()) == sorted(printed)
         assert any(line.endswith(" linkdown") for line in printed)
 
@@ -558,6 +566,7 @@ def test_write_bundle_writes_what_the_probes_read_and_changes_nothing(
         node: Netns, tmp_path: Path) -> None:
     if _have("iptables-nft-restore"):
         node.run("iptables-nft-restore", input=NAT_KUBE)
+    settle(node)
     before = node_state(node)
     out = tmp_path / "bundle" / "sub"
     script = ("import json, sys\n"
@@ -582,8 +591,7 @@ def test_write_bundle_writes_what_the_probes_read_and_changes_nothing(
         assert report[bundle_files.IPVSADM] == "skipped: unavailable: ip_vs not loaded"
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no temp files
 
-    assert (out / bundle_files.ROUTE_LOCAL).read_text() == \
-        node.run("ip", "route", "show", "table", "local").stdout
+    assert (out / bundle_files.ROUTE_LOCAL).read_text() == local_tables(node)
     assert ipsets_from_save((out / bundle_files.IPSET).read_text()) == \
         ipsets_from_save(node.run("ipset", "save").stdout)
 

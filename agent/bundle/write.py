@@ -49,6 +49,16 @@ def _command(args: list[str], ctx: ProbeContext) -> bytes:
         raise Skip(str(exc)) from None
 
 
+def _local_routes(ctx: ProbeContext) -> bytes:
+    """Both families' local tables in one file (the reader takes either); IPv6 may be
+    disabled on the node, which costs only its part."""
+    v4 = _command(["ip", "route", "show", "table", "local"], ctx)
+    try:
+        return v4 + _command(["ip", "-6", "route", "show", "table", "local"], ctx)
+    except Skip:
+        return v4
+
+
 def _iptables(ctx: ProbeContext) -> bytes:
     try:
         chosen = nat_rules.select_backend(max(ctx.timeout, 10.0))
@@ -101,8 +111,7 @@ def write_bundle(directory: str | os.PathLike[str], ctx: ProbeContext) -> list[t
         bundle_files.IPTABLES: lambda: _iptables(ctx),
         bundle_files.IPSET: lambda: _ipset(ctx),
         bundle_files.IPVSADM: lambda: _ipvsadm(ctx),
-        bundle_files.ROUTE_LOCAL: lambda: _command(["ip", "route", "show", "table", "local"],
-                                                   ctx),
+        bundle_files.ROUTE_LOCAL: lambda: _local_routes(ctx),
         bundle_files.ADDR: lambda: _command(["ip", "-j", "addr", "show"], ctx),
         bundle_files.SYSCTL: lambda: _sysctl(ctx),
     }

@@ -52,9 +52,9 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
     unknowns = [{"source": u.source, "reason": u.reason} for u in snap.unknowns]
     unknowns += [{"source": "LB IPs", "reason": r} for r in skipped]
     ctx = Context(snap, facts, targets, PathFinder(facts), mode, mode_how, unknowns,
-                  ChainServices(snap), capture)
+                  ChainServices(snap), capture, v6_targets)
     findings: list[Finding] = []
-    if not targets and snap.services is None:
+    if not targets and not v6_targets and snap.services is None:
         # without the Service objects "none found" may just mean "not visible here"
         findings.append(Finding(
             "lb-ips-unknown", "warning",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agent.capture.model import CaptureResult
 from agent.diagnose.lb_ip import LbTarget
@@ -23,6 +23,9 @@ class Context:
     unknowns: list[dict[str, str]]
     chain_services: Mapping[str, str]  # KUBE-SVC-<hash> etc. -> "ns/name"
     capture: CaptureResult | None = None
+    # IPv6 LB addresses: not walked (ip6tables), but decided where the rule does not need
+    # a walk (lb-ip-local)
+    v6_targets: list[LbTarget] = field(default_factory=list)
 
     def unknown(self, source: str, reason: str) -> None:
         item = {"source": source, "reason": reason}

@@ -153,13 +153,14 @@ def build_facts(snap: NodeSnapshot) -> NodeFacts:
     elif snap.addresses is not None:
         # No local table: the kernel puts every bound address there, so derive it.
         for a in snap.addresses:
-            if ":" in a.address:
-                continue
             line = f"local {a.address} dev {a.ifname} (derived from addr.txt)"
             f.local_ips[a.address] = LocalRoute("local", a.address, a.ifname, a.address, line)
         f.local_nets.append((ipaddress.ip_network("127.0.0.0/8"),
                              LocalRoute("local", "127.0.0.0/8", "lo", None,
                                         "local 127.0.0.0/8 dev lo (assumed)")))
+        if any(":" in a.address for a in snap.addresses):
+            f.local_ips["::1"] = LocalRoute("local", "::1", "lo", None,
+                                            "local ::1 dev lo (assumed)")
     _find_uplink(f)
     if f.node_ip is None and f.local_route(NODE_STAND_IN) is None:
         f.assumed_local = frozenset({NODE_STAND_IN})

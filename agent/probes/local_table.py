@@ -1,13 +1,16 @@
-"""The IPv4 `local` routing table (table 255), as `ip route show table local` prints it.
+"""The `local` routing tables (table 255) of IPv4 and IPv6, as `ip route show table local`
+and `ip -6 route show table local` print them.
 
-An address is "local" (and a packet from it arriving on eth0 is a martian) exactly
-when it is in this table. The kernel adds the `local` route of an IPv4 address even
-when its interface is administratively DOWN (only the broadcast/prefix routes wait
-for IFF_UP), which is why a DOWN kube-ipvs0 still makes its VIPs local.
+An address is "local" exactly when it is in this table: an IPv4 packet from it arriving
+on eth0 is a martian, an IPv6 one is taken in and answered to the node itself (IPv6 has
+no martian-source check; README "How it decides"). The kernel adds the `local` route of
+an address even when its interface is administratively DOWN (only the broadcast/prefix
+routes wait for IFF_UP), which is why a DOWN kube-ipvs0 still makes its VIPs local.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Iterable
 from pathlib import Path
@@ -36,6 +39,7 @@ _FLAGS = ((0x1, "dead"), (0x4, "onlink"), (0x2, "pervasive"), (0x8, "offload"),
           (0x40, "trap"), (0x100, "notify"), (0x10, "linkdown"), (0x20, "unresolved"),
           (0x4000, "rt_offload"), (0x8000, "rt_trap"), (0x20000000, "rt_offload_failed"))
 RTM_F_CLONED = 0x200
+_PREFS = {0: "medium", 1: "high", 3: "low"}  # ICMPV6_ROUTER_PREF_*
 RTPROT_BOOT = 3
 
 
@@ -98,6 +102,9 @@ def format_route(msg: Any, ifnames: dict[int, str], protocols: dict[int, str]) -
     priority = msg.get_attr("RTA_PRIORITY")
     if priority is not None:
         words += ["metric", str(priority)]
+    pref = msg.get_attr("RTA_PREF")  # IPv6 router preference (RFC 4191), as ip prints it
+    if pref is not None:
+        words += ["pref", _PREFS.get(pref, str(pref))]
     words += [name for bit, name in _FLAGS if msg["flags"] & bit]
     return LocalRoute(type=rtype, dst=dst, dev=dev, src=prefsrc, line=" ".join(words))
 
@@ -108,7 +115,7 @@ def routes_from_messages(links: Iterable[Any], routes: Iterable[Any]) -> tuple[L
     out = []
     for msg in routes:
         table = msg.get_attr("RTA_TABLE") or msg["table"]
-        if msg["family"] != socket.AF_INET or table != RT_TABLE_LOCAL:
+        if msg["family"] not in (socket.AF_INET, socket.AF_INET6) or table != RT_TABLE_LOCAL:
             continue
         out.append(format_route(msg, ifnames, protocols))
     out.sort(key=lambda r: (r.type, r.dst, r.dev or ""))
@@ -117,10 +124,14 @@ def routes_from_messages(links: Iterable[Any], routes: Iterable[Any]) -> tuple[L
 
 def collect(ctx: ProbeContext) -> ProbeResult:
     from pyroute2 import IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError
 
     with IPRoute() as ipr:
         links = list(ipr.get_links())
         routes = list(ipr.get_routes(family=socket.AF_INET, table=RT_TABLE_LOCAL))
+        # a kernel booted with ipv6.disable=1 answers the IPv6 dump with an error
+        with contextlib.suppress(NetlinkError, OSError):
+            routes += ipr.get_routes(family=socket.AF_INET6, table=RT_TABLE_LOCAL)
     return ProbeResult(routes_from_messages(links, routes))
 
 

@@ -1,7 +1,10 @@
 """lb-ip-local: an LB/external IP is a local address here, so the load balancer's health
-checks (sourced from its VIP) and anything else sourced from the VIP die as martians."""
+checks (sourced from its VIP) and anything else sourced from the VIP die: as martians on
+IPv4; on IPv6, which has no martian check, the node answers them to itself (to lo)."""
 
 from __future__ import annotations
+
+import ipaddress
 
 from agent.diagnose.context import Context
 from agent.diagnose.lb_ip import LbTarget
@@ -10,6 +13,19 @@ from agent.diagnose.remedies import PREVENT_LOOPBACK, for_lb_ip_local, is_tke
 from agent.diagnose.rules.common import sysctl_evidence
 
 ID = "lb-ip-local"
+# what the kernel does with an IPv6 packet whose source is one of the node's addresses
+# (measured in tests/test_ipv6_netns.py; README "How it decides")
+V6_FATE = ("IPv6 has no martian-source check: the packet is taken in and the node's answer "
+           "is routed to its own address (lo), so it never reaches the load balancer")
+
+
+def _v6_local_known(ctx: Context) -> bool:
+    """Whether the input shows the IPv6 local table (or the addresses it is made of): a
+    bundle or paste of IPv4 only cannot tell whether an IPv6 VIP is local."""
+    snap = ctx.snapshot
+    if snap.local_routes is not None:
+        return any(":" in r.dst for r in snap.local_routes)
+    return any(":" in a.address for a in snap.addresses or ())
 
 
 def check(ctx: Context) -> list[Finding]:
@@ -17,7 +33,12 @@ def check(ctx: Context) -> list[Finding]:
         ctx.unknown(ID, "local addresses unknown (no route-local.txt and no addr.txt)")
         return []
     by_ip: dict[str, list[LbTarget]] = {}
-    for t in ctx.targets:
+    v6 = [t for t in ctx.v6_targets if t.kind == "loadbalancer"]
+    if v6 and not _v6_local_known(ctx):
+        ctx.unknown(ID, "IPv6 local addresses unknown (the input has no IPv6 local table: "
+                        "`ip -6 route show table local`)")
+        v6 = []
+    for t in [*ctx.targets, *v6]:
         # only a load balancer's VIP health-checks the nodes; an externalIP bound on a
         # node (kube-proxy IPVS binds them all) is local by design
         if t.kind == "loadbalancer":
@@ -25,9 +46,10 @@ def check(ctx: Context) -> list[Finding]:
     out = []
     sysctls: list[str] | None = None  # the same lines for every LB IP: made once
     for ip, targets in by_ip.items():
-        route = ctx.facts.local_route(ip)
+        route = ctx.facts.local_route(_canonical(ip))
         if route is None:
             continue
+        is_v6 = ":" in ip
         t = next((x for x in targets if x.service), targets[0])
         ports = sorted({(x.protocol, x.port) for x in targets})
         evidence = [f"local table: {route.line}"]
@@ -35,12 +57,17 @@ def check(ctx: Context) -> list[Finding]:
             state = "" if a.link_up else " (interface DOWN: it only holds addresses)"
             evidence.append(f"address {a.address}/{a.prefixlen} on {a.ifname}{state}")
         evidence += [f"learned from {src}" for x in targets for src in x.learned_from]
-        if sysctls is None:
-            sysctls = sysctl_evidence(ctx)
-        evidence += sysctls
+        if is_v6:
+            evidence.append(V6_FATE)
+        else:
+            if sysctls is None:
+                sysctls = sysctl_evidence(ctx)
+            evidence += sysctls
         prevent = any(k == PREVENT_LOOPBACK and v.lower() == "true"
                       for x in targets for k, v in x.annotations)
         dev = route.dev or "an interface"
+        fate = ("never answered: IPv6 routes the node's replies to its own address (lo)"
+                if is_v6 else "dropped as martian source")
         if prevent:
             severity = "info"
             summary = (f"LB IP {ip} is bound on {dev} on purpose ({PREVENT_LOOPBACK}); "
@@ -51,15 +78,14 @@ def check(ctx: Context) -> list[Finding]:
             severity = "critical"
             summary = (f"LB IP {ip} is a local address on this node (on {dev}): the Tencent "
                        f"CLB health-checks from its VIP, so its health checks and any packet "
-                       f"sourced from {ip} that arrives here are dropped as martian source")
+                       f"sourced from {ip} that arrives here are {fate}")
             remedy = for_lb_ip_local(t)
         else:
             # other load balancers usually health-check from their own ranges
             severity = "warning"
             summary = (f"LB IP {ip} is a local address on this node (on {dev}): if the load "
                        f"balancer health-checks from its VIP (Tencent CLB does), its checks "
-                       "and any packet sourced from the VIP are dropped here as martian "
-                       "source")
+                       f"and any packet sourced from the VIP are {fate} here")
             remedy = for_lb_ip_local(t)
         out.append(Finding(
             ID, severity, summary, lb_ip=ip,
@@ -67,3 +93,13 @@ def check(ctx: Context) -> list[Finding]:
             protocol=ports[0][0] if len(ports) == 1 else None,
             service=t.service, evidence=tuple(dict.fromkeys(evidence)), remedy=remedy))
     return out
+
+
+def _canonical(ip: str) -> str:
+    """The form `ip route` prints (an IPv6 address may be written many ways)."""
+    if ":" not in ip:
+        return ip
+    try:
+        return ipaddress.ip_address(ip).compressed
+    except ValueError:
+        return ip
