@@ -175,3 +175,38 @@ def test_failures_in_the_table_are_bounded() -> None:
     assert len(got) == 101 and t.failure_cells_folded == 200
     assert sum(f.count for f in got) == 300
     assert [f.count for f in got if f.node_port == 0] == [200]
+
+
+def test_collector_summary_and_page_of_a_burst_stay_small(tke: NodeSnapshot) -> None:
+    """The fleet views read the summary: a burst is one row per cause, not per port."""
+    from agent.collector.intake import Intake
+    from agent.collector.page import render_page
+    from agent.collector.summary import summarize
+
+    v = diagnose(tke, "n", capture=captured([(VIP, p) for p in RANGE])).to_dict()
+    assert Intake().verdicts(json.dumps(v).encode())  # schema-valid, within the body bound
+    s = summarize(v)
+    assert s.status == "loopback" and s.findings <= 3
+    hc = [r for r in s.rows if r.finding_id == "healthcheck-dropped-local-source"]
+    assert [(r.lb_ip, r.observed) for r in hc] == [(VIP, True)]
+    page = render_page({"loopback": 1}, 1, [{"node": s.node, "status": s.status,
+                                             "ids": list(s.ids), "unknowns": s.unknowns,
+                                             "kube_proxy_mode": s.kube_proxy_mode,
+                                             "time": s.time}], [], 0)
+    assert page.count("healthcheck-dropped-local-source") == 1
+
+
+def test_metrics_count_findings_and_their_nodeports_not_per_port_series(
+        tke: NodeSnapshot) -> None:
+    from prometheus_client import generate_latest
+
+    from agent.daemon import Metrics
+
+    m = Metrics()
+    m.verdict(diagnose(tke, "n", capture=captured([(VIP, p) for p in RANGE])))
+    text = generate_latest(m.registry).decode()
+    assert ('loopback_agent_findings{id="healthcheck-dropped-local-source",'
+            'severity="critical"} 1.0') in text
+    assert ('loopback_agent_finding_nodeports{id="healthcheck-dropped-local-source"} '
+            '2768.0') in text
+    assert "30080" not in text and len(text.splitlines()) < 150
