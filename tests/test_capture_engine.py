@@ -957,3 +957,69 @@ def test_filter_passes_exactly_what_the_table_uses() -> None:
                 passed = bpf.run(PROGRAM, frame(CLIENT, NODE, sport, dport, flags), 1,
                                  pkttype) > 0
                 assert passed == used, (flags, pkttype, sport, dport)
+
+
+# A sink on a NodePort-range port: reads until EOF, prints the bytes.
+_SINK = r"""
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(1)
+print("listening", flush=True)
+c, _ = s.accept()
+n = 0
+while chunk := c.recv(1 << 16):
+    n += len(chunk)
+c.close()
+print(n, flush=True)
+"""
+
+# Bulk data over one connection: ``mib`` MiB, then a normal close.
+_BULK = r"""
+import socket, sys
+dst, port, mib = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+s = socket.create_connection((dst, port), timeout=30)
+block = b"x" * (1 << 20)
+for _ in range(mib):
+    s.sendall(block)
+s.shutdown(socket.SHUT_WR)
+s.close()
+print("sent", flush=True)
+"""
+
+
+def _tcp_segs(ns: Netns) -> tuple[int, int]:
+    """(InSegs, OutSegs) of the namespace's TCP (/proc/net/snmp is per namespace)."""
+    lines = [ln.split() for ln in ns.run("cat", "/proc/net/snmp").stdout.splitlines()
+             if ln.startswith("Tcp:")]
+    row = dict(zip(lines[0], lines[1], strict=True))
+    return int(row["InSegs"]), int(row["OutSegs"])
+
+
+@pytest.mark.netns
+@needs_root
+def test_established_bulk_traffic_on_a_nodeport_never_reaches_the_agent(lab: Lab) -> None:
+    """64 MiB over one connection to a NodePort-range port while the capture runs: the
+    kernel filter passes the handshake (SYN in, SYN-ACK out) and nothing of the data, its
+    ACKs or the FINs; the ring's own counter (PACKET_STATISTICS) says so."""
+    port = 30500
+    sink = lab.node.popen([PY, "-c", _SINK, str(port)], stdout=subprocess.PIPE)
+    try:
+        assert sink.stdout is not None and sink.stdout.readline() == "listening\n"
+        cap = Capture(lab.node, seconds=2.5, handshake_timeout=0.5, classes={})
+        segs0 = _tcp_segs(lab.node)
+        assert lab.client.run(PY, "-c", _BULK, NODE, str(port), "64").stdout == "sent\n"
+        received = int(sink.stdout.readline())
+        segs1 = _tcp_segs(lab.node)
+        result = cap.result()
+    finally:
+        sink.kill()
+        sink.wait()
+    assert received == 64 << 20
+    in_segs, out_segs = segs1[0] - segs0[0], segs1[1] - segs0[1]
+    assert in_segs + out_segs > 1000, (in_segs, out_segs)  # the data really went by
+    assert result["problems"] == [] and result["kernel_drops"] == 0
+    # SYN in and SYN-ACK out on eth0; nothing else of the connection
+    assert result["kernel_packets"] == result["packets_seen"] == 2, result
+    assert counts(result) == {port: {ANSWERED: {SRC_OTHER: 1}}}
