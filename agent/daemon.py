@@ -65,9 +65,6 @@ class Metrics:
                             ["status"], registry=r)
         self.findings = Gauge(p + "findings", "Findings in the current verdict",
                               ["id", "severity"], registry=r)
-        self.finding_nodeports = Gauge(p + "finding_nodeports",
-                                       "NodePorts the current capture findings cover (one "
-                                       "finding per cause, not per port)", ["id"], registry=r)
         self.lb_ips_local = Gauge(p + "lb_ips_local",
                                   "LoadBalancer IPs that are local addresses here", registry=r)
         self.syns = Counter(p + "nodeport_syns", "NodePort SYNs by outcome and source class",
@@ -102,11 +99,8 @@ class Metrics:
         for s in ("healthy", "at-risk", "loopback"):
             self.status.labels(s).set(1 if v.status == s else 0)
         self.findings.clear()
-        self.finding_nodeports.clear()
         for f in v.findings:
             self.findings.labels(f.id, f.severity).inc()
-            if f.data and f.data.get("kind") == "nodeport-table":
-                self.finding_nodeports.labels(f.id).inc(f.data.get("nodeports", 0))
         self.lb_ips_local.set(sum(1 for r in v.lb_ips if r.local))
         cap = v.capture
         if cap:

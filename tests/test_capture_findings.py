@@ -196,7 +196,7 @@ def test_collector_summary_and_page_of_a_burst_stay_small(tke: NodeSnapshot) -> 
     assert page.count("healthcheck-dropped-local-source") == 1
 
 
-def test_metrics_count_findings_and_their_nodeports_not_per_port_series(
+def test_metrics_count_findings_not_per_port_series(
         tke: NodeSnapshot) -> None:
     from prometheus_client import generate_latest
 
@@ -207,6 +207,4 @@ def test_metrics_count_findings_and_their_nodeports_not_per_port_series(
     text = generate_latest(m.registry).decode()
     assert ('loopback_agent_findings{id="healthcheck-dropped-local-source",'
             'severity="critical"} 1.0') in text
-    assert ('loopback_agent_finding_nodeports{id="healthcheck-dropped-local-source"} '
-            '2768.0') in text
     assert "30080" not in text and len(text.splitlines()) < 150
