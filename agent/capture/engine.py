@@ -77,8 +77,9 @@ def capture(seconds: float, *, classify: Callable[[str], str],
         # the table's clock is monotonic; findings say when in wall-clock time
         failures = table.failures(time.time() - time.monotonic())
         if table.failure_cells_folded:
-            problems.append(f"{table.failure_cells_folded} failed handshakes to NodePorts "
-                            "beyond the per-port table bound are counted under port 0")
+            problems.append(f"{table.failure_cells_folded} failed handshakes came after "
+                            "the per-port detail table was full: they are counted, but "
+                            "without their source address and time")
         stats = ring.stats()
     return CaptureResult(
         seconds=round(elapsed, 3), port_range=port_range, ports=ports,
