@@ -208,3 +208,30 @@ def test_metrics_count_findings_not_per_port_series(
     assert ('loopback_agent_findings{id="healthcheck-dropped-local-source",'
             'severity="critical"} 1.0') in text
     assert "30080" not in text and len(text.splitlines()) < 150
+
+
+def test_many_local_sources_are_bounded_findings(tke: NodeSnapshot) -> None:
+    """An IPVS node holds every LB VIP: 300 VIPs health-checking their own NodePort are
+    300 causes; the verdict keeps the 19 biggest and merges the rest into one."""
+    from agent.diagnose.rules.observed import MAX_PER_ID
+
+    vips = [f"10.2.{i // 200}.{i % 200 + 1}" for i in range(300)]
+    CLASSES.update(dict.fromkeys(vips, SRC_LOCAL))
+    try:
+        syns = [(vip, 30000 + i) for i, vip in enumerate(vips)] + [(vips[0], 30000)] * 4
+        v = verdict(tke, captured(syns))
+    finally:
+        for vip in vips:
+            CLASSES.pop(vip)
+    hc = of(v, "healthcheck-dropped-local-source")
+    assert len(hc) == MAX_PER_ID
+    by_source = {f["data"]["source"]: f for f in hc}
+    assert by_source[vips[0]]["data"]["syns"] == 5
+    merged = [f for f in hc if f["data"].get("merged")]
+    (m,) = merged
+    assert m["data"]["merged"] == 300 - (MAX_PER_ID - 1)
+    assert m["data"]["nodeports"] == m["data"]["syns"] == 300 - (MAX_PER_ID - 1)
+    assert m["summary"].startswith(f"{m['data']['syns']} SYNs to {m['data']['nodeports']} "
+                                   "NodePorts") and "281 addresses local" in m["summary"]
+    assert sum(f["data"]["syns"] for f in hc) == 304
+    assert len(json.dumps(v)) < 80_000

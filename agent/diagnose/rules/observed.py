@@ -34,10 +34,11 @@ OBSERVED_IDS = frozenset({LOOPBACK_OBSERVED, HEALTHCHECK_DROPPED})
 
 # One finding per cause, not per port: a burst to the whole NodePort range is one finding
 # whose table (``data``) holds the ports. Bounded: the busiest TOP_PORTS rows, the ports
-# as at most MAX_RANGES ranges, SAMPLES sample lines.
+# as at most MAX_RANGES ranges, SAMPLES sample lines, MAX_PER_ID findings per id.
 TOP_PORTS = 10
 MAX_RANGES = 32
 SAMPLES = 6
+MAX_PER_ID = 20  # findings per id; the smallest causes beyond are merged into one
 
 _TEXT = {
     LOOPBACK_OBSERVED: (
@@ -115,10 +116,37 @@ def check(ctx: Context) -> list[Finding]:
         for src, row in _local_rows(port, svc, lb_ip, mine):
             groups.setdefault((HEALTHCHECK_DROPPED, src), []).append(row)
     lb_ips = {t.ip for t in ctx.targets}
-    order = {fid: i for i, fid in enumerate(_TEXT)}
-    return [_finding(cap, fid, key, rows, lb_ips) for (fid, key), rows in
-            sorted(groups.items(), key=lambda g: (order[g[0][0]], -sum(r.syns for r in g[1]),
-                                                  g[0][1] or ""))]
+    out: list[Finding] = []
+    for fid in _TEXT:
+        mine = sorted(((key, rows) for (f, key), rows in groups.items() if f == fid),
+                      key=lambda g: (-sum(r.syns for r in g[1]), g[0] or ""))
+        # a node holding every LB VIP (IPVS) may see health checks from hundreds of
+        # them: the verdict keeps the biggest causes and one finding for the rest
+        kept = mine if len(mine) <= MAX_PER_ID else mine[:MAX_PER_ID - 1]
+        out += [_finding(cap, fid, key, rows, lb_ips) for key, rows in kept]
+        rest = mine[len(kept):]
+        if rest:
+            out.append(_finding(cap, fid, None, _merge([r for _, rows in rest
+                                                        for r in rows]),
+                                lb_ips, others=[key for key, _ in rest]))
+    return out
+
+
+def _merge(rows: list[_Row]) -> list[_Row]:
+    """Rows of several causes as one row per NodePort."""
+    by_port: dict[int, _Row] = {}
+    for r in rows:
+        got = by_port.get(r.port.node_port)
+        if got is None:
+            by_port[r.port.node_port] = r
+            continue
+        firsts = [t for t in (got.first_seen, r.first_seen) if t is not None]
+        lasts = [t for t in (got.last_seen, r.last_seen) if t is not None]
+        by_port[r.port.node_port] = _Row(
+            got.port, got.service, got.lb_ip if got.lb_ip == r.lb_ip else None,
+            got.bypassed + r.bypassed, got.unanswered + r.unanswered,
+            min(firsts, default=None), max(lasts, default=None))
+    return [by_port[p] for p in sorted(by_port)]
 
 
 def _row(port: NodePortStats, svc: str | None, lb_ip: str | None, fid: str,
@@ -153,7 +181,9 @@ def _local_rows(port: NodePortStats, svc: str | None, lb_ip: str | None,
 
 
 def _finding(cap: CaptureResult, fid: str, key: str | None, rows: list[_Row],
-             lb_ips: set[str]) -> Finding:
+             lb_ips: set[str], others: list[str | None] | None = None) -> Finding:
+    """The finding of one cause; ``others``: the keys (source addresses, LB IPs) of
+    the causes merged into this one beyond MAX_PER_ID."""
     severity, what, remedy = _TEXT[fid]
     total = sum(r.syns for r in rows)
     ports = [r.port.node_port for r in rows]
@@ -174,6 +204,7 @@ def _finding(cap: CaptureResult, fid: str, key: str | None, rows: list[_Row],
         summary = f"{total} SYNs to {where} {what}"
     if fid == HEALTHCHECK_DROPPED:
         origin = (f"came from {key}, an address local on this node," if key
+                  else f"came from {len(others)} addresses local on this node" if others
                   else "came from an address that is local on this node")
         summary = f"{total} SYNs to {where} {origin} {what}"
     counts: dict[str, dict[str, int]] = {}
@@ -197,15 +228,18 @@ def _finding(cap: CaptureResult, fid: str, key: str | None, rows: list[_Row],
     evidence += [_sample(s) for s in samples[:SAMPLES]]
     evidence += [f"{c.source}: " + (f"{c.value} ({c.detail})" if c.value is not None
                                     else c.detail) for c in cap.corroboration]
+    if others and fid != HEALTHCHECK_DROPPED:
+        summary += f" (the {len(others)} LB IPs with the fewest such SYNs together)"
     return Finding(fid, severity, summary, lb_ip=lb_ip,
                    port=ports[0] if len(ports) == 1 else None,
                    protocol=rows[0].port.protocol,
                    service=services[0] if len(services) == 1 else None,
                    evidence=tuple(evidence), remedy=remedy,
-                   data=_table(fid, key, rows, ranges))
+                   data=_table(fid, key, rows, ranges, others))
 
 
-def _table(fid: str, key: str | None, rows: list[_Row], ranges: list[str]) -> dict[str, Any]:
+def _table(fid: str, key: str | None, rows: list[_Row], ranges: list[str],
+           others: list[str | None] | None = None) -> dict[str, Any]:
     """The finding's NodePort table, bounded whatever the number of ports."""
     firsts = [r.first_seen for r in rows if r.first_seen is not None]
     lasts = [r.last_seen for r in rows if r.last_seen is not None]
@@ -230,6 +264,10 @@ def _table(fid: str, key: str | None, rows: list[_Row], ranges: list[str]) -> di
     }
     if fid == HEALTHCHECK_DROPPED:
         out["source"] = key
+    if others:
+        # merged causes: how many, and the first few of their addresses
+        out["merged"] = len(others)
+        out["merged_keys"] = sorted(k or "?" for k in others)[:TOP_PORTS]
     return out
 
 
