@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
+from agent.capture.model import NodePortStats
 from agent.diagnose.model import Finding, Verdict
 
 _STATUS_LINE = {
@@ -14,6 +15,11 @@ _STATUS_LINE = {
 # findings that mean "could not decide", not "exposed"
 _UNDECIDED = {"lb-ips-unknown", "pod-to-lb-undetermined", "diagnosis-incomplete"}
 _MARK = {"critical": "CRITICAL", "warning": "WARNING", "info": "info"}
+TOP_PORTS = 10  # NodePorts listed in the capture section
+
+
+def _failed(p: NodePortStats) -> int:
+    return sum(n for o in ("bypassed", "unanswered") for n in p.counts.get(o, {}).values())
 
 
 def render(v: Verdict, verbose: bool = False, width: int = 100) -> str:
@@ -66,12 +72,18 @@ def render(v: Verdict, verbose: bool = False, width: int = 100) -> str:
     elif cap:
         out.append(f"Captured {cap.seconds:.0f}s of NodePort handshakes "
                    f"({cap.port_range[0]}-{cap.port_range[1]}): "
-                   f"{sum(p.syns for p in cap.ports)} SYNs, "
+                   f"{sum(p.syns for p in cap.ports) + cap.syns_omitted} SYNs, "
                    f"kernel drops {cap.kernel_drops}, evicted {cap.table_evictions}")
-        for p in cap.ports:
+        # the ports with the most failed handshakes, then the busiest: a burst to the
+        # whole range is a few lines, not thousands
+        top = sorted(cap.ports, key=lambda p: (-_failed(p), -p.syns, p.node_port))
+        for p in sorted(top[:TOP_PORTS], key=lambda p: p.node_port):
             counts = ", ".join(f"{o} from {s}: {n}" for o, by in sorted(p.counts.items())
                                for s, n in sorted(by.items()))
             out.extend(wrap(f"NodePort {p.node_port}: {counts}", "  "))
+        more = len(top) - TOP_PORTS + cap.ports_omitted
+        if more > 0:
+            out.append(f"  ... and {more} more NodePorts")
         out.append("")
 
     problems = [f for f in v.findings if f.severity != "info"]
@@ -113,10 +125,33 @@ def _finding(f: Finding, wrap, evidence: bool) -> list[str]:  # type: ignore[no-
         head += f"  ({f.service})"
     lines = ["", "  " + head]
     lines += wrap(f.summary, "    ")
+    if f.data and f.data.get("kind") == "nodeport-table":
+        lines += _nodeport_table(f.data, wrap)
     if evidence and f.evidence:
         lines.append("    Evidence:")
         for e in f.evidence:
             lines += wrap(f"- {e}", "      ")
     if f.remedy:
         lines += wrap(f"Remedy: {f.remedy}", "    ")
+    return lines
+
+
+def _nodeport_table(d: dict, wrap) -> list[str]:  # type: ignore[no-untyped-def,type-arg]
+    """A capture finding's NodePorts: ranges, then the busiest rows and how many more."""
+    ranges = ", ".join(str(r) for r in d.get("port_ranges") or [])
+    if d.get("ports_not_in_ranges"):
+        ranges += f" and {d['ports_not_in_ranges']} more"
+    when = ""
+    if d.get("first_seen"):
+        when = f", first {d['first_seen']}, last {d.get('last_seen') or '?'}"
+    lines = wrap(f"NodePorts ({d.get('nodeports', 0)}): {ranges}{when}", "    ")
+    for r in d.get("ports") or []:
+        # times of day (the finding's line above has the dates)
+        seen = (f"  {str(r['first_seen'])[11:19]}..{str(r.get('last_seen') or '?')[11:19]}"
+                if r.get("first_seen") else "")
+        lines.append(f"      {r['node_port']:<6} {r.get('service') or '-':<28} "
+                     f"{r['syns']:>6} SYNs (bypassed {r.get('bypassed', 0)}, "
+                     f"unanswered {r.get('unanswered', 0)}){seen}")
+    if d.get("ports_more"):
+        lines.append(f"      ... and {d['ports_more']} more NodePorts")
     return lines

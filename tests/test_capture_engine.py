@@ -126,7 +126,7 @@ def ring_block(records: Sequence[tuple[int, int, bytes, int]],
     buf = bytearray(first)
     kept = []
     for ifindex, pkttype, fr, hatype in records:
-        snap = len(fr) if program is None else bpf.run(program, fr, hatype)
+        snap = len(fr) if program is None else bpf.run(program, fr, hatype, pkttype)
         if snap:
             kept.append((ifindex, pkttype, fr[:snap], hatype))
     for i, (ifindex, pkttype, fr, hatype) in enumerate(kept):
@@ -183,10 +183,36 @@ def pkt(t: HandshakeTable, now: float, ifindex: int, pkttype: int, src: str, dst
 FAST, KEEP, DROP = bpf.FAST_SNAPLEN, bpf.DEFAULT_SNAPLEN, 0
 
 
+OUT = PACKET_OUTGOING
+
+
+@pytest.mark.parametrize("fr, pkttype, want", [
+    # what the handshake table uses, in the direction it uses it
+    (frame(CLIENT, NODE, 40000, OPEN, SYN), PACKET_HOST, FAST),
+    (frame(CLIENT, NODE, 40000, OPEN, SYN), 3, FAST),  # PACKET_OTHERHOST: a bridge port
+    (frame(NODE, CLIENT, OPEN, 40000, SYN | ACK), OUT, FAST),
+    (frame(NODE, CLIENT, CLOSED, 40000, RST | ACK), OUT, FAST),
+    (frame(NODE, CLIENT, CLOSED, 40000, RST), OUT, FAST),
+    (frame(CLIENT, NODE, 40000, OPEN, RST), PACKET_HOST, FAST),
+    # the same flags the other way round: never a NodePort handshake of this node
+    (frame(CLIENT, NODE, 40000, OPEN, SYN), OUT, DROP),  # our own SYN to a NodePort
+    (frame(NODE, CLIENT, OPEN, 40000, SYN | ACK), PACKET_HOST, DROP),
+    (frame(CLIENT, NODE, 40000, OPEN, SYN | ACK), OUT, DROP),  # SYN-ACK *to* a NodePort
+    (frame(CLIENT, NODE, 40000, OPEN, RST), OUT, DROP),
+    (frame(NODE, CLIENT, OPEN, 40000, RST), PACKET_HOST, DROP),
+    (frame(CLIENT, NODE, OPEN, 40000, SYN), PACKET_HOST, DROP),  # SYN *from* a NodePort
+    # established traffic: the last ACK of the handshake, data, FIN, pure ACKs
+    (frame(CLIENT, NODE, 40000, OPEN, ACK), PACKET_HOST, DROP),
+    (frame(NODE, CLIENT, OPEN, 40000, ACK), OUT, DROP),
+    (frame(NODE, CLIENT, OPEN, 40000, ACK | 0x08), OUT, DROP),  # PSH-ACK
+    (frame(CLIENT, NODE, 40000, OPEN, 0x01 | ACK), PACKET_HOST, DROP),
+])
+def test_filter_passes_handshakes_by_direction(fr: bytes, pkttype: int, want: int) -> None:
+    assert bpf.run(PROGRAM, fr, 1, pkttype) == min(want, len(fr))
+
+
 @pytest.mark.parametrize("fr, hatype, want", [
     (frame(CLIENT, NODE, 40000, OPEN, SYN), 1, FAST),
-    (frame(NODE, CLIENT, OPEN, 40000, SYN | ACK), 1, FAST),
-    (frame(NODE, CLIENT, CLOSED, 40000, RST | ACK), 1, FAST),
     (frame(CLIENT, NODE, 40000, OPEN, RST), 1, FAST),
     (frame(CLIENT, NODE, 40000, 30000, SYN), 1, FAST),
     (frame(CLIENT, NODE, 40000, 32767, SYN), 1, FAST),
@@ -440,7 +466,7 @@ def test_feed_block_equals_the_per_packet_path() -> None:
     slow = table(capacity=500)
     dec = Decoder()
     for ifindex, pkttype, fr, hatype in traffic:
-        if bpf.run(PROGRAM, fr, hatype):
+        if bpf.run(PROGRAM, fr, hatype, pkttype):
             got = dec.decode(fr, hatype)
             assert got is not None
             slow.packet(0.0, ifindex, pkttype, *got)
@@ -776,16 +802,18 @@ def test_capture_sees_answered_reset_unanswered_and_bypassed(lab: Lab) -> None:
 def test_ring_yields_packets_with_interface_direction_and_link_type(lab: Lab) -> None:
     got = json.loads(lab.node.run(PY, "-c", _RING, str(OPEN)).stdout)
     # lo carries each packet twice: as it leaves (OUTGOING) and as it arrives (HOST);
-    # its frames have an all-zero Ethernet header (ARPHRD_LOOPBACK)
+    # the filter keeps the SYN arriving and the SYN-ACK leaving. Its frames have an
+    # all-zero Ethernet header (ARPHRD_LOOPBACK)
     syns = [s for s in got["seen"] if s[4] == SYN]
-    assert [s[:5] for s in syns] == [["lo", PACKET_OUTGOING, 772, FAST, SYN],
-                                     ["lo", PACKET_HOST, 772, FAST, SYN]]
+    assert [s[:5] for s in syns] == [["lo", PACKET_HOST, 772, FAST, SYN]]
     synacks = [s for s in got["seen"] if s[4] == SYN | ACK]
-    assert len(synacks) == 2 and all(s[5] == OPEN for s in synacks), synacks
+    assert [s[:2] for s in synacks] == [["lo", PACKET_OUTGOING]], synacks
+    assert all(s[5] == OPEN for s in synacks), synacks
     assert all(s[6] == OPEN for s in syns) and all(s[7] for s in got["seen"])
     assert got["errors"] == 0 and got["drops"] == 0
-    # only what the filter passes: SYN, SYN-ACK (x2 on lo), and no data or FIN
-    assert got["packets"] == len(got["seen"]) == 4
+    # only what the filter passes: the SYN as it arrives, the SYN-ACK as it leaves; not
+    # the other sighting of each on lo, no ACK, data or FIN
+    assert got["packets"] == len(got["seen"]) == 2
     assert got["ring_bytes"] == ring.DEFAULT_RING_BYTES
 
 
@@ -914,3 +942,84 @@ def test_retransmissions_after_the_timeout_on_the_block_path() -> None:
     (port,) = t.finish(30.0)
     assert t.syns == 1 and t.retransmissions == 4
     assert port.counts == {"unanswered": {SRC_POD: 1}}
+
+
+def test_filter_passes_exactly_what_the_table_uses() -> None:
+    """Every flag combination, direction and port side: the kernel filter passes a packet
+    if and only if the handshake table would act on it (not count it "not for us")."""
+    t = table()
+    for flags in range(64):
+        for pkttype in (PACKET_HOST, 3, PACKET_OUTGOING):
+            for sport, dport in ((40000, OPEN), (OPEN, 40000), (OPEN, 31000), (80, 40000)):
+                before = t.not_for_us
+                pkt(t, 0.0, ETH0, pkttype, CLIENT, NODE, sport, dport, flags)
+                used = t.not_for_us == before
+                passed = bpf.run(PROGRAM, frame(CLIENT, NODE, sport, dport, flags), 1,
+                                 pkttype) > 0
+                assert passed == used, (flags, pkttype, sport, dport)
+
+
+# A sink on a NodePort-range port: reads until EOF, prints the bytes.
+_SINK = r"""
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(1)
+print("listening", flush=True)
+c, _ = s.accept()
+n = 0
+while chunk := c.recv(1 << 16):
+    n += len(chunk)
+c.close()
+print(n, flush=True)
+"""
+
+# Bulk data over one connection: ``mib`` MiB, then a normal close.
+_BULK = r"""
+import socket, sys
+dst, port, mib = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+s = socket.create_connection((dst, port), timeout=30)
+block = b"x" * (1 << 20)
+for _ in range(mib):
+    s.sendall(block)
+s.shutdown(socket.SHUT_WR)
+s.close()
+print("sent", flush=True)
+"""
+
+
+def _tcp_segs(ns: Netns) -> tuple[int, int]:
+    """(InSegs, OutSegs) of the namespace's TCP (/proc/net/snmp is per namespace)."""
+    lines = [ln.split() for ln in ns.run("cat", "/proc/net/snmp").stdout.splitlines()
+             if ln.startswith("Tcp:")]
+    row = dict(zip(lines[0], lines[1], strict=True))
+    return int(row["InSegs"]), int(row["OutSegs"])
+
+
+@pytest.mark.netns
+@needs_root
+def test_established_bulk_traffic_on_a_nodeport_never_reaches_the_agent(lab: Lab) -> None:
+    """64 MiB over one connection to a NodePort-range port while the capture runs: the
+    kernel filter passes the handshake (SYN in, SYN-ACK out) and nothing of the data, its
+    ACKs or the FINs; the ring's own counter (PACKET_STATISTICS) says so."""
+    port = 30500
+    sink = lab.node.popen([PY, "-c", _SINK, str(port)], stdout=subprocess.PIPE)
+    try:
+        assert sink.stdout is not None and sink.stdout.readline() == "listening\n"
+        cap = Capture(lab.node, seconds=2.5, handshake_timeout=0.5, classes={})
+        segs0 = _tcp_segs(lab.node)
+        assert lab.client.run(PY, "-c", _BULK, NODE, str(port), "64").stdout == "sent\n"
+        received = int(sink.stdout.readline())
+        segs1 = _tcp_segs(lab.node)
+        result = cap.result()
+    finally:
+        sink.kill()
+        sink.wait()
+    assert received == 64 << 20
+    in_segs, out_segs = segs1[0] - segs0[0], segs1[1] - segs0[1]
+    assert in_segs + out_segs > 1000, (in_segs, out_segs)  # the data really went by
+    assert result["problems"] == [] and result["kernel_drops"] == 0
+    # SYN in and SYN-ACK out on eth0; nothing else of the connection
+    assert result["kernel_packets"] == result["packets_seen"] == 2, result
+    assert counts(result) == {port: {ANSWERED: {SRC_OTHER: 1}}}

@@ -166,3 +166,60 @@ def test_cluster_policy_masquerades_and_the_clb_picks_the_other_node(
     assert not observed(v)
     assert v["capture"]["syns"] == 0  # the SYN went to node 2, not back here
     assert c.clb.picks()[c.node_ips[1]] >= 1
+
+
+# From the CLB (vpc namespace): one SYN from ``src`` to every port of a range on the
+# node, in batches of non-blocking connects (closed before the first retransmission:
+# a socket closed in SYN-SENT sends nothing).
+_BURST = r"""
+import socket, sys, time
+src, dst, lo, hi = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+sent = 0
+for start in range(lo, hi + 1, 400):
+    socks = []
+    for port in range(start, min(start + 400, hi + 1)):
+        s = socket.socket()
+        s.setblocking(False)
+        s.bind((src, 0))
+        s.connect_ex((dst, port))
+        socks.append(s)
+    time.sleep(0.3)
+    for s in socks:
+        s.close()
+    sent += len(socks)
+print(sent)
+"""
+
+
+def test_a_burst_to_the_whole_nodeport_range_is_one_finding(lb_bound: Cluster) -> None:
+    """The CLB's VIP, bound on this node, health-checks every NodePort at once: each SYN
+    is dropped as martian. One finding for the cause, with all 2768 ports inside, not
+    2768 findings."""
+    c = lb_bound
+    sent: list[int] = []
+
+    def drive() -> None:
+        out = c.vpc.run(sys.executable, "-c", _BURST, LB_IP, c.scenario.node_ip, "30000",
+                        "32767", timeout=120).stdout
+        sent.append(int(out))
+
+    code, v, _ = check_while(c, drive)
+    doc = json.dumps(v)
+    ids = [f["id"] for f in v["findings"]]
+    print(f"burst: {len(ids)} findings ({ids.count('healthcheck-dropped-local-source')} "
+          f"healthcheck-dropped-local-source), verdict {len(doc)} bytes")
+    assert sent == [2768]
+    assert code == 2 and v["status"] == "loopback"
+    (hc,) = [f for f in v["findings"] if f["id"] == "healthcheck-dropped-local-source"]
+    d = hc["data"]
+    assert d["source"] == LB_IP and hc["lb_ip"] == LB_IP
+    assert d["nodeports"] == 2768 and d["port_ranges"] == ["30000-32767"]
+    assert d["unanswered"] + d["bypassed"] == d["syns"] >= 2768
+    assert d["first_seen"] <= d["last_seen"] and d["first_seen"].startswith(v["time"][:10])
+    assert len(d["ports"]) == 10 and d["ports_more"] == 2758
+    assert any(p["node_port"] == NODE_PORT and p["service"] == "demo/web"
+               for p in d["ports"])  # the Service's own port leads the table
+    assert hc["summary"].startswith(f"{d['syns']} SYNs to 2768 NodePorts (30000-32767)")
+    assert len(v["findings"]) < 10 and len(doc) < 40_000
+    assert v["capture"]["kernel_drops"] == 0 and v["capture"]["syns"] >= 2768
+    assert len(v["capture"]["ports"]) == 50 and v["capture"]["ports_more"] == 2718

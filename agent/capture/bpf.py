@@ -1,9 +1,12 @@
 """A classic-BPF socket filter that lets only NodePort handshake packets into the ring.
 
-It passes IPv4 TCP packets with SYN or RST set (SYN, SYN-ACK, RST, RST-ACK) whose
-destination port *or* source port lies in the NodePort range: the SYN goes to the
-NodePort, the node's SYN-ACK/RST comes from it. Everything else stays in the kernel, so
-the per-packet Python path only ever sees the few packets that matter.
+It passes exactly the IPv4 TCP packets the handshake table uses: a SYN (without ACK)
+coming in to a NodePort, the node's SYN-ACK or RST going out from one, and a RST coming
+in to one (the client's answer to a bypassed SYN-ACK); the direction is the packet type
+the kernel gives the socket (``SKF_AD_PKTTYPE``, PACKET_OUTGOING for what the node
+sends). Everything else stays in the kernel: data and pure ACKs of established flows,
+FINs, the node's own SYNs out and SYN-ACKs in. So ordinary traffic on NodePorts never
+wakes the agent, and the per-packet Python path only sees the few packets that matter.
 
 Assembled here with ``struct`` instead of compiled by libpcap (scapy's
 ``compile_filter`` shells out to tcpdump): no runtime dependency, and the program can
@@ -40,7 +43,9 @@ K, X = 0x00, 0x08
 TAX, TXA = 0x00, 0x80
 
 SKF_AD_OFF = -0x1000
+SKF_AD_PKTTYPE = 4
 SKF_AD_HATYPE = 28
+PACKET_OUTGOING = 4  # skb->pkt_type of a packet the node sends (linux/if_packet.h)
 SO_ATTACH_FILTER = 26
 SO_DETACH_FILTER = 27
 
@@ -60,6 +65,7 @@ ETH_P_IP = 0x0800
 VLAN_TPIDS = (0x8100, 0x88A8)
 TCP_SYN = 0x02
 TCP_RST = 0x04
+TCP_ACK = 0x10
 
 DEFAULT_PORT_RANGE = (30000, 32767)
 # Bytes kept per packet: Ethernet + two tags (22) + IPv4 with options (60) + the TCP
@@ -161,11 +167,26 @@ def nodeport_filter(port_range: tuple[int, int] = DEFAULT_PORT_RANGE,
     a.jmp(JMP | JGE | K, 20, 0, "drop")
     a.op(ALU | ADD | X, 0)  # A = L2 length + IP header length
     a.op(MISC | TAX, 0)  # X = offset of the TCP header
+    # Flags and direction, as HandshakeTable._dispatch reads them: a SYN coming in to a
+    # NodePort, the node's SYN-ACK or RST going out from one, a RST coming in to one.
+    # Anything else (data, FIN, the handshake's last ACK, our own SYNs out, SYN-ACKs in)
+    # is dropped here, so established traffic never wakes the agent.
     a.op(LD | B | IND, 13)  # TCP flags
-    a.jmp(JMP | JSET | K, TCP_SYN | TCP_RST, 0, "drop")
+    a.jmp(JMP | JSET | K, TCP_SYN, 0, "rst")
+    a.jmp(JMP | JSET | K, TCP_ACK, "synack", 0)
+    a.op(LD | W | ABS, SKF_AD_OFF + SKF_AD_PKTTYPE)  # a SYN: not our own, going out
+    a.jmp(JMP | JEQ | K, PACKET_OUTGOING, "drop", "dport")
+    a.label("synack")
+    a.op(LD | W | ABS, SKF_AD_OFF + SKF_AD_PKTTYPE)  # a SYN-ACK: the node's, going out
+    a.jmp(JMP | JEQ | K, PACKET_OUTGOING, "sport", "drop")
+    a.label("rst")
+    a.jmp(JMP | JSET | K, TCP_RST, 0, "drop")
+    a.op(LD | W | ABS, SKF_AD_OFF + SKF_AD_PKTTYPE)  # a RST: out from, or in to, a NodePort
+    a.jmp(JMP | JEQ | K, PACKET_OUTGOING, "sport", "dport")
+    a.label("dport")
     a.op(LD | H | IND, 2)  # destination port
-    a.jmp(JMP | JGE | K, lo, 0, "sport")
-    a.jmp(JMP | JGT | K, hi, "sport", "accept")
+    a.jmp(JMP | JGE | K, lo, 0, "drop")
+    a.jmp(JMP | JGT | K, hi, "drop", "accept")
     a.label("sport")
     a.op(LD | H | IND, 0)  # source port
     a.jmp(JMP | JGE | K, lo, 0, "drop")
@@ -194,7 +215,8 @@ def attach(sock: socket.socket, program: Sequence[Insn]) -> None:
     sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
 
 
-def run(program: Sequence[Insn], frame: bytes, hatype: int = ARPHRD_ETHER) -> int:
+def run(program: Sequence[Insn], frame: bytes, hatype: int = ARPHRD_ETHER,
+        pkttype: int = 0) -> int:
     """Interpret ``program`` on ``frame`` the way the kernel does (the subset used here).
 
     Returns the number of bytes the kernel would keep (0 = dropped). For tests and for
@@ -207,6 +229,8 @@ def run(program: Sequence[Insn], frame: bytes, hatype: int = ARPHRD_ETHER) -> in
     def load(off: int, size: int) -> int | None:
         if off == SKF_AD_OFF + SKF_AD_HATYPE and size == 4:
             return hatype
+        if off == SKF_AD_OFF + SKF_AD_PKTTYPE and size == 4:
+            return pkttype
         if off < 0 or off + size > n:
             return None
         return int.from_bytes(frame[off:off + size], "big")

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from agent.capture.handshakes import DEFAULT_CAPACITY, DEFAULT_TIMEOUT, HandshakeTable
-from agent.capture.model import CaptureResult, NodePortStats
+from agent.capture.model import CaptureResult, FailedHandshakes, NodePortStats
 from agent.capture.ring import DEFAULT_RING_BYTES, CaptureUnavailable, Ring
 
 Progress = Callable[[float, int, int], None]  # seconds left, SYNs so far, unanswered so far
@@ -53,6 +53,7 @@ def capture(seconds: float, *, classify: Callable[[str], str],
     started = time.monotonic()
     elapsed = 0.0
     ports: tuple[NodePortStats, ...] = ()
+    failures: tuple[FailedHandshakes, ...] = ()
     with ring:
         try:
             end = started + max(0.0, seconds)
@@ -73,6 +74,12 @@ def capture(seconds: float, *, classify: Callable[[str], str],
         except Exception as e:
             problems.append(f"capture results incomplete: {type(e).__name__}: {e}")
             ports = table.results()
+        # the table's clock is monotonic; findings say when in wall-clock time
+        failures = table.failures(time.time() - time.monotonic())
+        if table.failure_cells_folded:
+            problems.append(f"{table.failure_cells_folded} failed handshakes came after "
+                            "the per-port detail table was full: they are counted, but "
+                            "without their source address and time")
         stats = ring.stats()
     return CaptureResult(
         seconds=round(elapsed, 3), port_range=port_range, ports=ports,
@@ -80,7 +87,7 @@ def capture(seconds: float, *, classify: Callable[[str], str],
         kernel_freezes=stats.freezes, retransmissions=table.retransmissions,
         table_evictions=table.evictions, table_capacity=table.capacity,
         decode_errors=table.decoder.error_count,
-        problems=tuple(table.problems + problems))
+        problems=tuple(table.problems + problems), failures=failures)
 
 
 def _guarded(progress: Progress, problems: list[str]) -> Progress:

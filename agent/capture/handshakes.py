@@ -42,7 +42,9 @@ from typing import Any
 from agent.capture.bpf import FAST_SNAPLEN
 from agent.capture.model import (
     OUTCOMES,
+    SRC_LOCAL,
     SRC_OTHER,
+    FailedHandshakes,
     HandshakeSample,
     NodePortStats,
 )
@@ -69,6 +71,10 @@ DEFAULT_SAMPLES = 3
 # keep 3 samples for each of them (2768 ports x 5 outcomes x 4 classes), and one outcome
 # must not use up the budget of another (the few "bypassed" samples matter most).
 SAMPLE_BUDGET = 256
+# Cells of the failed-handshake table ((class[, local source], port) -> counts and times):
+# 4 classes x 2 outcomes x 2768 ports fit; a configured range of all 65536 ports under a flood does
+# not grow it further (new cells fold into one "other ports" cell per class, port 0).
+FAIL_CELLS = 32768
 _CLASS_CACHE_MAX = 65536
 _REFRESH = 1.0  # seconds between fresh sysfs lookups of one interface
 
@@ -208,6 +214,11 @@ class HandshakeTable:
         self._classes: dict[int, list[Any]] = {}
         self._samples: dict[int, list[HandshakeSample]] = {}
         self._budget: dict[tuple[int, str], int] = {}
+        # failed handshakes (bypassed, unanswered) with when: (class, wire source address
+        # for SRC_LOCAL else -1, wire port, outcome) -> [count, first, last]. Off the hot
+        # path: only expire() and the RST/timeout paths finish such handshakes.
+        self._failed: dict[tuple[str, int, int, int], list[Any]] = {}
+        self.failure_cells_folded = 0
         self.accepting = True  # False: handle replies only (the end-of-capture grace time)
         self.packets = 0
         self.syns = 0  # distinct handshakes (tuples) that entered the table
@@ -294,7 +305,7 @@ class HandshakeTable:
             # a SYN-ACK routed to lo (accept_local=1, source = a local VIP) is reset by the
             # node's own stack: that is no client expecting the load balancer
             peer = self.interfaces.name(e[2]) != "lo"
-            self._finish(key, e[1], _BYPASSED, e[2], peer_reset=peer)
+            self._finish(key, e[1], _BYPASSED, e[2], peer_reset=peer, at=e[0])
 
     # -- per block (the hot path) ------------------------------------------------------
 
@@ -437,9 +448,9 @@ class HandshakeTable:
             self._remember(key, e[0])
             if len(e) == 2:
                 self.unanswered += 1
-                self._finish(key, e[1], _UNANSWERED, None)
+                self._finish(key, e[1], _UNANSWERED, None, at=e[0])
             else:
-                self._finish(key, e[1], _BYPASSED, e[2])
+                self._finish(key, e[1], _BYPASSED, e[2], at=e[0])
 
     def _remember(self, key: Key, first_syn: float) -> None:
         recent = self._recent
@@ -469,7 +480,7 @@ class HandshakeTable:
                 if n <= samples_per:
                     self._sample(key, e[1], _PENDING, rows, None, False)
             else:
-                self._finish(key, e[1], _BYPASSED, e[2])
+                self._finish(key, e[1], _BYPASSED, e[2], at=e[0])
 
     def open_count(self) -> int:
         """Entries still waiting for the node's reply (bypassed ones excluded)."""
@@ -485,7 +496,7 @@ class HandshakeTable:
             if len(e) == 2:
                 self._finish(key, e[1], _PENDING, None)
             else:
-                self._finish(key, e[1], _BYPASSED, e[2])
+                self._finish(key, e[1], _BYPASSED, e[2], at=e[0])
         return self.results()
 
     def results(self) -> tuple[NodePortStats, ...]:
@@ -523,13 +534,45 @@ class HandshakeTable:
         return rows
 
     def _finish(self, key: Key, in_if: int, outcome: int, reply_if: int | None,
-                peer_reset: bool = False) -> None:
+                peer_reset: bool = False, at: float | None = None) -> None:
+        """Count a finished handshake; ``at``: its first SYN's time, for the failed ones
+        (bypassed, unanswered) that findings are made of."""
         rows = self._classes.get(key[0]) or self._rows_of(key[0])
         row = rows[outcome]
         n = row.get(key[3], 0) + 1
         row[key[3]] = n
+        if at is not None and outcome in (_BYPASSED, _UNANSWERED):
+            self._fail(rows[_CLASS], key[0], key[3], outcome, at)
         if n <= self.samples_per:
             self._sample(key, in_if, outcome, rows, reply_if, peer_reset)
+
+    def _fail(self, cls: str, src: int, wport: int, outcome: int, at: float) -> None:
+        cell_key = (cls, src if cls == SRC_LOCAL else -1, wport, outcome)
+        cell = self._failed.get(cell_key)
+        if cell is None:
+            if len(self._failed) >= FAIL_CELLS:
+                self.failure_cells_folded += 1
+                cell_key = (cls, -1, 0, outcome)
+                cell = self._failed.get(cell_key)
+            if cell is None:
+                cell = self._failed[cell_key] = [0, at, at]
+        cell[0] += 1
+        if at < cell[1]:
+            cell[1] = at
+        if at > cell[2]:
+            cell[2] = at
+
+    def failures(self, wall_offset: float = 0.0) -> tuple[FailedHandshakes, ...]:
+        """The failed handshakes so far, by port; times + ``wall_offset`` (the table's
+        clock is the caller's: monotonic for the engine)."""
+        return tuple(sorted(
+            (FailedHandshakes(node_port=wire16(wport), source_class=cls,
+                              outcome=OUTCOMES[outcome],
+                              src=None if src < 0 else wire_ip_text(src), count=c[0],
+                              first_seen=round(c[1] + wall_offset, 3),
+                              last_seen=round(c[2] + wall_offset, 3))
+             for (cls, src, wport, outcome), c in self._failed.items()),
+            key=lambda f: (f.node_port, f.source_class, f.outcome, f.src or "")))
 
     def _sample(self, key: Key, in_if: int, outcome: int, rows: list[Any],
                 reply_if: int | None, peer_reset: bool) -> None:

@@ -47,6 +47,23 @@ class NodePortStats:
 
 
 @dataclass(frozen=True)
+class FailedHandshakes:
+    """The handshakes to one NodePort from one source class that failed (bypassed or
+    unanswered), with when: what a finding's per-port table is made of. For the node's
+    own addresses (SRC_LOCAL: a VIP health-checking from here) per source address, as
+    a finding names that address; for the other classes per class (``src`` None), so a
+    flood from random sources cannot grow it."""
+
+    node_port: int
+    source_class: str
+    outcome: str  # BYPASSED or UNANSWERED
+    src: str | None = None
+    count: int = 0
+    first_seen: float = 0.0  # wall clock (epoch seconds) of the first such SYN
+    last_seen: float = 0.0  # ... and of the last
+
+
+@dataclass(frozen=True)
 class Corroboration:
     """A kernel counter or log that supports (or not) what the capture saw."""
 
@@ -71,3 +88,9 @@ class CaptureResult:
     decode_errors: int = 0  # packets we could not decode (truncated, odd)
     corroboration: tuple[Corroboration, ...] = ()
     problems: tuple[str, ...] = ()  # "capture unavailable: ..." and similar
+    # failed handshakes per (NodePort, source class[, local source address]), bounded
+    failures: tuple[FailedHandshakes, ...] = ()
+    # a verdict document lists a bounded number of ports: what it left out, so a result
+    # read back from one (Verdict.from_dict) still adds up to the same totals
+    ports_omitted: int = 0
+    syns_omitted: int = 0

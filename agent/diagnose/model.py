@@ -24,6 +24,8 @@ class Finding:
     service: str | None = None  # "ns/name"
     evidence: tuple[str, ...] = ()
     remedy: str | None = None
+    # structured evidence, e.g. the NodePort table of a capture finding (schema: data)
+    data: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -36,6 +38,7 @@ class Finding:
             "service": self.service,
             "evidence": list(self.evidence),
             "remedy": self.remedy,
+            **({"data": self.data} if self.data is not None else {}),
         }
 
 
@@ -109,6 +112,8 @@ class Verdict:
                 seconds=cap["seconds"], port_range=tuple(cap["nodeport_range"]),
                 ports=tuple(NodePortStats(p["node_port"], syns=p["syns"], counts=p["counts"])
                             for p in cap["ports"]),
+                ports_omitted=cap.get("ports_more", 0),
+                syns_omitted=cap.get("syns_more", 0),
                 kernel_packets=cap["kernel_packets"], kernel_drops=cap["kernel_drops"],
                 kernel_freezes=cap["kernel_freezes"], retransmissions=cap["retransmissions"],
                 table_evictions=cap["table_evictions"], decode_errors=cap["decode_errors"],
@@ -120,13 +125,29 @@ class Verdict:
                                           for f in self.findings)))
 
 
+# NodePorts listed in a verdict's capture summary: a burst to the whole range must not
+# put 2768 rows in every verdict (the findings carry the failed ones as ranges).
+SUMMARY_PORTS = 50
+
+
+def _failed(p: NodePortStats) -> int:
+    return sum(n for o in ("bypassed", "unanswered") for n in p.counts.get(o, {}).values())
+
+
 def _capture_summary(cap: CaptureResult) -> dict[str, Any]:
+    # the ports with the most failed handshakes, then the busiest; in port order
+    shown = sorted(sorted(cap.ports, key=lambda p: (-_failed(p), -p.syns, p.node_port))
+                   [:SUMMARY_PORTS], key=lambda p: p.node_port)
+    left_out = len(cap.ports) - len(shown)
     return {
         "seconds": cap.seconds,
         "nodeport_range": list(cap.port_range),
-        "syns": sum(p.syns for p in cap.ports),
+        "syns": sum(p.syns for p in cap.ports) + cap.syns_omitted,
         "ports": [{"node_port": p.node_port, "syns": p.syns, "counts": p.counts}
-                  for p in cap.ports],
+                  for p in shown],
+        **({"ports_more": left_out + cap.ports_omitted,
+            "syns_more": sum(p.syns for p in cap.ports) - sum(p.syns for p in shown)
+            + cap.syns_omitted} if left_out or cap.ports_omitted else {}),
         "kernel_packets": cap.kernel_packets,
         "kernel_drops": cap.kernel_drops,
         "kernel_freezes": cap.kernel_freezes,

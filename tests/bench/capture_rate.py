@@ -20,6 +20,14 @@ shows that the engine's memory stays flat across burst sizes, and where its CPU 
 for the ring walk, the table and the counting, on synthetic blocks in-process).
 Each headline figure is the median of --repeat runs: CPU time on shared vCPUs is noisy.
 
+Then established traffic (``--only established`` runs just this): one TCP connection
+carrying --mbps MB/s of data to a NodePort-range port of the node for --seconds, while
+the engine captures. Per run: the engine's CPU per second (user+sys of the capturing
+process), the packets its filter let into the ring (PACKET_STATISTICS), and the CPU the
+traffic itself took (sender + receiver) next to the same traffic with no capture at all
+(the baseline), and the engine idle (capturing, no traffic). For contrast, the same with
+a filter that checks only the ports (what reaching user space would cost).
+
 Nothing happens in the root namespace: both ends live in namespaces made here.
 """
 
@@ -240,6 +248,205 @@ class Bench:
                    f"{captured:,} pkts captured")
 
 
+# The engine for the established-traffic runs: ``filter`` picks the ring's program
+# ("handshakes": the agent's; "ports-only": every TCP packet to/from a NodePort, the
+# contrast), prints "ready" once the ring is open, captures until stdin says "stop".
+_EST_CAPTURE = r"""
+import json, resource, sys, threading, time
+import agent.capture.engine as engine
+from agent.capture import bpf
+args = json.loads(sys.argv[1])
+stop = threading.Event()
+program = None
+if args["filter"] == "ports-only":
+    a = bpf._Asm()
+    a.op(bpf.LD | bpf.B | bpf.ABS, 14 + 9)  # IPv4 protocol (Ethernet, no options)
+    a.jmp(bpf.JMP | bpf.JEQ | bpf.K, 6, 0, "drop")
+    a.op(bpf.LD | bpf.H | bpf.ABS, 14 + 20 + 2)  # destination port
+    a.jmp(bpf.JMP | bpf.JGE | bpf.K, 30000, 0, "sport")
+    a.jmp(bpf.JMP | bpf.JGT | bpf.K, 32767, "sport", "keep")
+    a.label("sport")
+    a.op(bpf.LD | bpf.H | bpf.ABS, 14 + 20)
+    a.jmp(bpf.JMP | bpf.JGE | bpf.K, 30000, 0, "drop")
+    a.jmp(bpf.JMP | bpf.JGT | bpf.K, 32767, "drop", "keep")
+    a.label("keep")
+    a.op(bpf.RET | bpf.K, bpf.FAST_SNAPLEN)
+    a.label("drop")
+    a.op(bpf.RET | bpf.K, 0)
+    program = a.assemble()
+class ReadyRing(engine.Ring):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **({**kw, "program": program} if program else kw))
+        print("ready", file=sys.stderr, flush=True)
+engine.Ring = ReadyRing
+threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
+r0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+result = engine.capture(600.0, classify=lambda ip: "other", stop=stop)
+r1, w1 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+print(json.dumps({"cpu": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime),
+                  "wall": w1 - w0, "kernel_packets": result.kernel_packets,
+                  "packets_seen": result.packets_seen, "kernel_drops": result.kernel_drops,
+                  "problems": list(result.problems)}), flush=True)
+"""
+
+# The receiving end on the node: reads until EOF, then prints its bytes and CPU.
+_EST_SINK = r"""
+import json, resource, socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(1)
+print("listening", flush=True)
+c, _ = s.accept()
+n = 0
+while chunk := c.recv(1 << 18):
+    n += len(chunk)
+r = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"bytes": n, "cpu": r.ru_utime + r.ru_stime}), flush=True)
+"""
+
+# The client: ``mbps`` MB/s over one connection for ``seconds``, paced every 10 ms.
+_EST_SEND = r"""
+import json, resource, socket, sys, time
+dst, port, mbps, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), \
+    float(sys.argv[4])
+s = socket.create_connection((dst, port), timeout=30)
+per_tick = int(mbps * 1e6 / 100)
+block = b"x" * per_tick
+t0 = time.perf_counter()
+sent = 0
+while (now := time.perf_counter()) - t0 < seconds:
+    s.sendall(block)
+    sent += per_tick
+    ahead = t0 + sent / (mbps * 1e6) - time.perf_counter()
+    if ahead > 0:
+        time.sleep(ahead)
+wall = time.perf_counter() - t0
+s.shutdown(socket.SHUT_WR)
+s.recv(1)
+s.close()
+r = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"bytes": sent, "wall": wall, "cpu": r.ru_utime + r.ru_stime}), flush=True)
+"""
+
+EST_PORT = 30500
+
+
+@dataclass
+class Established:
+    mode: str  # "no capture", "idle capture", "capture", "capture, ports-only filter"
+    engine_cpu_per_s: float | None
+    traffic_cpu_per_s: float | None  # sender + receiver
+    mb_per_s: float | None
+    ring_packets: int | None
+    segments: int | None  # TCP segments the node's stack counted (InSegs + OutSegs)
+
+
+def _segs(ns: Netns) -> int:
+    lines = [ln.split() for ln in ns.run("cat", "/proc/net/snmp").stdout.splitlines()
+             if ln.startswith("Tcp:")]
+    row = dict(zip(lines[0], lines[1], strict=True))
+    return int(row["InSegs"]) + int(row["OutSegs"])
+
+
+def established_run(node: Netns, client: Netns, mode: str, mbps: float,
+                    seconds: float) -> Established:
+    """One run: the engine (unless ``no capture``) and (unless ``idle capture``) the
+    traffic, for ``seconds``."""
+    cap = None
+    if mode != "no capture":
+        flt = "ports-only" if "ports-only" in mode else "handshakes"
+        cap = subprocess.Popen(["ip", "netns", "exec", node.name, PY, "-c", _EST_CAPTURE,
+                                json.dumps({"filter": flt})], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert cap.stderr is not None and cap.stdin is not None
+        line = cap.stderr.readline()
+        if line != "ready\n":
+            cap.kill()
+            raise RuntimeError(f"capture did not start: {line}{cap.communicate()[1]}")
+    traffic = rate = segs = None
+    try:
+        t0 = time.monotonic()
+        if mode == "idle capture":
+            time.sleep(seconds)
+        else:
+            segs0 = _segs(node)
+            sink = node.popen([PY, "-c", _EST_SINK, str(EST_PORT)], stdout=subprocess.PIPE)
+            assert sink.stdout is not None and sink.stdout.readline() == "listening\n"
+            sent = json.loads(client.run(PY, "-c", _EST_SEND, NODE, str(EST_PORT), str(mbps),
+                                         str(seconds), timeout=seconds + 60).stdout)
+            got = json.loads(sink.stdout.readline())
+            sink.wait(10)
+            segs = _segs(node) - segs0
+            if got["bytes"] != sent["bytes"]:
+                raise RuntimeError(f"sent {sent['bytes']} bytes, received {got['bytes']}")
+            traffic = (sent["cpu"] + got["cpu"]) / sent["wall"]
+            rate = sent["bytes"] / sent["wall"] / 1e6
+        elapsed = time.monotonic() - t0
+    finally:
+        if cap is not None:
+            assert cap.stdin is not None
+            cap.stdin.write("stop\n")
+            cap.stdin.flush()
+    if cap is None:
+        return Established(mode, None, traffic, rate, None, segs)
+    out, err = cap.communicate(timeout=60)
+    if cap.returncode:
+        raise RuntimeError(f"capture failed: {err}")
+    r = json.loads(out)
+    return Established(mode, r["cpu"] / elapsed, traffic, rate, r["kernel_packets"], segs)
+
+
+def established(mbps: float, seconds: float, repeat: int,
+                wire_segments: bool = True) -> list[Established]:
+    """The established-traffic runs, interleaved (noise on shared vCPUs hits all modes
+    alike); per mode the run with the median engine CPU (traffic CPU without capture)."""
+    modes = ("no capture", "idle capture", "capture", "capture, ports-only filter")
+    runs: dict[str, list[Established]] = {m: [] for m in modes}
+    with netns("lbbn") as node, netns("lbbc") as client:
+        veth(node, "eth0", client, "eth0")
+        node.sh(f"ip addr add {NODE}/24 dev eth0; ip link set eth0 up")
+        client.sh(f"ip addr add {SENDER}/24 dev eth0; ip link set eth0 up")
+        if wire_segments:
+            # MTU-sized segments, as they cross a real wire: veth would otherwise hand
+            # 64 KiB GSO super-packets to the tap (a few thousand packets a second)
+            for ns in (node, client):
+                ns.sh("ip link set eth0 gso_max_segs 1 gso_max_size 1500")
+        for _ in range(repeat):
+            for m in modes:
+                runs[m].append(established_run(node, client, m, mbps, seconds))
+    out = []
+    for m in modes:
+        ordered = sorted(runs[m], key=lambda r: (r.engine_cpu_per_s or 0.0,
+                                                 r.traffic_cpu_per_s or 0.0))
+        out.append(ordered[len(ordered) // 2])
+    return out
+
+
+def print_established(rows: list[Established], mbps: float, seconds: float) -> None:
+    def f(v: float | None, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    print(f"\nestablished traffic: one connection, {mbps:g} MB/s offered to NodePort "
+          f"{EST_PORT}, {seconds:g} s per run (median):")
+    print(f"  {'mode':28} {'engine CPU/s':>12} {'traffic CPU/s':>13} {'MB/s':>7} "
+          f"{'ring pkts':>9} {'TCP segs':>9}")
+    for r in rows:
+        print(f"  {r.mode:28} {f(r.engine_cpu_per_s, '12.4f')} "
+              f"{f(r.traffic_cpu_per_s, '13.3f')} {f(r.mb_per_s, '7.1f')} "
+              f"{f(r.ring_packets, '9,d')} {f(r.segments, '9,d')}")
+    by = {r.mode: r for r in rows}
+    idle, cap, base = by["idle capture"], by["capture"], by["no capture"]
+    if idle.engine_cpu_per_s and cap.engine_cpu_per_s is not None:
+        print(f"  engine CPU/s with traffic vs idle: {cap.engine_cpu_per_s:.4f} vs "
+              f"{idle.engine_cpu_per_s:.4f} (ratio "
+              f"{cap.engine_cpu_per_s / idle.engine_cpu_per_s:.2f})")
+    if base.traffic_cpu_per_s and cap.traffic_cpu_per_s:
+        print(f"  traffic CPU/s with capture vs none: {cap.traffic_cpu_per_s:.3f} vs "
+              f"{base.traffic_cpu_per_s:.3f} (ratio "
+              f"{cap.traffic_cpu_per_s / base.traffic_cpu_per_s:.2f})")
+
+
 def median(runs: list[Run]) -> Run:
     """The run with the median SYN/CPU-s: this machine's CPU time is noisy (shared
     vCPUs), one run can be off by 2x."""
@@ -339,10 +546,21 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs per figure (median shown)")
     ap.add_argument("--flat", default="100000,400000,800000",
                     help="burst sizes for the memory-flatness runs")
+    ap.add_argument("--only", choices=("syns", "established"),
+                    help="run only the SYN-rate part or only the established-traffic part")
+    ap.add_argument("--mbps", type=float, default=40.0,
+                    help="established traffic: MB/s offered over one connection (MTU-sized "
+                    "segments: ~27k packets/s each way at 40)")
+    ap.add_argument("--seconds", type=float, default=5.0,
+                    help="established traffic: seconds per run")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("capture_rate: needs root (network namespaces, AF_PACKET)", file=sys.stderr)
         return 1
+    if args.only == "established":
+        print_established(established(args.mbps, args.seconds, args.repeat), args.mbps,
+                          args.seconds)
+        return 0
     have_tcpdump = shutil.which("tcpdump") is not None
     flat = [int(x) for x in args.flat.split(",") if x]
     biggest = max([args.burst, *flat])
@@ -408,6 +626,10 @@ def main() -> int:
     print("  inside feed_block, synthetic blocks in-process (ns per packet):")
     for name, ns in stage_costs():
         print(f"    {ns:6.0f}  {name}")
+
+    if args.only is None:
+        print_established(established(args.mbps, args.seconds, args.repeat), args.mbps,
+                          args.seconds)
 
     eng = next(r for r in rows if r.tool == "engine" and r.scenario == "dropped")
     ok_rate = eng.per_cpu >= TARGET_PER_CPU
