@@ -4,8 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # qemu-system-x86, busybox-static, file and binutils: the VM with a stock kernel (real IPVS)
 # of test-vm (virtme-ng reads the kernel's version with `file`, else `strings`)
+# prometheus: promtool, which checks and unit-tests the alert rules (tests/test_monitoring.py)
 DEB_PKGS := iptables ipset ipvsadm iproute2 nftables kmod procps postgresql chromium \
-	qemu-system-x86 busybox-static file binutils strace
+	qemu-system-x86 busybox-static file binutils strace prometheus
 # what running `make test` presumes: make itself (python3 comes with the machine)
 BOOT_PKGS := make
 # The suite runs with a PATH of only the commands of the packages above (and of a minimal
