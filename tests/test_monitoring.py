@@ -21,7 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from agent.collector.server import Collector
 from agent.collector.store import open_store
 from agent.daemon import Metrics
 from agent.diagnose.model import Finding, Verdict
+from tests.test_collector import Postgres
 from tests.test_deploy import KUSTOMIZE_DIR, agent_ds, collector_dep, kustomize, one, pod_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,13 +89,13 @@ def agent_exposition(v: Verdict) -> str:
     return generate_latest(m.registry).decode()
 
 
-def collector_exposition(tmp_path: Path, doc: Obj, nodes: Iterable[tuple[str, float]],
+def collector_exposition(db: str, doc: Obj, nodes: Iterable[tuple[str, float]],
                          monkeypatch: pytest.MonkeyPatch,
                          max_node_series: int = 10_000) -> str:
     """The collector's /metrics after it stored ``doc`` as each (node, received at)."""
     import agent.collector.store as store_mod
 
-    store = open_store(f"sqlite:///{tmp_path}/collector-{len(list(tmp_path.iterdir()))}.db")
+    store = open_store(db)
     for i, (node, when) in enumerate(nodes):
         monkeypatch.setattr(store_mod.time, "time", lambda when=when: when)
         store.add([{**doc, "node": node, "idempotency_key": f"{node}-{i}"}])
@@ -109,8 +110,8 @@ def collector_exposition(tmp_path: Path, doc: Obj, nodes: Iterable[tuple[str, fl
 def exported_names(tke_verdict: Verdict, tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     """Every sample name the agent and the collector expose (counters with _total)."""
     text = agent_exposition(with_capture(tke_verdict)) + collector_exposition(
-        tmp_path_factory.mktemp("col"), tke_verdict.to_dict(), [("node-a", 1000.0)],
-        pytest.MonkeyPatch())
+        f"sqlite://{tmp_path_factory.mktemp('col') / 'c.db'}", tke_verdict.to_dict(),
+        [("node-a", 1000.0)], pytest.MonkeyPatch())
     return {name for name, _, _ in samples(text)}
 
 
@@ -190,10 +191,26 @@ def test_capture_availability_and_counters(tke_verdict: Verdict) -> None:
 # -- the collector's per-node last-seen series ----------------------------------------------
 
 
-def test_collector_last_seen_per_node_bounded(tke_verdict: Verdict, tmp_path: Path,
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[Postgres]:
+    server = Postgres()  # a real PostgreSQL server of its own (tests/test_collector.py)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite://{tmp_path / 'c.db'}"
+    return request.getfixturevalue("postgres").new_db()
+
+
+def test_collector_last_seen_per_node_bounded(tke_verdict: Verdict, db_url: str,
+                                              tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """On SQLite and PostgreSQL (a real server: tests/test_collector.py's fixtures)."""
     doc = tke_verdict.to_dict()
-    text = collector_exposition(tmp_path, doc, [("fresh", 3000.0), ("stale", 1000.0),
+    text = collector_exposition(db_url, doc, [("fresh", 3000.0), ("stale", 1000.0),
                                                 ("middle", 2000.0), ("fresh", 4000.0)],
                                 monkeypatch, max_node_series=2)
     seen = {lb["node"]: v for n, lb, v in samples(text)
@@ -201,7 +218,8 @@ def test_collector_last_seen_per_node_bounded(tke_verdict: Verdict, tmp_path: Pa
     # the longest silent are the ones kept (what an alert needs), the newest verdict counts
     assert seen == {"stale": 1000.0, "middle": 2000.0}
     assert ("loopback_collector_node_series_dropped", {}, 1.0) in samples(text)
-    everything = collector_exposition(tmp_path, doc, [("a", 5.0), ("b", 6.0)], monkeypatch)
+    everything = collector_exposition(f"sqlite://{tmp_path / 'other.db'}", doc,
+                                      [("a", 5.0), ("b", 6.0)], monkeypatch)
     assert {lb["node"]: v for n, lb, v in samples(everything)
             if n == "loopback_collector_node_last_seen_timestamp_seconds"} == \
         {"a": 5.0, "b": 6.0}
