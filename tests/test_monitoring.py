@@ -8,7 +8,9 @@ kept here. The rules are checked with promtool (Debian's prometheus package, in 
 `promtool check rules` and `promtool test rules` with tests/data/monitoring/alerts-test.yaml,
 in which each alert fires for its series and not for near misses; a broken rule makes that
 test fail. Every dashboard query must parse (promtool, as a recording rule) and name only
-series that are exported.
+series that are exported; end to end, a real Prometheus (the same package) scrapes the
+agent's /metrics server and a collector process, and every dashboard query returns data and
+every rule evaluates.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -454,3 +457,107 @@ def test_dashboard_queries_parse(dashboard: Obj, tmp_path: Path) -> None:
     (tmp_path / "queries.yaml").write_text(yaml.safe_dump(rules))
     proc = run_promtool("check", "rules", "queries.yaml", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# -- end to end: a real Prometheus scraping a real agent endpoint and a real collector -------
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def prom_query(base: str, expr: str) -> list[Obj]:
+    import requests
+
+    r = requests.get(f"{base}/api/v1/query", params={"query": expr}, timeout=10)
+    body = r.json()
+    assert body["status"] == "success", (expr, body)
+    return body["data"]["result"]
+
+
+def test_dashboard_and_rules_on_a_real_prometheus(tke_verdict: Verdict, tmp_path: Path,
+                                                  with_monitoring: list[Obj]) -> None:
+    """Debian's prometheus (the package that brings promtool) scrapes the agent's own
+    /metrics server (agent.daemon, fed a verdict with a capture) and a collector process
+    holding a verdict, every second, on 127.0.0.1, with the PodMonitor's `node` label;
+    then every dashboard query returns data and every alert rule evaluates without error."""
+    import requests
+
+    from agent.daemon import Daemon, DaemonConfig
+    from tests.test_collector import Proc
+
+    prometheus = shutil.which("prometheus")
+    if prometheus is None:
+        pytest.fail("prometheus not found: apt-get install prometheus (make deps does)")
+    agent_port, prom_port = free_port(), free_port()
+    daemon = Daemon(DaemonConfig(collector=None, spool_dir=str(tmp_path / "spool"),
+                                 listen=f"127.0.0.1:{agent_port}"))
+    daemon.metrics.verdict(with_capture(tke_verdict))
+    daemon._serve(f"127.0.0.1:{agent_port}")
+    collector = Proc(tmp_path / "c.db")
+    proc = None
+    try:
+        r = requests.post(collector.url + "/v1/verdicts", timeout=10,
+                          json={**tke_verdict.to_dict(), "idempotency_key": "k1"})
+        assert r.status_code == 200, r.text
+        (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule_groups(with_monitoring)))
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(tmp_path / "rules.yaml")],
+            "scrape_configs": [
+                {"job_name": "agent", "static_configs": [
+                    {"targets": [f"127.0.0.1:{agent_port}"], "labels": {"node": "node-a"}}]},
+                {"job_name": "collector", "honor_labels": True, "static_configs": [
+                    {"targets": [f"127.0.0.1:{collector.port}"]}]}]}))
+        proc = subprocess.Popen(
+            [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
+             f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{prom_port}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        base = f"http://127.0.0.1:{prom_port}"
+        deadline = time.monotonic() + 60
+        while True:  # both targets scraped at least three times: rate() has its points
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            try:
+                up = prom_query(base, "count_over_time(up[1m]) >= 3 and up == 1")
+                if len(up) == 2:
+                    break
+            except (requests.RequestException, ValueError):
+                pass
+            assert time.monotonic() < deadline, "prometheus did not scrape both targets"
+            time.sleep(0.5)
+        empty = [f"{ref}: {expr}" for ref, expr in
+                 dashboard_queries(json.loads(DASHBOARD.read_text()))
+                 if not prom_query(base, expr)]
+        assert not empty, f"dashboard queries without data: {empty}"
+        # the collector's last-seen series carries the verdict's node, not the target's
+        seen = prom_query(base, "loopback_collector_node_last_seen_timestamp_seconds")
+        assert [s["metric"]["node"] for s in seen] == ["node-a"]
+        # the rules were evaluated, none failed; at-risk is pending (for: 15m), not firing
+        while True:
+            groups = requests.get(f"{base}/api/v1/rules", timeout=10).json()["data"]["groups"]
+            rules = [r for g in groups for r in g["rules"]]
+            if all(r.get("lastEvaluation", "").startswith("2") for r in rules):
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        assert {r["name"]: r["health"] for r in rules} == dict.fromkeys(ALERTS, "ok")
+        states = {r["name"]: r["state"] for r in rules}
+        assert states["LoopbackAgentNodeAtRisk"] == "pending"
+        assert states["LoopbackAgentNodeLooping"] == "inactive"
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        collector.stop()
+        if daemon._server:
+            daemon._server.shutdown()
+            daemon._server.server_close()
