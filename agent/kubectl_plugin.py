@@ -314,7 +314,9 @@ def cmd_check(k: Kubectl, namespace: str | None, args: argparse.Namespace) -> in
             print(f"kubectl-loopback: pod {ns}/{name} on node {args.node}", file=sys.stderr)
             run.wait_started(args.start_timeout)
             run.stream_logs()
-            return run.exit_code(timeout=60)
+            # the log stream can end before the container does (a kubelet or API server
+            # restart): wait for the exit as long as the run could still take
+            return run.exit_code(timeout=seconds + 120)
         except KeyboardInterrupt:
             print(f"kubectl-loopback: interrupted; deleting pod {ns}/{name}", file=sys.stderr)
             return EXIT_INTERRUPTED
