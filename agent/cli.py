@@ -228,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
              help="/metrics and /healthz (default 0.0.0.0:9808; '' to disable)")
     _env_opt(r, "--nodeport-range", metavar="LOW-HIGH", type=_port_range, default=(30000, 32767),
              help="NodePort range to watch (default 30000-32767)")
+    _env_opt(r, "--max-finding-series", metavar="N", type=int, default=500,
+             help="cap on loopback_agent_finding series in /metrics (default 500)")
     r.add_argument("--no-capture", action="store_true", help="static checks only")
     r.add_argument("--cycles", type=int, help=argparse.SUPPRESS)  # tests and one-off runs
     live_opts(r)
@@ -471,7 +473,8 @@ def _run(args: argparse.Namespace) -> int:
         token_file=args.token_file, ca_file=args.ca_file, capture=not args.no_capture,
         nodeport_range=args.nodeport_range, node_name=_node(args, None),
         use_kube_api=not (args.no_kube_api or args.kube_json), kubeconfig=args.kubeconfig,
-        kube_json=args.kube_json, cycles=args.cycles)
+        kube_json=args.kube_json, cycles=args.cycles,
+        max_finding_series=args.max_finding_series)
     return Daemon(cfg).run()
 
 

@@ -35,6 +35,13 @@ from agent.ship.spool import Spool
 from agent.snapshot import NodeSnapshot
 from agent.watch import watch_node
 
+# loopback_agent_finding has one series per (finding id, severity, LB IP, Service): a node
+# with thousands of LB IPs at risk must not blow up Prometheus. Past the cap the least
+# severe are left out and counted (loopback_agent_finding_series_dropped_total).
+MAX_FINDING_SERIES = 500
+_SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
+_LABEL_MAX = 253  # a DNS name's length: longer label values are cut, not refused
+
 
 @dataclass(frozen=True)
 class DaemonConfig:
@@ -53,12 +60,16 @@ class DaemonConfig:
     kubeconfig: str | None = None
     kube_json: str | None = None  # saved kubectl JSON (--kube-json DIR), re-read each cycle
     cycles: int | None = None  # stop after this many verdicts (tests, one-off runs)
+    max_finding_series: int = MAX_FINDING_SERIES  # cap of loopback_agent_finding's series
 
 
 class Metrics:
-    """Node-level series a dashboard needs; labels are low-cardinality enums only."""
+    """Node-level series a dashboard needs. Labels are enums, except the per-finding series
+    (LB IP, Service), whose number is capped at ``max_finding_series``."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_finding_series: int = MAX_FINDING_SERIES) -> None:
+        self.max_finding_series = max_finding_series
+        self._finding_keys: set[tuple[str, str, str, str]] = set()
         r = self.registry = CollectorRegistry()
         p = "loopback_agent_"
         self.status = Gauge(p + "status", "1 for the node's current verdict status",
@@ -94,6 +105,21 @@ class Metrics:
                                    registry=r)
         self.last_verdict = Gauge(p + "last_verdict_timestamp_seconds",
                                   "When the last verdict was made", registry=r)
+        self.finding = Gauge(p + "finding", "1 while this finding is in the current verdict "
+                             "(the series goes when the finding does)",
+                             ["id", "severity", "lb_ip", "service"], registry=r)
+        self.finding_dropped = Counter(p + "finding_series_dropped",
+                                       "Finding series left out of loopback_agent_finding "
+                                       "(over the cap), summed over verdicts", registry=r)
+        # registered at the first capture: with --no-capture there is no series to alert on
+        self.capture_available = Gauge(p + "capture_available",
+                                       "1 if the last cycle's NodePort capture ran, 0 if it "
+                                       "was unavailable (absent with --no-capture)",
+                                       registry=None)
+        self._capture_registered = False
+        self.capture_packets = Counter(p + "capture_packets",
+                                       "Packets the capture filter passed to the agent",
+                                       registry=r)
 
     def verdict(self, v: Verdict) -> None:
         for s in ("healthy", "at-risk", "loopback"):
@@ -101,9 +127,16 @@ class Metrics:
         self.findings.clear()
         for f in v.findings:
             self.findings.labels(f.id, f.severity).inc()
+        self._set_findings(v)
         self.lb_ips_local.set(sum(1 for r in v.lb_ips if r.local))
         cap = v.capture
         if cap:
+            unavailable = any(p.startswith("capture unavailable") for p in cap.problems)
+            self.capture_available.set(0 if unavailable else 1)
+            if not self._capture_registered:
+                self.registry.register(self.capture_available)
+                self._capture_registered = True
+            self.capture_packets.inc(cap.packets_seen)
             for port in cap.ports:
                 for outcome, by_src in port.counts.items():
                     for src, n in by_src.items():
@@ -115,12 +148,27 @@ class Metrics:
                     self.martian.inc(c.value)
         self.last_verdict.set(time.time())
 
+    def _set_findings(self, v: Verdict) -> None:
+        """One series per distinct finding key, the most severe first up to the cap; series
+        of findings that are gone are removed (not left at 0: absent means absent)."""
+        keys = sorted({(f.id, f.severity, (f.lb_ip or "")[:_LABEL_MAX],
+                        (f.service or "")[:_LABEL_MAX]) for f in v.findings},
+                      key=lambda k: (_SEVERITY_RANK.get(k[1], 3), k))
+        kept = set(keys[:max(0, self.max_finding_series)])
+        if len(keys) > len(kept):
+            self.finding_dropped.inc(len(keys) - len(kept))
+        for gone in self._finding_keys - kept:
+            self.finding.remove(*gone)
+        for key in kept:
+            self.finding.labels(*key).set(1)
+        self._finding_keys = kept
+
 
 class Daemon:
     def __init__(self, cfg: DaemonConfig) -> None:
         self.cfg = cfg
         self.stop = threading.Event()
-        self.metrics = Metrics()
+        self.metrics = Metrics(cfg.max_finding_series)
         self.spool = Spool(cfg.spool_dir)
         self.sender = (Sender(cfg.collector, token_file=cfg.token_file, ca_file=cfg.ca_file)
                        if cfg.collector else None)

@@ -11,6 +11,7 @@ server is agent.collector.web.
 from __future__ import annotations
 
 import json
+import threading
 from importlib import resources
 from typing import Any
 
@@ -24,11 +25,17 @@ from agent.collector.store import Store
 
 __all__ = ["MAX_BATCH", "MAX_BODY", "BadRequest", "Collector", "serve"]
 
+# loopback_collector_node_last_seen_timestamp_seconds: one series per node, at most this many
+MAX_NODE_SERIES = 10_000
+
 
 class Collector:
     def __init__(self, store: Store, token_file: str | None = None,
-                 authenticator: Authenticator | None = None) -> None:
+                 authenticator: Authenticator | None = None,
+                 max_node_series: int = MAX_NODE_SERIES) -> None:
         self.store = store
+        self.max_node_series = max_node_series
+        self._metrics_lock = threading.Lock()
         self.auth: Authenticator = authenticator or (
             SharedToken(token_file) if token_file else Anyone())
         self.intake = Intake()
@@ -41,6 +48,12 @@ class Collector:
                                 "Requests refused", ["code"], registry=r)
         self.nodes = Gauge("loopback_collector_nodes", "Nodes by latest status", ["status"],
                            registry=r)
+        self.last_seen = Gauge("loopback_collector_node_last_seen_timestamp_seconds",
+                               "When the node's newest verdict was received (the longest "
+                               "silent nodes, up to the cap)", ["node"], registry=r)
+        self.nodes_left_out = Gauge("loopback_collector_node_series_dropped",
+                                    "Nodes left out of the last-seen series (over the cap)",
+                                    registry=r)
 
     # -- POST /v1/verdicts ------------------------------------------------------------
 
@@ -59,9 +72,15 @@ class Collector:
 
     def metrics(self) -> bytes:
         counts = {"healthy": 0, "at-risk": 0, "loopback": 0, **self.store.status_counts()}
-        for s, n in counts.items():
-            self.nodes.labels(s).set(n)
-        return generate_latest(self.registry)
+        seen = self.store.last_seen(self.max_node_series)
+        with self._metrics_lock:  # one scrape's set of series at a time
+            for s, n in counts.items():
+                self.nodes.labels(s).set(n)
+            self.last_seen.clear()  # a node gone from the store goes from here
+            for node, when in seen:
+                self.last_seen.labels(node).set(when)
+            self.nodes_left_out.set(max(0, sum(counts.values()) - len(seen)))
+            return generate_latest(self.registry)
 
     def nodes_page(self, page: views.Page) -> tuple[list[dict[str, Any]], int]:
         return self.store.nodes(page.limit, page.offset), self.store.node_total()

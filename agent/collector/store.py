@@ -220,6 +220,14 @@ class Store:
     def node_total(self) -> int:
         return int(self._rows("SELECT COUNT(*) FROM nodes")[0][0])
 
+    def last_seen(self, limit: int) -> list[tuple[str, float]]:
+        """(node, when its newest verdict was received), the longest silent first: the
+        ones an alert wants when only ``limit`` of them can be exported."""
+        return [(str(n), float(t)) for n, t in self._rows(
+            "SELECT node, received FROM (SELECT n.node AS node, v.received AS received "
+            "FROM nodes n JOIN verdicts v ON v.id = n.verdict_id) s "
+            f"ORDER BY received, {self._order_node} LIMIT ?", (limit,))]
+
     def nodes(self, limit: int, offset: int = 0) -> list[dict[str, Any]]:
         """Latest summary per node, worst first."""
         rows = self._rows(f"SELECT {', '.join(_NODE_COLUMNS)} FROM nodes ORDER BY rank, "

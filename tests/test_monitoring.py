@@ -1,0 +1,563 @@
+"""Prometheus and Grafana: the agent's and the collector's /metrics series, the monitoring
+component (daemonset/monitoring/: PodMonitors and a PrometheusRule) and the dashboard
+(dashboards/loopback-agent.json).
+
+The series are read from real exposition output (a Metrics instance fed a verdict that
+`check` made from a saved bundle, and a Collector over a SQLite store), never from a list
+kept here. The rules are checked with promtool (Debian's prometheus package, in DEB_PKGS):
+`promtool check rules` and `promtool test rules` with tests/data/monitoring/alerts-test.yaml,
+in which each alert fires for its series and not for near misses; a broken rule makes that
+test fail. Every dashboard query must parse (promtool, as a recording rule) and name only
+series that are exported; end to end, a real Prometheus (the same package) scrapes the
+agent's /metrics server and a collector process, and every dashboard query returns data and
+every rule evaluates.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.capture.model import CaptureResult, Corroboration, NodePortStats
+from agent.collector.server import Collector
+from agent.collector.store import open_store
+from agent.daemon import Metrics
+from agent.diagnose.model import Finding, Verdict
+from tests.test_collector import Postgres
+from tests.test_deploy import KUSTOMIZE_DIR, agent_ds, collector_dep, kustomize, one, pod_spec
+
+REPO = Path(__file__).resolve().parents[1]
+MONITORING_DIR = KUSTOMIZE_DIR / "monitoring"
+ALERT_TESTS = Path(__file__).parent / "data" / "monitoring" / "alerts-test.yaml"
+DASHBOARD = REPO / "dashboards" / "loopback-agent.json"
+TKE = Path(__file__).parent / "data" / "bundles" / "tke-etp-local"
+ALERTS = {"LoopbackAgentNodeLooping", "LoopbackAgentNodeAtRisk", "LoopbackAgentNodeSilent",
+          "LoopbackAgentCaptureUnavailable"}
+
+Obj = dict[str, Any]
+
+
+def promtool() -> str:
+    found = shutil.which("promtool")
+    if found is None:
+        pytest.fail("promtool not found: apt-get install prometheus (make deps does)")
+    return found
+
+
+# -- the real series ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tke_verdict() -> Verdict:
+    """What `check` says about a saved TKE bundle (real findings with LB IPs, Services)."""
+    out = subprocess.run([sys.executable, "-m", "agent", "check", "--from", str(TKE), "--json",
+                          "--node-name", "node-a"], capture_output=True, text=True, timeout=120)
+    v = Verdict.from_dict(json.loads(out.stdout))
+    assert [f for f in v.findings if f.lb_ip and f.service], "the bundle's findings changed"
+    return v
+
+
+def with_capture(v: Verdict, problems: tuple[str, ...] = ()) -> Verdict:
+    cap = CaptureResult(
+        seconds=60.0, port_range=(30000, 32767), packets_seen=120, kernel_drops=3,
+        ports=(NodePortStats(31380, syns=10, counts={"answered": {"external": 7},
+                                                     "unanswered": {"pod": 3}}),),
+        corroboration=(Corroboration("in_martian_src", True, 5),), problems=problems)
+    return dataclasses.replace(v, capture=cap)
+
+
+def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    return [(s.name, s.labels, s.value) for fam in text_string_to_metric_families(text)
+            for s in fam.samples]
+
+
+def agent_exposition(v: Verdict) -> str:
+    m = Metrics()
+    m.verdict(v)
+    return generate_latest(m.registry).decode()
+
+
+def collector_exposition(db: str, doc: Obj, nodes: Iterable[tuple[str, float]],
+                         monkeypatch: pytest.MonkeyPatch,
+                         max_node_series: int = 10_000) -> str:
+    """The collector's /metrics after it stored ``doc`` as each (node, received at)."""
+    import agent.collector.store as store_mod
+
+    store = open_store(db)
+    for i, (node, when) in enumerate(nodes):
+        monkeypatch.setattr(store_mod.time, "time", lambda when=when: when)
+        store.add([{**doc, "node": node, "idempotency_key": f"{node}-{i}"}])
+    monkeypatch.undo()
+    try:
+        return Collector(store, max_node_series=max_node_series).metrics().decode()
+    finally:
+        store.close()
+
+
+@pytest.fixture(scope="module")
+def exported_names(tke_verdict: Verdict, tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    """Every sample name the agent and the collector expose (counters with _total)."""
+    text = agent_exposition(with_capture(tke_verdict)) + collector_exposition(
+        f"sqlite://{tmp_path_factory.mktemp('col') / 'c.db'}", tke_verdict.to_dict(),
+        [("node-a", 1000.0)], pytest.MonkeyPatch())
+    return {name for name, _, _ in samples(text)}
+
+
+# -- the agent's per-finding series ---------------------------------------------------------
+
+
+def finding_series(text: str) -> dict[tuple[str, str, str, str], float]:
+    return {(lb["id"], lb["severity"], lb["lb_ip"], lb["service"]): value
+            for name, lb, value in samples(text) if name == "loopback_agent_finding"}
+
+
+def test_one_series_per_finding_while_it_is_present(tke_verdict: Verdict) -> None:
+    m = Metrics()
+    m.verdict(tke_verdict)
+    series = finding_series(generate_latest(m.registry).decode())
+    expected = {(f.id, f.severity, f.lb_ip or "", f.service or "")
+                for f in tke_verdict.findings}
+    assert set(series) == expected and set(series.values()) == {1.0}
+    # the finding goes: its series goes (absent, not 0); the others stay
+    gone = next(f for f in tke_verdict.findings if f.lb_ip)
+    fewer = dataclasses.replace(tke_verdict, findings=tuple(
+        f for f in tke_verdict.findings if (f.id, f.lb_ip) != (gone.id, gone.lb_ip)))
+    m.verdict(fewer)
+    after = finding_series(generate_latest(m.registry).decode())
+    assert (gone.id, gone.severity, gone.lb_ip, gone.service or "") not in after
+    assert set(after) == {(f.id, f.severity, f.lb_ip or "", f.service or "")
+                          for f in fewer.findings}
+    m.verdict(dataclasses.replace(tke_verdict, findings=(), status="healthy"))
+    assert finding_series(generate_latest(m.registry).decode()) == {}
+
+
+def test_finding_series_are_capped_most_severe_first() -> None:
+    findings = tuple(Finding(f"f{i}", sev, "x", lb_ip=f"203.0.113.{i}", service=f"ns/s{i}")
+                     for i, sev in enumerate(["info", "warning", "critical", "info", "warning"]))
+    # the same key twice (two ports of one LB IP) is one series
+    findings += (dataclasses.replace(findings[2], port=443),)
+    v = Verdict(node="n", time="t", agent_version="0", status="at-risk",
+                kube_proxy_mode="iptables", findings=findings, unknowns=())
+    m = Metrics(max_finding_series=3)
+    m.verdict(v)
+    text = generate_latest(m.registry).decode()
+    assert sorted(k[0] for k in finding_series(text)) == ["f1", "f2", "f4"]  # crit, 2 warn
+    dropped = [val for name, _, val in samples(text)
+               if name == "loopback_agent_finding_series_dropped_total"]
+    assert dropped == [2.0]
+    m.verdict(v)  # counted per verdict
+    assert ("loopback_agent_finding_series_dropped_total", {}, 4.0) in \
+        samples(generate_latest(m.registry).decode())
+    # a hostile label value is cut, not refused
+    long = Finding("f", "warning", "x", service="ns/" + "a" * 5000)
+    m.verdict(dataclasses.replace(v, findings=(long,)))
+    ((_, _, _, service),) = finding_series(generate_latest(m.registry).decode())
+    assert len(service) == 253
+
+
+def test_capture_availability_and_counters(tke_verdict: Verdict) -> None:
+    def value(text: str, name: str, **labels: str) -> float | None:
+        vals = [v for n, lb, v in samples(text) if n == name and lb == labels]
+        return vals[0] if vals else None
+
+    ok = agent_exposition(with_capture(tke_verdict))
+    assert value(ok, "loopback_agent_capture_available") == 1.0
+    assert value(ok, "loopback_agent_capture_packets_total") == 120.0
+    assert value(ok, "loopback_agent_capture_kernel_drops_total") == 3.0
+    assert value(ok, "loopback_agent_martian_source_drops_total") == 5.0
+    assert value(ok, "loopback_agent_nodeport_syns_total",
+                 outcome="unanswered", source_class="pod") == 3.0
+    down = agent_exposition(with_capture(
+        tke_verdict, problems=("capture unavailable: socket: Operation not permitted",)))
+    assert value(down, "loopback_agent_capture_available") == 0.0
+    # --no-capture: no capture was attempted, so no series to alert on
+    assert value(agent_exposition(tke_verdict), "loopback_agent_capture_available") is None
+    status = {lb["status"]: v for n, lb, v in samples(ok) if n == "loopback_agent_status"}
+    assert status == {"healthy": 0.0, "at-risk": 1.0, "loopback": 0.0}
+
+
+# -- the collector's per-node last-seen series ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[Postgres]:
+    server = Postgres()  # a real PostgreSQL server of its own (tests/test_collector.py)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite://{tmp_path / 'c.db'}"
+    return request.getfixturevalue("postgres").new_db()
+
+
+def test_collector_last_seen_per_node_bounded(tke_verdict: Verdict, db_url: str,
+                                              tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """On SQLite and PostgreSQL (a real server: tests/test_collector.py's fixtures)."""
+    doc = tke_verdict.to_dict()
+    text = collector_exposition(db_url, doc, [("fresh", 3000.0), ("stale", 1000.0),
+                                                ("middle", 2000.0), ("fresh", 4000.0)],
+                                monkeypatch, max_node_series=2)
+    seen = {lb["node"]: v for n, lb, v in samples(text)
+            if n == "loopback_collector_node_last_seen_timestamp_seconds"}
+    # the longest silent are the ones kept (what an alert needs), the newest verdict counts
+    assert seen == {"stale": 1000.0, "middle": 2000.0}
+    assert ("loopback_collector_node_series_dropped", {}, 1.0) in samples(text)
+    everything = collector_exposition(f"sqlite://{tmp_path / 'other.db'}", doc,
+                                      [("a", 5.0), ("b", 6.0)], monkeypatch)
+    assert {lb["node"]: v for n, lb, v in samples(everything)
+            if n == "loopback_collector_node_last_seen_timestamp_seconds"} == \
+        {"a": 5.0, "b": 6.0}
+    assert ("loopback_collector_node_series_dropped", {}, 0.0) in samples(everything)
+
+
+# -- the monitoring component ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def with_monitoring(tmp_path_factory: pytest.TempPathFactory) -> list[Obj]:
+    overlay = tmp_path_factory.mktemp("overlay")
+    rel = os.path.relpath(KUSTOMIZE_DIR, overlay)
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(
+        {"resources": [rel], "components": [f"{rel}/monitoring"]}))
+    return kustomize(overlay)
+
+
+def test_component_adds_monitors_and_rules_only(with_monitoring: list[Obj]) -> None:
+    added = [o for o in with_monitoring if o["apiVersion"].startswith("monitoring.coreos.com/")]
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in added) == [
+        ("PodMonitor", "loopback-agent"), ("PodMonitor", "loopback-agent-collector"),
+        ("PrometheusRule", "loopback-agent")]
+    assert [o for o in with_monitoring if o not in added] == kustomize(KUSTOMIZE_DIR)
+
+
+def test_pod_monitors_select_the_pods_and_their_ports(with_monitoring: list[Obj]) -> None:
+    for name, workload in (("loopback-agent", agent_ds(with_monitoring)),
+                           ("loopback-agent-collector", collector_dep(with_monitoring))):
+        pm = one(with_monitoring, "PodMonitor", name)
+        # in the pods' namespace (a PodMonitor without namespaceSelector looks only there)
+        assert pm["metadata"]["namespace"] == workload["metadata"]["namespace"]
+        assert "namespaceSelector" not in pm["spec"]
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        assert pm["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        (endpoint,) = pm["spec"]["podMetricsEndpoints"]
+        (container,) = pod_spec(workload)["containers"]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert endpoint["port"] in ports
+        # the same port and path the pods' prometheus.io annotations name
+        ann = workload["spec"]["template"]["metadata"]["annotations"]
+        assert str(ports[endpoint["port"]]) == ann["prometheus.io/port"]
+        assert endpoint["path"] == ann["prometheus.io/path"]
+    # the alerts group by node: the agent's targets carry it
+    agent_pm = one(with_monitoring, "PodMonitor", "loopback-agent")
+    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in \
+        agent_pm["spec"]["podMetricsEndpoints"][0]["relabelings"]
+
+
+def rule_groups(with_monitoring: list[Obj], annotations: bool = True) -> Obj:
+    groups = copy.deepcopy(one(with_monitoring, "PrometheusRule", "loopback-agent")
+                           ["spec"]["groups"])
+    if not annotations:
+        for g in groups:
+            for r in g["rules"]:
+                r.pop("annotations", None)
+    return {"groups": groups}
+
+
+def run_promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([promtool(), *args], capture_output=True, text=True, timeout=120,
+                          cwd=cwd)
+
+
+def test_rules_pass_promtool_check(with_monitoring: list[Obj], tmp_path: Path) -> None:
+    rules = rule_groups(with_monitoring)
+    assert {r["alert"] for g in rules["groups"] for r in g["rules"]} == ALERTS
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
+    proc = run_promtool("check", "rules", "rules.yaml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"SUCCESS: {len(ALERTS)} rules found" in proc.stdout
+    # the check bites: an unknown function is refused
+    rules["groups"][0]["rules"][0]["expr"] = "maxx(loopback_agent_status)"
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(rules))
+    assert run_promtool("check", "rules", "bad.yaml", cwd=tmp_path).returncode != 0
+
+
+def alert_unit_test(rules: Obj, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
+    shutil.copy(ALERT_TESTS, tmp_path / "alerts-test.yaml")
+    return run_promtool("test", "rules", "alerts-test.yaml", cwd=tmp_path)
+
+
+def test_each_alert_fires_for_its_series_and_not_others(with_monitoring: list[Obj],
+                                                        tmp_path: Path) -> None:
+    tests = yaml.safe_load(ALERT_TESTS.read_text())["tests"]
+    tested = {case["alertname"] for t in tests for case in t["alert_rule_test"]}
+    assert tested == ALERTS
+    for t in tests:  # each alert is tested both ways: silent and firing
+        for name in {c["alertname"] for c in t["alert_rule_test"]}:
+            outcomes = {bool(c["exp_alerts"]) for c in t["alert_rule_test"]
+                        if c["alertname"] == name}
+            assert outcomes == {True, False}, name
+    proc = alert_unit_test(rule_groups(with_monitoring, annotations=False), tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS" in proc.stdout
+
+
+@pytest.mark.parametrize(("alert", "field", "value"), [
+    ("LoopbackAgentNodeLooping", "expr", 'max by (node) (loopback_agent_status) == 1'),
+    ("LoopbackAgentNodeAtRisk", "for", "5m"),
+    ("LoopbackAgentNodeSilent", "expr",
+     "(time() - loopback_collector_node_last_seen_timestamp_seconds) > 1800"),
+    ("LoopbackAgentCaptureUnavailable", "expr",
+     "max by (node) (loopback_agent_capture_available) < 1 or vector(0)"),
+])
+def test_the_unit_tests_catch_a_broken_rule(with_monitoring: list[Obj], tmp_path: Path,
+                                            alert: str, field: str, value: str) -> None:
+    rules = rule_groups(with_monitoring, annotations=False)
+    (rule,) = [r for g in rules["groups"] for r in g["rules"] if r["alert"] == alert]
+    rule[field] = value
+    proc = alert_unit_test(rules, tmp_path)
+    assert proc.returncode != 0, f"{alert} with {field}={value!r} passed the unit tests"
+    assert alert in proc.stdout + proc.stderr
+
+
+# -- metric names in queries ----------------------------------------------------------------
+
+
+_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and",
+             "or", "unless", "offset", "inf", "nan"}
+
+
+def metric_names(expr: str) -> set[str]:
+    """The series names a PromQL expression selects: identifiers that are not functions
+    (followed by '('), label names (inside {} or by/on/without (...)), keywords, strings,
+    durations."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"' + r"|'(?:[^'\\]|\\.)*'", '""', expr)  # strings
+    text = re.sub(r"\{[^}]*\}", "{}", text)  # label matchers
+    text = re.sub(r"\[[^\]]*\]", "", text)  # ranges
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", text)
+    names = set()
+    for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", text):
+        word = m.group(0)
+        after = text[m.end():].lstrip()
+        if word.lower() in _KEYWORDS or after.startswith("(") or \
+                re.match(r"\d", text[m.start() - 1:m.start()] or "x"):
+            continue
+        names.add(word)
+    return names
+
+
+def test_metric_name_extraction() -> None:
+    assert metric_names('topk(15, count by (lb_ip, service) (loopback_agent_finding'
+                        '{lb_ip!=""}))') == {"loopback_agent_finding"}
+    assert metric_names("sum(rate(a_total[5m])) / on (node) group_left b or vector(0)") == \
+        {"a_total", "b"}
+    assert metric_names('(time() - x{node="a{b}"}) > 1800 and y') == {"x", "y"}
+
+
+def test_rule_unit_tests_and_rules_use_exported_series(with_monitoring: list[Obj],
+                                                       exported_names: set[str]) -> None:
+    used: set[str] = set()
+    for t in yaml.safe_load(ALERT_TESTS.read_text())["tests"]:
+        for s in t["input_series"]:
+            used.add(re.match(r"[A-Za-z_:][A-Za-z0-9_:]*", s["series"]).group(0))
+    for g in rule_groups(with_monitoring)["groups"]:
+        for r in g["rules"]:
+            used |= metric_names(r["expr"])
+    assert used - exported_names == set()
+
+
+# -- the Grafana dashboard --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> Obj:
+    return json.loads(DASHBOARD.read_text())
+
+
+def all_panels(dash: Obj) -> list[Obj]:
+    out = []
+    for p in dash["panels"]:
+        out.append(p)
+        out.extend(p.get("panels", []))  # collapsed rows hold theirs
+    return out
+
+
+def test_dashboard_shape(dashboard: Obj) -> None:
+    assert dashboard["uid"] and dashboard["title"] and isinstance(dashboard["schemaVersion"], int)
+    (var,) = [v for v in dashboard["templating"]["list"] if v["name"] == "datasource"]
+    assert var["type"] == "datasource" and var["query"] == "prometheus"
+    panels = all_panels(dashboard)
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids)) and all(isinstance(i, int) for i in ids)
+    cells: set[tuple[int, int]] = set()
+    for p in panels:
+        g = p["gridPos"]
+        assert all(isinstance(g[k], int) for k in ("x", "y", "w", "h")), p["title"]
+        assert g["x"] >= 0 and g["w"] >= 1 and g["x"] + g["w"] <= 24 and g["h"] >= 1, p["title"]
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"])
+                for y in range(g["y"], g["y"] + g["h"])}
+        assert not mine & cells, f"panel {p['title']!r} overlaps another"
+        cells |= mine
+        if p["type"] == "row":
+            continue
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
+        assert p["targets"], p["title"]
+        refs = [t["refId"] for t in p["targets"]]
+        assert len(refs) == len(set(refs)), p["title"]
+        for t in p["targets"]:
+            assert t["datasource"] == p["datasource"] and t["expr"].strip()
+
+
+def dashboard_queries(dash: Obj) -> list[tuple[str, str]]:
+    return [(f"{p['id']}{t['refId']}", t["expr"]) for p in all_panels(dash)
+            for t in p.get("targets", [])]
+
+
+def test_dashboard_queries_name_exported_series(dashboard: Obj,
+                                                exported_names: set[str]) -> None:
+    used = {}
+    for ref, expr in dashboard_queries(dashboard):
+        names = metric_names(expr)
+        assert names, f"panel query {ref} selects no series: {expr}"
+        used[ref] = names
+    unknown = {ref: sorted(n - exported_names) for ref, n in used.items() if n - exported_names}
+    assert not unknown, f"queries name series nothing exports: {unknown}"
+    # the panels the dashboard is for
+    everything = set().union(*used.values())
+    assert {"loopback_agent_status", "loopback_agent_finding",
+            "loopback_agent_nodeport_syns_total",
+            "loopback_collector_node_last_seen_timestamp_seconds"} <= everything
+    # ... and the check bites: a misspelt name is not exported
+    assert metric_names("sum(loopback_agent_nodeport_syn_total)") - exported_names
+
+
+def test_dashboard_queries_parse(dashboard: Obj, tmp_path: Path) -> None:
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:panel_{ref}", "expr": expr}
+        for ref, expr in dashboard_queries(dashboard)]}]}
+    (tmp_path / "queries.yaml").write_text(yaml.safe_dump(rules))
+    proc = run_promtool("check", "rules", "queries.yaml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# -- end to end: a real Prometheus scraping a real agent endpoint and a real collector -------
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def prom_query(base: str, expr: str) -> list[Obj]:
+    import requests
+
+    r = requests.get(f"{base}/api/v1/query", params={"query": expr}, timeout=10)
+    body = r.json()
+    assert body["status"] == "success", (expr, body)
+    return body["data"]["result"]
+
+
+def test_dashboard_and_rules_on_a_real_prometheus(tke_verdict: Verdict, tmp_path: Path,
+                                                  with_monitoring: list[Obj]) -> None:
+    """Debian's prometheus (the package that brings promtool) scrapes the agent's own
+    /metrics server (agent.daemon, fed a verdict with a capture) and a collector process
+    holding a verdict, every second, on 127.0.0.1, with the PodMonitor's `node` label;
+    then every dashboard query returns data and every alert rule evaluates without error."""
+    import requests
+
+    from agent.daemon import Daemon, DaemonConfig
+    from tests.test_collector import Proc
+
+    prometheus = shutil.which("prometheus")
+    if prometheus is None:
+        pytest.fail("prometheus not found: apt-get install prometheus (make deps does)")
+    agent_port, prom_port = free_port(), free_port()
+    daemon = Daemon(DaemonConfig(collector=None, spool_dir=str(tmp_path / "spool"),
+                                 listen=f"127.0.0.1:{agent_port}"))
+    daemon.metrics.verdict(with_capture(tke_verdict))
+    daemon._serve(f"127.0.0.1:{agent_port}")
+    collector = Proc(tmp_path / "c.db")
+    proc = None
+    try:
+        r = requests.post(collector.url + "/v1/verdicts", timeout=10,
+                          json={**tke_verdict.to_dict(), "idempotency_key": "k1"})
+        assert r.status_code == 200, r.text
+        (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule_groups(with_monitoring)))
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(tmp_path / "rules.yaml")],
+            "scrape_configs": [
+                {"job_name": "agent", "static_configs": [
+                    {"targets": [f"127.0.0.1:{agent_port}"], "labels": {"node": "node-a"}}]},
+                {"job_name": "collector", "honor_labels": True, "static_configs": [
+                    {"targets": [f"127.0.0.1:{collector.port}"]}]}]}))
+        proc = subprocess.Popen(
+            [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
+             f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{prom_port}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        base = f"http://127.0.0.1:{prom_port}"
+        deadline = time.monotonic() + 60
+        while True:  # both targets scraped at least three times: rate() has its points
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            try:
+                up = prom_query(base, "count_over_time(up[1m]) >= 3 and up == 1")
+                if len(up) == 2:
+                    break
+            except (requests.RequestException, ValueError):
+                pass
+            assert time.monotonic() < deadline, "prometheus did not scrape both targets"
+            time.sleep(0.5)
+        empty = [f"{ref}: {expr}" for ref, expr in
+                 dashboard_queries(json.loads(DASHBOARD.read_text()))
+                 if not prom_query(base, expr)]
+        assert not empty, f"dashboard queries without data: {empty}"
+        # the collector's last-seen series carries the verdict's node, not the target's
+        seen = prom_query(base, "loopback_collector_node_last_seen_timestamp_seconds")
+        assert [s["metric"]["node"] for s in seen] == ["node-a"]
+        # the rules were evaluated, none failed; at-risk is pending (for: 15m), not firing
+        while True:
+            groups = requests.get(f"{base}/api/v1/rules", timeout=10).json()["data"]["groups"]
+            rules = [r for g in groups for r in g["rules"]]
+            if all(r.get("lastEvaluation", "").startswith("2") for r in rules):
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        assert {r["name"]: r["health"] for r in rules} == dict.fromkeys(ALERTS, "ok")
+        states = {r["name"]: r["state"] for r in rules}
+        assert states["LoopbackAgentNodeAtRisk"] == "pending"
+        assert states["LoopbackAgentNodeLooping"] == "inactive"
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        collector.stop()
+        if daemon._server:
+            daemon._server.shutdown()
+            daemon._server.server_close()
