@@ -55,6 +55,7 @@ class Request:
     query: dict[str, str]
     status: int = 0
     body: Any = None  # decoded JSON of a write
+    sent: int = 0  # bytes of the response body (a watch's stream: see stream_bytes)
 
     @property
     def watch(self) -> bool:
@@ -97,6 +98,7 @@ class FakeKubeAPI:
         self.gone_as = gone_as
         self.log: list[Request] = []
         self.watches: list[_Watch] = []
+        self.stream_bytes = 0  # bytes sent on watch streams
         self.conns: set[socket.socket] = set()  # open client connections (keep-alive too)
         self._outage: str | None = None
         self._httpd = self._bind(0)
@@ -327,15 +329,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- plumbing --------------------------------------------------------------------------
 
-    def _record(self, status: int, body: Any = None) -> None:
+    def _record(self, status: int, body: Any = None, sent: int = 0) -> None:
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
         with self.server_api.lock:
             self.server_api.log.append(Request(time.monotonic(), self.command, url.path,
-                                               query, status, body))
+                                               query, status, body, sent))
 
-    def _send(self, code: int, doc: Any) -> None:
+    def _send(self, code: int, doc: Any, request_body: Any = None) -> None:
         body = json.dumps(doc).encode()
+        self._record(code, request_body, len(body))
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -370,7 +373,6 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _outage(self) -> bool:
         if self.server_api.outage == "503":
-            self._record(503)
             self._send(503, _status(503, "ServiceUnavailable", "outage"))
             return True
         return False
@@ -382,7 +384,6 @@ class _Handler(BaseHTTPRequestHandler):
             return
         route = self._route()
         if route is None:
-            self._record(404)
             self._send(404, _status(404, "NotFound", "no such path"))
             return
         resource, ns, name, _ = route
@@ -390,7 +391,6 @@ class _Handler(BaseHTTPRequestHandler):
         if name is not None:
             obj = api.get(resource, name, ns or "")
             code = 200 if obj else 404
-            self._record(code)
             self._send(code, obj or _status(404, "NotFound", f"{resource} {name} not found"))
             return
         q = self._query()
@@ -411,11 +411,9 @@ class _Handler(BaseHTTPRequestHandler):
                     tok = json.loads(base64.urlsafe_b64decode(q["continue"]))
                     rv, start_key = int(tok["rv"]), (tok["ns"], tok["name"])
                 except (ValueError, KeyError, TypeError):
-                    self._record(400)
                     self._send(400, _status(400, "BadRequest", "bad continue token"))
                     return
                 if rv < api.compacted:
-                    self._record(410)
                     self._send(410, _status(410, "Expired", "continue token too old"))
                     return
             items = [copy.deepcopy(o) for k, o in sorted(api.store[resource].items())
@@ -431,7 +429,6 @@ class _Handler(BaseHTTPRequestHandler):
         for o in items:  # items of a typed list carry no kind, as the real server's
             o.pop("kind", None)
             o.pop("apiVersion", None)
-        self._record(200)
         self._send(200, {"kind": f"{kind}List", "apiVersion": API_VERSION[
             RESOURCES[resource][0]], "metadata": meta, "items": items})
 
@@ -449,7 +446,6 @@ class _Handler(BaseHTTPRequestHandler):
         with api.lock:
             gone = since < api.compacted and since != 0
             if gone and api.gone_as == "http":
-                self._record(410)
                 self._send(410, _status(410, "Expired", f"too old resource version: "
                                                         f"{since} ({api.compacted})"))
                 return
@@ -523,6 +519,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _chunk(self, event: dict[str, Any]) -> None:
         data = json.dumps(event).encode() + b"\n"
+        with self.server_api.lock:
+            self.server_api.stream_bytes += len(data)
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
 
@@ -533,14 +531,12 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._body()
         ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
         if route is None or route[2] is None:
-            self._record(404, body)
-            self._send(404, _status(404, "NotFound", "no such path"))
+            self._send(404, _status(404, "NotFound", "no such path"), body)
             return
         resource, ns, name, sub = route
         if ctype not in ("application/strategic-merge-patch+json",
                          "application/merge-patch+json"):
-            self._record(415, body)
-            self._send(415, _status(415, "UnsupportedMediaType", ctype))
+            self._send(415, _status(415, "UnsupportedMediaType", ctype), body)
             return
         if ctype == "application/strategic-merge-patch+json" and resource == "events":
             # events.k8s.io has no strategic-merge schema for custom types; both work
@@ -550,8 +546,7 @@ class _Handler(BaseHTTPRequestHandler):
             key = (ns or ("default" if RESOURCES[resource][1] else ""), name)
             obj = api.store[resource].get(key)
             if obj is None:
-                self._record(404, body)
-                self._send(404, _status(404, "NotFound", f"{resource} {name} not found"))
+                self._send(404, _status(404, "NotFound", f"{resource} {name} not found"), body)
                 return
             if sub == "status":  # the status subresource changes status only
                 body = {"status": (body or {}).get("status", {})}
@@ -560,8 +555,7 @@ class _Handler(BaseHTTPRequestHandler):
             new = merge(obj, body)
             new["metadata"]["name"] = name
             out = api._put(resource, new)
-        self._record(200, body)
-        self._send(200, out)
+        self._send(200, out, body)
 
     def do_POST(self) -> None:
         if self._outage():
@@ -569,8 +563,7 @@ class _Handler(BaseHTTPRequestHandler):
         route = self._route()
         body = self._body()
         if route is None or route[2] is not None or not isinstance(body, dict):
-            self._record(404, body)
-            self._send(404, _status(404, "NotFound", "no such path"))
+            self._send(404, _status(404, "NotFound", "no such path"), body)
             return
         resource, ns, _, _ = route
         api = self.server_api
@@ -582,12 +575,10 @@ class _Handler(BaseHTTPRequestHandler):
                 meta["name"] = f"{meta.get('generateName', 'x')}{api.rv + 1:x}"
             key = (meta.get("namespace", ""), meta["name"])
             if key in api.store[resource]:
-                self._record(409, body)
-                self._send(409, _status(409, "AlreadyExists", f"{meta['name']} exists"))
+                self._send(409, _status(409, "AlreadyExists", f"{meta['name']} exists"), body)
                 return
             out = api._put(resource, body)
-        self._record(201, body)
-        self._send(201, out)
+        self._send(201, out, body)
 
 
 # -- objects for tests ---------------------------------------------------------------------
