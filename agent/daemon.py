@@ -57,6 +57,7 @@ class DaemonConfig:
     # the least time between two diagnoses a kube change can ask for (bursts coalesce)
     kube_watch_timeout: float = 300.0
     kube_change_gap: float = 2.0
+    kube_report: bool = False  # write the Node condition and Events (agent.kubereport)
 
 
 class Metrics:
@@ -127,6 +128,7 @@ class Daemon:
         # set by a stop or a kube change: ends the wait between cycles (and the capture)
         self.wake = threading.Event()
         self.kube: Any = None  # agent.kubewatch.KubeInformer, when there is an API
+        self.reporter: Any = None  # agent.kubereport.KubeReporter, with --kube-report
         self.cycle_started = 0.0
         self.metrics = Metrics()
         self.spool = Spool(cfg.spool_dir)
@@ -157,6 +159,7 @@ class Daemon:
                 doc = verdict.to_dict()  # the JSON form, at the edges: log line and spool
                 sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
                 sys.stdout.flush()
+                self._kube_report(verdict)
                 key = verdict.change_key()
                 since_ship += 1
                 if (key != last_key or since_ship >= self.cfg.heartbeat_every) \
@@ -175,6 +178,8 @@ class Daemon:
         finally:
             if self.kube is not None:
                 self.kube.stop()
+            if self.reporter is not None:
+                self.reporter.close()
             if self._server:
                 self._server.shutdown()
                 self._server.server_close()
@@ -225,6 +230,21 @@ class Daemon:
             return
         # the first verdict should know the Services: wait a little for the first LISTs
         self.kube.wait_synced(10.0)
+
+    def _kube_report(self, v: Verdict) -> None:
+        if not self.cfg.kube_report:
+            return
+        if self.reporter is None:
+            from agent.kubereport import KubeReporter
+
+            try:
+                api = kube_api.api_client(ProbeContext(kubeconfig=self.cfg.kubeconfig))
+            except kube_api.KubeUnavailable as e:
+                log(f"--kube-report: kubernetes API: {e}")
+                return
+            self.reporter = KubeReporter(api, v.node)
+        for problem in self.reporter.report(v):
+            log(f"--kube-report: {problem}")
 
     def _kube_changed(self, what: str) -> None:
         """A change the diagnosis can see: diagnose now (ending the wait or the capture),

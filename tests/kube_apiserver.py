@@ -87,7 +87,8 @@ class _Watch:
 
 class FakeKubeAPI:
     def __init__(self, *, bookmark_every: float = 30.0, max_watch_seconds: float = 1800,
-                 gone_as: str = "event") -> None:
+                 gone_as: str = "event", netns: str | None = None) -> None:
+        self.netns = netns  # listen on 127.0.0.1 of this named network namespace
         self.lock = threading.Condition()
         self.rv = 100
         self.store: dict[str, dict[tuple[str, str], dict[str, Any]]] = {r: {} for r in RESOURCES}
@@ -113,8 +114,14 @@ class FakeKubeAPI:
         class Handler(_Handler):
             server_api = api
 
-        httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler, bind_and_activate=False)
         httpd.daemon_threads = True
+        if self.netns:
+            httpd.socket.close()
+            httpd.socket = _socket_in_netns(self.netns)
+        httpd.allow_reuse_address = True
+        httpd.server_bind()
+        httpd.server_activate()
         return httpd
 
     def _serve(self) -> None:
@@ -236,6 +243,36 @@ class FakeKubeAPI:
     def open_watches(self, resource: str) -> int:
         with self.lock:
             return sum(1 for w in self.watches if w.resource == resource)
+
+
+def _socket_in_netns(name: str) -> socket.socket:
+    """A TCP socket made inside network namespace ``name`` (it stays there): setns(2)
+    in a thread of its own, which then ends, so this process's other threads are not
+    moved."""
+    import ctypes
+    import os
+
+    out: list[socket.socket | BaseException] = []
+
+    def make() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+            try:
+                if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+                    raise OSError(ctypes.get_errno(), f"setns {name}")
+            finally:
+                os.close(fd)
+            out.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+        except BaseException as exc:
+            out.append(exc)
+
+    t = threading.Thread(target=make)
+    t.start()
+    t.join()
+    if isinstance(out[0], BaseException):
+        raise out[0]
+    return out[0]
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -373,6 +410,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _outage(self) -> bool:
         if self.server_api.outage == "503":
+            if self.command in ("POST", "PATCH", "PUT"):
+                self._body()  # read it, or it would be taken for the next request
             self._send(503, _status(503, "ServiceUnavailable", "outage"))
             return True
         return False
