@@ -129,6 +129,7 @@ class Daemon:
         self.wake = threading.Event()
         self.kube: Any = None  # agent.kubewatch.KubeInformer, when there is an API
         self.reporter: Any = None  # agent.kubereport.KubeReporter, with --kube-report
+        self._kube_timer: threading.Timer | None = None
         self.cycle_started = 0.0
         self.metrics = Metrics()
         self.spool = Spool(cfg.spool_dir)
@@ -252,10 +253,10 @@ class Daemon:
         due = self.cycle_started + self.cfg.kube_change_gap - time.monotonic()
         if due <= 0:
             self.wake.set()
-        else:
-            t = threading.Timer(due, self.wake.set)
-            t.daemon = True
-            t.start()
+        elif self._kube_timer is None or not self._kube_timer.is_alive():
+            self._kube_timer = threading.Timer(due, self.wake.set)  # one for a burst
+            self._kube_timer.daemon = True
+            self._kube_timer.start()
 
     def _refresh_kube(self, snap: NodeSnapshot) -> NodeSnapshot:
         ctx = ProbeContext(node_name=self.cfg.node_name, kube_cache=self.kube)
