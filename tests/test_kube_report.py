@@ -13,6 +13,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import kubernetes_validate
 import pytest
 
 from agent.bundle import load_bundle
@@ -23,6 +24,7 @@ from agent.kubereport.condition import CONDITION_TYPE, MESSAGE_MAX, NPD_LINE_MAX
 from agent.probes import kube_api
 from agent.probes.base import ProbeContext
 from tests.kube_apiserver import FakeKubeAPI, kubeconfig, node
+from tests.test_deploy import K8S_VERSIONS
 
 pytest.importorskip("kubernetes")
 
@@ -150,6 +152,16 @@ def test_finding_heal_and_no_repeats(api: FakeKubeAPI, tmp_path: Path) -> None:
     (event,) = api.objects("events")
     assert event["series"] == {"count": 2, "lastObservedTime": "2026-01-02T03:11:05.000000Z"}
     assert our_condition(api)["status"] == "True"
+
+    # what was written is valid Kubernetes, as the API's schemas say (the test server
+    # itself is lenient): the Event as created, the Node with our condition
+    for version in K8S_VERSIONS:
+        for r in writes(api):
+            if r.method == "POST":
+                kubernetes_validate.validate(r.body, version, strict=True)
+        kubernetes_validate.validate(api.get("nodes", "n1"), version, strict=True)
+        for e in api.objects("events"):
+            kubernetes_validate.validate(e, version, strict=True)
 
     # a new LB IP at risk, status unchanged: the message changes, not the transition time
     transition = our_condition(api)["lastTransitionTime"]
