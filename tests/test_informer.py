@@ -176,11 +176,17 @@ def test_outage_backs_off_with_jitter_and_resumes_without_list(tmp_path: Path) -
             api.outage = "503"
             time.sleep(6)
             t1 = time.monotonic()
+            # the last state seen is still used, and said to be possibly old
+            values, why = agents[0].read()
+            assert [s.name for s in values[0]] == ["a"]
+            assert ("services", "watch failing (HTTP 503 Service Unavailable); using the "
+                                "state last seen") in why
             api.outage = None
             api.put("services", service("after", "198.51.100.2"))
             for a in agents:
                 until(lambda a=a: any(s.name == "after" for s in a.read()[0][0]),
                       what="the resumed watch")
+                until(lambda a=a: a.read()[1] == [], what="the errors to clear")
             during = api.requests(since=t0)
             during = [q for q in during if q.at < t1]
             # per agent and resource: delays 0.1-0.2, 0.2-0.4, 0.4-0.8, 0.8-1.6, then

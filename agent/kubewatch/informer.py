@@ -111,6 +111,8 @@ class KubeInformer:
             unknowns.append((what, f"not listed yet: {r.error or 'waiting for the API'}"))
             return None
         version, records, bad = r.snapshot()
+        if r.error:  # listed once, the watch failing now: say the state may be old
+            unknowns.append((what, f"watch failing ({r.error}); using the state last seen"))
         for _key, why in sorted(bad.items()):
             unknowns.append((what, why))
         with self._lock:

@@ -229,6 +229,7 @@ class Reflector:
                                   _request_timeout=(CONNECT_TIMEOUT, timeout + READ_MARGIN),
                                   **self._selector):
                 events += 1
+                self.error = None  # the server answers again
                 self._apply(event)
                 if self.stopping.is_set():
                     w.stop()
