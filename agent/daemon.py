@@ -56,7 +56,7 @@ class DaemonConfig:
     # list+watch of Services/Ingresses/this Node (agent.kubewatch): a watch's length, and
     # the least time between two diagnoses a kube change can ask for (bursts coalesce)
     kube_watch_timeout: float = 300.0
-    kube_change_gap: float = 2.0
+    kube_change_gap: float = 5.0  # also the shortest capture a change may cut
     kube_report: bool = False  # write the Node condition and Events (agent.kubereport)
 
 
@@ -155,6 +155,8 @@ class Daemon:
             while True:
                 started = self.cycle_started = time.monotonic()
                 self.wake.clear()
+                if self.stop.is_set():  # a SIGTERM just before the clear still ends it
+                    self.wake.set()
                 verdict = self.cycle()
                 cycles += 1
                 doc = verdict.to_dict()  # the JSON form, at the edges: log line and spool
