@@ -175,6 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kube-proxy's mode, where the input does not settle it; stated in "
                         "the verdict")
     c.add_argument("--json", action="store_true", help="print the verdict document (JSON)")
+    c.add_argument("--npd", action="store_true",
+                   help="node-problem-detector custom plugin: one line on stdout, exit 0 "
+                        "OK, 1 NonOK (at risk or looping), 2 Unknown (cannot tell, or an "
+                        "error); see daemonset/npd/")
     c.add_argument("-v", "--verbose", action="store_true",
                    help="show the evidence of informational notes too")
     live_opts(c)
@@ -231,6 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
     _env_opt(r, "--max-finding-series", metavar="N", type=int, default=500,
              help="cap on loopback_agent_finding series in /metrics (default 500)")
     r.add_argument("--no-capture", action="store_true", help="static checks only")
+    r.add_argument("--kube-report", action="store_true",
+                   help="also write the verdict to the cluster: a LoadBalancerLoopback "
+                        "condition on this Node and Warning Events on changes (needs "
+                        "patch nodes/status, create/patch events: daemonset/kube-report/)")
     r.add_argument("--cycles", type=int, help=argparse.SUPPRESS)  # tests and one-off runs
     live_opts(r)
 
@@ -394,8 +402,37 @@ def _one_shot_gc() -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from agent.diagnose import diagnose, prepare
     from agent.report import render
+
+    if args.npd:
+        return _npd(args)
+    verdict = _verdict(args)
+    if args.json:
+        # indent for people; a huge verdict goes compact (the C encoder, 5x faster)
+        indent = 2 if len(verdict.findings) < 500 else None
+        sys.stdout.write(json.dumps(verdict.to_dict(), indent=indent) + "\n")
+    else:
+        sys.stdout.write(render(verdict, verbose=args.verbose))
+    return EXIT_BY_STATUS[verdict.status]
+
+
+def _npd(args: argparse.Namespace) -> int:
+    """NPD's custom plugin protocol: whatever happens, one bounded line and 0/1/2."""
+    from agent.kubereport.condition import NPD_UNKNOWN, npd_line, npd_result
+
+    try:
+        code, line = npd_result(_verdict(args))
+    except _Exit as e:
+        code, line = NPD_UNKNOWN, npd_line(f"CannotCheck: {e.message}")
+    except Exception as e:  # a bug is Unknown to NPD, not a crash it would report as such
+        code, line = NPD_UNKNOWN, npd_line(f"CannotCheck: internal error: "
+                                           f"{type(e).__name__}: {e}")
+    sys.stdout.write(line + "\n")
+    return code
+
+
+def _verdict(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from agent.diagnose import diagnose, prepare
 
     if args.capture and (args.from_dir or args.snapshot):
         raise _Exit(EXIT_USAGE, "--capture watches the live node: it cannot be combined "
@@ -410,14 +447,7 @@ def _check(args: argparse.Namespace) -> int:
         snap = replace(snap, given=given)
     prepared = prepare(snap)
     capture = _capture(args, prepared) if args.capture else None
-    verdict = diagnose(snap, _node(args, snap), capture=capture, prepared=prepared)
-    if args.json:
-        # indent for people; a huge verdict goes compact (the C encoder, 5x faster)
-        indent = 2 if len(verdict.findings) < 500 else None
-        sys.stdout.write(json.dumps(verdict.to_dict(), indent=indent) + "\n")
-    else:
-        sys.stdout.write(render(verdict, verbose=args.verbose))
-    return EXIT_BY_STATUS[verdict.status]
+    return diagnose(snap, _node(args, snap), capture=capture, prepared=prepared)
 
 
 def _capture(args: argparse.Namespace, prepared: Prepared):  # type: ignore[no-untyped-def]
@@ -474,7 +504,7 @@ def _run(args: argparse.Namespace) -> int:
         nodeport_range=args.nodeport_range, node_name=_node(args, None),
         use_kube_api=not (args.no_kube_api or args.kube_json), kubeconfig=args.kubeconfig,
         kube_json=args.kube_json, cycles=args.cycles,
-        max_finding_series=args.max_finding_series)
+        max_finding_series=args.max_finding_series, kube_report=args.kube_report)
     return Daemon(cfg).run()
 
 

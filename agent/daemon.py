@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from agent.capture.model import OUTCOMES, SOURCE_CLASSES
 from agent.daemon_http import BoundedHTTPServer, QuietHandler
 from agent.diagnose import diagnose, node_name, prepare
 from agent.diagnose.model import Verdict
-from agent.probes import collect_live
+from agent.probes import collect_live, kube_api
 from agent.probes.base import ProbeContext
 from agent.ship.sender import Backoff, Sender, drain
 from agent.ship.spool import Spool
@@ -61,6 +61,11 @@ class DaemonConfig:
     kube_json: str | None = None  # saved kubectl JSON (--kube-json DIR), re-read each cycle
     cycles: int | None = None  # stop after this many verdicts (tests, one-off runs)
     max_finding_series: int = MAX_FINDING_SERIES  # cap of loopback_agent_finding's series
+    # list+watch of Services/Ingresses/this Node (agent.kubewatch): a watch's length, and
+    # the least time between two diagnoses a kube change can ask for (bursts coalesce)
+    kube_watch_timeout: float = 300.0
+    kube_change_gap: float = 5.0  # also the shortest capture a change may cut
+    kube_report: bool = False  # write the Node condition and Events (agent.kubereport)
 
 
 class Metrics:
@@ -168,6 +173,12 @@ class Daemon:
     def __init__(self, cfg: DaemonConfig) -> None:
         self.cfg = cfg
         self.stop = threading.Event()
+        # set by a stop or a kube change: ends the wait between cycles (and the capture)
+        self.wake = threading.Event()
+        self.kube: Any = None  # agent.kubewatch.KubeInformer, when there is an API
+        self.reporter: Any = None  # agent.kubereport.KubeReporter, with --kube-report
+        self._kube_timer: threading.Timer | None = None
+        self.cycle_started = 0.0
         self.metrics = Metrics(cfg.max_finding_series)
         self.spool = Spool(cfg.spool_dir)
         self.sender = (Sender(cfg.collector, token_file=cfg.token_file, ca_file=cfg.ca_file)
@@ -181,20 +192,25 @@ class Daemon:
 
     def run(self) -> int:
         for s in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(s, lambda *_: self.stop.set())
+            signal.signal(s, lambda *_: (self.stop.set(), self.wake.set()))
         if self.cfg.listen:
             self._serve(self.cfg.listen)
+        self._start_kube()
         last_key: Any = None
         since_ship = 0
         cycles = 0
         try:
             while True:
-                started = time.monotonic()
+                started = self.cycle_started = time.monotonic()
+                self.wake.clear()
+                if self.stop.is_set():  # a SIGTERM just before the clear still ends it
+                    self.wake.set()
                 verdict = self.cycle()
                 cycles += 1
                 doc = verdict.to_dict()  # the JSON form, at the edges: log line and spool
                 sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
                 sys.stdout.flush()
+                self._kube_report(verdict)
                 key = verdict.change_key()
                 since_ship += 1
                 if (key != last_key or since_ship >= self.cfg.heartbeat_every) \
@@ -207,10 +223,14 @@ class Daemon:
                 # A cycle lasts one interval: the capture fills it. Without one
                 # (--no-capture, or the capture is unavailable here and returned at
                 # once) wait out the rest, or the node would be probed back to back.
-                if self.stop.wait(max(0.0, started + self.cfg.interval - time.monotonic())):
+                if self._wait(started):
                     break
             self.ship(deadline=time.monotonic() + self.cfg.grace)
         finally:
+            if self.kube is not None:
+                self.kube.stop()
+            if self.reporter is not None:
+                self.reporter.close()
             if self._server:
                 self._server.shutdown()
                 self._server.server_close()
@@ -219,9 +239,11 @@ class Daemon:
 
     def cycle(self) -> Verdict:
         t0 = time.monotonic()
+        kube_seen = self.kube.version() if self.kube is not None else None
         snap = collect_live(ProbeContext(node_name=self.cfg.node_name,
                                          use_kube_api=self.cfg.use_kube_api,
-                                         kubeconfig=self.cfg.kubeconfig))
+                                         kubeconfig=self.cfg.kubeconfig,
+                                         kube_cache=self.kube))
         if self.cfg.kube_json:
             snap = self._with_kube_json(snap, self.cfg.kube_json)
         prepared = prepare(snap)  # once: the capture and the diagnosis share it
@@ -229,7 +251,11 @@ class Daemon:
         capture = None
         if self.cfg.capture:
             capture = watch_node(prepared, self.cfg.interval,
-                                 port_range=self.cfg.nodeport_range, stop=self.stop)
+                                 port_range=self.cfg.nodeport_range, stop=self.wake)
+        if self.kube is not None and self.kube.version() != kube_seen:
+            # changed during the capture (which it ended): diagnose what the API says now
+            snap = self._refresh_kube(snap)
+            prepared = prepare(snap)
         t2 = time.monotonic()
         v = diagnose(snap, node_name(self.cfg.node_name, snap, dict(os.environ)),
                      capture=capture, prepared=prepared)
@@ -238,6 +264,62 @@ class Daemon:
             self.metrics.probe_seconds.labels(phase).set(secs)
         self.metrics.verdict(v)
         return v
+
+    # -- Services/Ingresses/Node by list+watch ----------------------------------------------
+
+    def _start_kube(self) -> None:
+        """Watch the API instead of reading it each cycle; without one (not configured,
+        --no-kube-api, --kube-json) the probe says why, as before."""
+        if not self.cfg.use_kube_api or self.cfg.kube_json:
+            return
+        try:
+            self.kube = kube_api.start_informer(
+                ProbeContext(node_name=self.cfg.node_name, kubeconfig=self.cfg.kubeconfig),
+                on_change=self._kube_changed, watch_timeout=self.cfg.kube_watch_timeout)
+        except kube_api.KubeUnavailable as e:
+            log(f"kubernetes API: {e}")
+            return
+        # the first verdict should know the Services: wait a little for the first LISTs
+        self.kube.wait_synced(10.0)
+
+    def _kube_report(self, v: Verdict) -> None:
+        if not self.cfg.kube_report:
+            return
+        if self.reporter is None:
+            from agent.kubereport import KubeReporter
+
+            try:
+                api = kube_api.api_client(ProbeContext(kubeconfig=self.cfg.kubeconfig))
+            except kube_api.KubeUnavailable as e:
+                log(f"--kube-report: kubernetes API: {e}")
+                return
+            self.reporter = KubeReporter(api, v.node)
+        for problem in self.reporter.report(v):
+            log(f"--kube-report: {problem}")
+
+    def _kube_changed(self, what: str) -> None:
+        """A change the diagnosis can see: diagnose now (ending the wait or the capture),
+        but not sooner than kube_change_gap after the cycle began."""
+        due = self.cycle_started + self.cfg.kube_change_gap - time.monotonic()
+        if due <= 0:
+            self.wake.set()
+        elif self._kube_timer is None or not self._kube_timer.is_alive():
+            self._kube_timer = threading.Timer(due, self.wake.set)  # one for a burst
+            self._kube_timer.daemon = True
+            self._kube_timer.start()
+
+    def _refresh_kube(self, snap: NodeSnapshot) -> NodeSnapshot:
+        ctx = ProbeContext(node_name=self.cfg.node_name, kube_cache=self.kube)
+        res = kube_api.PROBE.collect(ctx)
+        values = dict(zip(kube_api.FIELDS, res.value, strict=True)) \
+            if isinstance(res.value, tuple) else {}
+        unknowns = tuple(u for u in snap.unknowns if u.source != kube_api.SOURCE)
+        return replace(snap, unknowns=unknowns + res.unknowns, **values)
+
+    def _wait(self, started: float) -> bool:
+        """Wait out the interval, or less when woken; True when stopping."""
+        self.wake.wait(max(0.0, started + self.cfg.interval - time.monotonic()))
+        return self.stop.is_set()
 
     @staticmethod
     def _with_kube_json(snap: NodeSnapshot, directory: str) -> NodeSnapshot:

@@ -93,6 +93,7 @@ OVERLAYS: dict[str, dict[str, Any]] = {
                                                "value": {"ipBlock": {"cidr": NODE_CIDR}}}])}],
     },
     "tls+kube-token": {"components": ["tls", "kube-token"]},
+    "kube-report": {"components": ["kube-report"]},
 }
 
 
@@ -554,6 +555,37 @@ def test_rbac_is_least_privilege(rendered: list[Obj]) -> None:
     assert spec["serviceAccountName"] == "loopback-agent-collector"
     # mounted now (it was not before issue 13): the TokenReview calls need credentials
     assert spec["automountServiceAccountToken"] is True
+
+
+def test_the_kube_report_component(rendered: list[Obj], overlays: dict[str, list[Obj]],
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off in the base; the component adds exactly the flag and the writes it needs."""
+    objs = overlays["kube-report"]
+    base_c, c = only_container(agent_ds(rendered)), only_container(agent_ds(objs))
+    assert parsed_with_env("run", container_env(rendered, base_c), monkeypatch).kube_report \
+        is False
+    assert c["args"] == [*base_c["args"], "--kube-report"]
+    env = container_env(objs, c)
+    args = build_parser().parse_args(c["args"])
+    assert args.kube_report is True and args.command == "run"
+    assert parsed_with_env("run", env, monkeypatch).spool == \
+        parsed_with_env("run", container_env(rendered, base_c), monkeypatch).spool
+    assert rules_of(objs, "ClusterRole", "loopback-agent-report") == {
+        ("", "nodes/status"): {"patch"}, ("events.k8s.io", "events"): {"create", "patch"}}
+    crb = one(objs, "ClusterRoleBinding", "loopback-agent-report")
+    assert crb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
+                              "kind": "ClusterRole", "name": "loopback-agent-report"}
+    assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "loopback-agent",
+                                "namespace": AGENT_NAMESPACE}]
+    # nothing else changes: the base's read-only role stays as it is
+    added = {("ClusterRole", "loopback-agent-report"),
+             ("ClusterRoleBinding", "loopback-agent-report")}
+    rest = [o for o in objs if (o["kind"], o["metadata"]["name"]) not in added]
+    assert [o for o in rest if o["kind"] != "DaemonSet"] == \
+        [o for o in rendered if o["kind"] != "DaemonSet"]
+    ds = copy.deepcopy(agent_ds(objs))
+    only_container(ds)["args"] = base_c["args"]
+    assert ds == agent_ds(rendered)
 
 
 # -- Pod Security: privileged only where the agent runs ---------------------------------

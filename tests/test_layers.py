@@ -12,9 +12,9 @@ AGENT = Path(__file__).parent.parent / "agent"
 RANK = {
     "__main__": 0, "cli": 0, "daemon": 0, "daemon_http": 0, "collector": 0,
     "kubectl_plugin": 0,
-    "bundle": 1, "watch": 1, "report": 1, "ship": 1,
+    "bundle": 1, "watch": 1, "report": 1, "ship": 1, "kubereport": 1,
     "diagnose": 2,
-    "netfilter": 3, "parse": 3, "probes": 3, "capture": 3,
+    "netfilter": 3, "parse": 3, "probes": 3, "capture": 3, "kubewatch": 3,
     "snapshot": 4, "errors": 4, "__version__": 4, "agent": 4,
 }
 

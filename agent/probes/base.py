@@ -26,6 +26,9 @@ class ProbeContext:
     use_kube_api: bool = True
     kubeconfig: str | None = None
     timeout: float = 5.0  # seconds, for each subprocess / API request
+    # A running agent.kubewatch.KubeInformer (the daemon's): the kube_api probe reads its
+    # memory instead of asking the API server every cycle.
+    kube_cache: object | None = None
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,8 @@
 """Optional: Services, this Node and Ingresses from the Kubernetes API.
 
+One-shot commands LIST once (``fetch_raw``); the daemon keeps them by list+watch
+(``start_informer``, agent.kubewatch) and the probe reads that memory (``ctx.kube_cache``).
+
 Uses the official `kubernetes` client (the `kube` extra): in-cluster service account
 when KUBERNETES_SERVICE_HOST is set, else a kubeconfig. Responses are fetched raw
 (`_preload_content=False`) and parsed by agent.parse.kube, the same code that reads a
@@ -121,6 +124,22 @@ def fetch_raw(ctx: ProbeContext) -> list[RawResponse]:
     return out
 
 
+def start_informer(ctx: ProbeContext, on_change: Callable[[str], None] | None = None,
+                   **options: Any) -> Any:
+    """A started agent.kubewatch.KubeInformer for this node; KubeUnavailable when there is
+    no API to watch (then the probe says why each cycle, without any request)."""
+    from agent.kubewatch import KubeInformer
+
+    return KubeInformer(api_client(ctx), ctx.node_name, on_change=on_change,
+                        request_timeout=ctx.timeout, **options).start()
+
+
+def _from_informer(informer: Any) -> ProbeResult:
+    values, why = informer.read()
+    return ProbeResult(tuple(values), tuple(Unknown(SOURCE, f"{what}: {reason}")
+                                           for what, reason in why))
+
+
 def _parse(raw: RawResponse) -> object:
     from agent.parse.kube import parse_ingresses, parse_node, parse_services
 
@@ -139,6 +158,8 @@ def _parse(raw: RawResponse) -> object:
 def collect(ctx: ProbeContext) -> ProbeResult:
     if not ctx.use_kube_api:
         return unavailable(SOURCE, DISABLED, fields=len(FIELDS))
+    if ctx.kube_cache is not None:
+        return _from_informer(ctx.kube_cache)
     try:
         responses = fetch_raw(ctx)
     except KubeUnavailable as exc:

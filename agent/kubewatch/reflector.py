@@ -1,0 +1,276 @@
+"""One resource kept current by list+watch, as client-go's Reflector does.
+
+One LIST (paged), then one WATCH at a time from the list's resourceVersion with
+allowWatchBookmarks; a watch that ends (its timeoutSeconds, a server restart) is resumed
+from the last resourceVersion seen, without a LIST. Only 410 Gone (an HTTP 410, or the
+in-stream ERROR event with code 410) makes it LIST again. Any other error (connection
+refused, 5xx, a read timeout) waits a jittered, exponentially growing delay and then
+resumes the WATCH from where it was (the API server's watch cache answers that cheaply),
+so when the API server comes back after an outage, its thousand agents neither LIST all at
+once nor retry in lockstep.
+
+Only decoded records are kept (``decode`` keeps the fields the diagnosis reads), never the
+raw objects; each LIST page is decoded and dropped before the next is asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+GONE = 410
+PAGE = 500  # objects per LIST page: bounds the memory of one response
+CONNECT_TIMEOUT = 10.0
+READ_MARGIN = 30.0  # a watch's read timeout is its timeoutSeconds plus this
+
+
+class JitteredBackoff:
+    """Exponential delays with "equal jitter": half the step fixed, half random.
+
+    The fixed half bounds how many requests one agent makes during an outage; the random
+    half spreads agents that failed at the same moment so they do not retry together."""
+
+    def __init__(self, base: float = 1.0, cap: float = 60.0,
+                 rng: random.Random | None = None) -> None:
+        self.base, self.cap = base, cap
+        self.rng = rng or random.Random()
+        self.failures = 0
+
+    def next_delay(self) -> float:
+        step = min(self.cap, self.base * (2 ** min(self.failures, 30)))
+        self.failures += 1
+        return step / 2 + self.rng.uniform(0, step / 2)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+def object_key(obj: dict[str, Any]) -> tuple[str, str]:
+    """(namespace, name) of an API object ("" for a cluster-scoped one's namespace)."""
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    ns, name = meta.get("namespace"), meta.get("name")
+    return (ns if isinstance(ns, str) else "", name if isinstance(name, str) else "")
+
+
+def describe(exc: BaseException) -> str:
+    status = getattr(exc, "status", None)
+    if status:  # kubernetes.client.ApiException
+        return f"HTTP {status} {getattr(exc, 'reason', '') or ''}".strip()[:300]
+    text = str(exc).strip() or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+class Reflector:
+    def __init__(self, name: str, list_call: Callable[..., Any],
+                 decode: Callable[[dict[str, Any]], object], *,
+                 on_change: Callable[[str], None] | None = None,
+                 field_selector: str | None = None, watch_timeout: float = 300.0,
+                 request_timeout: float = 10.0, backoff: JitteredBackoff | None = None,
+                 rng: random.Random | None = None) -> None:
+        self.name = name
+        self._list_call = list_call
+        self._decode = decode
+        self._on_change = on_change
+        self._selector = {"field_selector": field_selector} if field_selector else {}
+        self.watch_timeout = watch_timeout
+        self.request_timeout = request_timeout
+        self.rng = rng or random.Random()
+        self.backoff = backoff or JitteredBackoff(rng=self.rng)
+        self.stopping = threading.Event()
+        self.synced = threading.Event()
+        self.lock = threading.Lock()
+        # decode(obj) keeps what the diagnosis reads; it raises (the message is kept in
+        # ``bad``) for an object it cannot read, which then is left out.
+        self.items: dict[tuple[str, str], object] = {}
+        self.bad: dict[tuple[str, str], str] = {}  # objects that could not be read, and why
+        self.version = 0  # bumped on every change of items/bad
+        self.resource_version: str | None = None
+        self.error: str | None = None  # the last failure, None once a request worked
+        # counters, for metrics, tests and the bench
+        self.lists = self.watches = self.relists_after_gone = self.failures = 0
+        self.delays: list[float] = []
+        self._watch: Any = None
+        self._listed_at = 0.0
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> Reflector:
+        self._thread = threading.Thread(target=self.run, name=f"reflector-{self.name}",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, join: float = 2.0) -> None:
+        self.stopping.set()
+        w = self._watch
+        if w is not None:
+            w.stop()  # shuts the socket down: a blocked read returns
+        if self._thread is not None:
+            self._thread.join(join)
+
+    def snapshot(self) -> tuple[int, list[object], dict[tuple[str, str], str]]:
+        with self.lock:
+            return self.version, list(self.items.values()), dict(self.bad)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def run(self) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        need_list = True
+        while not self.stopping.is_set():
+            try:
+                if need_list:
+                    self._list()
+                    need_list, self._listed_at = False, time.monotonic()
+                self._watch_once()
+            except ApiException as exc:
+                if exc.status == GONE:
+                    # Our resourceVersion is out of the server's window: what happened
+                    # since is lost, only a new LIST tells. No wait, unless the version
+                    # a LIST just gave is gone at once too (a server that cannot keep any
+                    # window must not get a LIST loop).
+                    self.relists_after_gone += 1
+                    if need_list or time.monotonic() - self._listed_at < 1.0:
+                        self._failed(exc)
+                    need_list = True
+                    continue
+                self._failed(exc)
+            except Exception as exc:  # urllib3 errors, timeouts, bad JSON
+                if self.stopping.is_set():
+                    break
+                self._failed(exc)
+
+    def _failed(self, exc: BaseException) -> None:
+        self.failures += 1
+        self.error = describe(exc)
+        delay = self.backoff.next_delay()
+        self.delays.append(delay)
+        self.stopping.wait(delay)
+
+    def _list(self) -> None:
+        items: dict[tuple[str, str], object] = {}
+        bad: dict[tuple[str, str], str] = {}
+        cont: str | None = None
+        while True:
+            kw: dict[str, Any] = {"limit": PAGE, **self._selector}
+            if cont:
+                kw["_continue"] = cont
+            self.lists += 1
+            resp = self._list_call(_preload_content=False,
+                                   _request_timeout=self.request_timeout, **kw)
+            try:
+                doc = json.loads(resp.data)
+            finally:
+                resp.release_conn()
+            if not isinstance(doc, dict) or not isinstance(doc.get("metadata"), dict):
+                raise ValueError(f"{self.name}: LIST answer is not a list object")
+            for obj in doc.get("items") or ():
+                self._decode_into(obj, items, bad)
+            meta = doc["metadata"]
+            cont = meta.get("continue") or None
+            if not cont:
+                rv = meta.get("resourceVersion")
+                break
+        if not isinstance(rv, str) or not rv:
+            raise ValueError(f"{self.name}: LIST answer without a resourceVersion")
+        with self.lock:
+            changed = items != self.items or bad != self.bad
+            self.items, self.bad, self.resource_version = items, bad, rv
+            if changed:
+                self.version += 1
+        self.error = None
+        self.backoff.reset()
+        first = not self.synced.is_set()
+        self.synced.set()
+        if changed or first:
+            self._changed()
+
+    def _decode_into(self, obj: Any, items: dict[tuple[str, str], object],
+                     bad: dict[tuple[str, str], str]) -> tuple[str, str] | None:
+        if not isinstance(obj, dict):
+            return None
+        key = object_key(obj)
+        try:
+            record = self._decode(obj)
+        except Exception as exc:  # InputError naming the field; never fatal to the rest
+            items.pop(key, None)
+            bad[key] = str(exc)[:300]
+        else:
+            items[key] = record
+            bad.pop(key, None)
+        return key
+
+    def _watch_once(self) -> None:
+        from kubernetes import watch
+
+        # Spread the watches' ends (client-go: 5 to 10 minutes) so agents started together
+        # do not all come back at the same second.
+        timeout = max(1, int(self.watch_timeout * (1 + self.rng.random())))
+        w = self._watch = watch.Watch()
+        list_call = self._list_call
+
+        def call(**kw: Any) -> Any:  # no return type for Watch to find: raw dict events
+            return list_call(**kw)
+
+        self.watches += 1
+        started = time.monotonic()
+        events = 0
+        try:
+            for event in w.stream(call, resource_version=self.resource_version,
+                                  allow_watch_bookmarks=True, timeout_seconds=timeout,
+                                  _request_timeout=(CONNECT_TIMEOUT, timeout + READ_MARGIN),
+                                  **self._selector):
+                events += 1
+                self.error = None  # the server answers again
+                self._apply(event)
+                if self.stopping.is_set():
+                    w.stop()
+        finally:
+            self._watch = None
+        self.error = None
+        if events:
+            self.backoff.reset()
+        if not events and time.monotonic() - started < min(1.0, timeout / 2):
+            # Ended at once with nothing said: a server that closes watches is failing.
+            raise ConnectionError(f"{self.name}: watch ended at once")
+
+    def _apply(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        obj = event.get("raw_object", event.get("object"))
+        if not isinstance(obj, dict):
+            return
+        meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        rv = meta.get("resourceVersion")
+        if kind == "BOOKMARK":
+            if isinstance(rv, str) and rv:
+                self.resource_version = rv
+            return
+        changed = False
+        with self.lock:
+            key = object_key(obj)
+            if kind in ("ADDED", "MODIFIED"):
+                before = (self.items.get(key), self.bad.get(key))
+                self._decode_into(obj, self.items, self.bad)
+                changed = (self.items.get(key), self.bad.get(key)) != before
+            elif kind == "DELETED":
+                changed = (self.items.pop(key, None) is not None) | \
+                    (self.bad.pop(key, None) is not None)
+            if changed:
+                self.version += 1
+            if isinstance(rv, str) and rv:
+                self.resource_version = rv
+        if changed:
+            self._changed()
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            with contextlib.suppress(Exception):  # a listener's bug must not end the watch
+                self._on_change(self.name)

@@ -1,0 +1,281 @@
+"""Services, Ingresses and this Node by list+watch (agent.kubewatch), against a real HTTP
+server speaking the API's list+watch (tests/kube_apiserver.py): how many requests, what a
+410 Gone costs, how an outage is waited out, and how soon the daemon sees a change."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.kubewatch import JitteredBackoff
+from agent.probes import kube_api
+from agent.probes.base import ProbeContext
+from agent.snapshot import Ingress, NodeInfo, Service
+from tests.kube_apiserver import FakeKubeAPI, ingress, kubeconfig, node, service
+
+pytest.importorskip("kubernetes")
+
+RESOURCES = ("services", "ingresses", "nodes")
+
+
+def until(cond: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what or cond}")
+
+
+@pytest.fixture
+def api() -> Iterator[FakeKubeAPI]:
+    with FakeKubeAPI(bookmark_every=0.5) as server:
+        for i in range(30):
+            server.put("services", service(f"svc{i}", f"198.51.100.{i + 1}",
+                                           node_port=30000 + i))
+        server.put("services", service("plain"))
+        server.put("nodes", node("n1"))
+        server.put("nodes", node("n2", "10.0.0.6"))
+        server.put("ingresses", ingress("web", "203.0.113.9", "svc1"))
+        yield server
+
+
+def start(api: FakeKubeAPI, tmp_path: Path, **kw: object):  # -> KubeInformer
+    kc = kubeconfig(str(tmp_path / f"kc{random.random()}"), api.url)
+    changes: list[str] = []
+    kw.setdefault("watch_timeout", 1.0)
+    inf = kube_api.start_informer(ProbeContext(node_name="n1", kubeconfig=kc),
+                                  on_change=changes.append, **kw)
+    inf.changes = changes
+    assert inf.wait_synced(10)
+    return inf
+
+
+def test_one_list_then_one_watch_at_a_time(api: FakeKubeAPI, tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    inf = start(api, tmp_path, watch_timeout=2.0)
+    try:
+        # watches end after timeoutSeconds (2-3 s here) and resume: sample the open ones
+        most = dict.fromkeys(RESOURCES, 0)
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            for r in RESOURCES:
+                most[r] = max(most[r], api.open_watches(r))
+            time.sleep(0.01)
+        values, unknowns = inf.read()
+    finally:
+        inf.stop()
+    assert unknowns == []
+    services, node_info, ingresses = values
+    # decoded records, not API objects: what the diagnosis reads and nothing else
+    assert len(services) == 31 and all(type(s) is Service for s in services)
+    assert services[0].key < services[-1].key
+    assert node_info == NodeInfo("n1", ("10.244.1.0/24",), ("10.0.0.5",))
+    assert [type(i) for i in ingresses] == [Ingress]
+    for r in RESOURCES:
+        lists = api.requests("GET", r, watch=False, since=t0)
+        watches = api.requests("GET", r, watch=True, since=t0)
+        assert len(lists) == 1, (r, lists)  # O(1): one LIST, however long it runs
+        assert 2 <= len(watches) <= 4, (r, len(watches))  # 5 s / (2-3 s) per watch
+        assert most[r] == 1, (r, most[r])
+        # each watch resumes where the last left off, with bookmarks asked for
+        assert all(w.query["allowWatchBookmarks"] == "true" and w.query["resourceVersion"]
+                   for w in watches)
+    # this Node only: no agent lists the cluster's nodes
+    assert {q.query.get("fieldSelector") for q in api.requests(resource="nodes", since=t0)} \
+        == {"metadata.name=n1"}
+    assert {r.method for r in api.log} == {"GET"}
+
+
+def test_changes_arrive_and_only_changes_that_matter_wake(api: FakeKubeAPI,
+                                                           tmp_path: Path) -> None:
+    inf = start(api, tmp_path)
+    try:
+        inf.changes.clear()
+        api.put("services", service("new", "192.0.2.77"))
+        until(lambda: "services" in inf.changes, what="a change callback")
+        assert any(s.name == "new" for s in inf.read()[0][0])
+        # a Service change the diagnosis cannot see (a label) changes nothing
+        inf.changes.clear()
+        svc = api.get("services", "new")
+        svc["metadata"]["labels"] = {"team": "a"}
+        api.put("services", svc)
+        time.sleep(0.5)
+        assert inf.changes == []
+        api.delete("services", "new")
+        until(lambda: "services" in inf.changes, what="a delete callback")
+        assert not any(s.name == "new" for s in inf.read()[0][0])
+        # another node's change is not even sent to this agent
+        inf.changes.clear()
+        api.put("nodes", node("n2", "10.0.0.99"))
+        time.sleep(0.5)
+        assert inf.changes == [] and inf.read()[0][1].internal_ips == ("10.0.0.5",)
+        api.put("nodes", node("n1", "10.0.0.42"))
+        until(lambda: "node" in inf.changes, what="a node change")
+        assert inf.read()[0][1].internal_ips == ("10.0.0.42",)
+        # an object that cannot be read is named, the rest kept
+        bad = service("broken", "192.0.2.8")
+        bad["spec"]["ports"][0]["port"] = "eighty"
+        api.put("services", bad)
+        until(lambda: inf.read()[1], what="an unknown")
+        (what, why), = inf.read()[1]
+        assert what == "services" and "default/broken" in why and "port" in why
+        assert len(inf.read()[0][0]) == 31
+    finally:
+        inf.stop()
+
+
+@pytest.mark.parametrize("gone_as", ["event", "http"])
+def test_410_gone_costs_exactly_one_relist(api: FakeKubeAPI, tmp_path: Path,
+                                           gone_as: str) -> None:
+    api.gone_as = gone_as
+    inf = start(api, tmp_path, watch_timeout=30.0)
+    try:
+        time.sleep(1.2)  # the first watches are open
+        t0 = time.monotonic()
+        api.compact()
+        # a change the agent never sees as an event: only the new LIST can tell it
+        api.put("services", service("missed", "192.0.2.99"))
+        api.compact()
+        if gone_as == "event":
+            api.expire_watches()  # an in-stream ERROR 410 on every open watch
+        else:
+            api.cut_watches()  # the resumed watch gets an HTTP 410
+        until(lambda: any(s.name == "missed" for s in inf.read()[0][0]), what="the relist")
+        time.sleep(1.5)
+        for r in RESOURCES:
+            assert len(api.requests("GET", r, watch=False, since=t0)) == 1, r
+            assert api.open_watches(r) == 1, r
+        gone = [q for q in api.requests(since=t0) if q.status == 410]
+        assert len(gone) == (3 if gone_as == "http" else 0)
+        assert inf.requests()["relists_after_gone"] == 3
+        assert inf.requests()["failures"] == 0  # a 410 is no error to back off from
+    finally:
+        inf.stop()
+
+
+def test_outage_backs_off_with_jitter_and_resumes_without_list(tmp_path: Path) -> None:
+    """Three agents, one API server that answers 503 for 6 s: each agent's requests are
+    bounded, its delays grow, no two agents wait the same, and none LISTs afterwards."""
+    with FakeKubeAPI(bookmark_every=0.5) as api:
+        api.put("services", service("a", "198.51.100.1"))
+        api.put("nodes", node("n1"))
+        agents = [start(api, tmp_path, watch_timeout=30.0, backoff_base=0.2,
+                        backoff_cap=1.6) for _ in range(3)]
+        try:
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            api.outage = "503"
+            time.sleep(6)
+            t1 = time.monotonic()
+            # the last state seen is still used, and said to be possibly old
+            values, why = agents[0].read()
+            assert [s.name for s in values[0]] == ["a"]
+            assert ("services", "watch failing (HTTP 503 Service Unavailable); using the "
+                                "state last seen") in why
+            api.outage = None
+            api.put("services", service("after", "198.51.100.2"))
+            for a in agents:
+                until(lambda a=a: any(s.name == "after" for s in a.read()[0][0]),
+                      what="the resumed watch")
+                until(lambda a=a: a.read()[1] == [], what="the errors to clear")
+            during = api.requests(since=t0)
+            during = [q for q in during if q.at < t1]
+            # per agent and resource: delays 0.1-0.2, 0.2-0.4, 0.4-0.8, 0.8-1.6, then
+            # 0.8-1.6 each: at most 2+1+1+1+ 6/0.8 -> 12 in 6 s, at least 6/1.6 -> 4
+            per = len(during) / (3 * 3)
+            assert 4 <= per <= 12, per
+            assert all(q.status == 503 and q.watch for q in during)
+            for a in agents:
+                for r in a.reflectors:
+                    d = r.delays
+                    assert len(d) >= 4
+                    steps = [min(1.6, 0.2 * 2 ** i) for i in range(len(d))]
+                    assert all(s / 2 <= x <= s for x, s in zip(d, steps, strict=True)), d
+            # not in lockstep: the agents' n-th delays differ
+            firsts = [[r.delays[i] for a in agents for r in a.reflectors] for i in range(4)]
+            for i, ds in enumerate(firsts):
+                assert len({round(x, 3) for x in ds}) == len(ds), (i, ds)
+                assert max(ds) - min(ds) > 0.02 * 2 ** i, (i, ds)
+            # the watch resumed from where it was: no LIST after the outage
+            assert not api.requests("GET", watch=False, since=t0)
+        finally:
+            for a in agents:
+                a.stop()
+
+
+def test_refused_connections_back_off_too(tmp_path: Path) -> None:
+    with FakeKubeAPI(bookmark_every=0.5) as api:
+        api.put("services", service("a", "198.51.100.1"))
+        inf = start(api, tmp_path, watch_timeout=30.0, backoff_base=0.2, backoff_cap=1.6)
+        try:
+            time.sleep(0.5)
+            api.outage = "refuse"
+            time.sleep(4)
+            tries = inf.services.failures
+            assert 3 <= tries <= 10, tries
+            api.outage = None
+            api.put("services", service("back", "198.51.100.3"))
+            until(lambda: any(s.name == "back" for s in inf.read()[0][0]), what="resume")
+            assert inf.services.lists == 1
+        finally:
+            inf.stop()
+
+
+def test_jittered_backoff_bounds() -> None:
+    b = JitteredBackoff(1.0, 8.0, random.Random(1))
+    d = [b.next_delay() for _ in range(6)]
+    assert all(s / 2 <= x <= s for x, s in zip(d, [1, 2, 4, 8, 8, 8], strict=True))
+    b.reset()
+    assert b.next_delay() <= 1.0
+
+
+def test_probe_reads_the_informer_not_the_api(api: FakeKubeAPI, tmp_path: Path) -> None:
+    inf = start(api, tmp_path, watch_timeout=30.0)
+    try:
+        n = len(api.log)
+        res = kube_api.collect(ProbeContext(node_name="n1", kube_cache=inf))
+        assert len(api.log) == n  # no request: memory
+        services, node_info, ingresses = res.value
+        assert len(services) == 31 and node_info.name == "n1" and len(ingresses) == 1
+        assert res.unknowns == ()
+    finally:
+        inf.stop()
+
+
+def test_daemon_sees_a_service_change_within_seconds(api: FakeKubeAPI,
+                                                     tmp_path: Path) -> None:
+    """`run` with a 60 s interval: a new LoadBalancer IP is in a verdict within seconds,
+    and the daemon's API traffic is one LIST per resource plus watches."""
+    kc = kubeconfig(str(tmp_path / "kc"), api.url)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent", "run", "--no-capture", "--interval", "60",
+         "--listen", "", "--spool", str(tmp_path / "spool"), "--kubeconfig", kc,
+         "--node-name", "n1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        first = json.loads(proc.stdout.readline())
+        ips = {r["ip"] for r in first["lb_ips"]}
+        assert "198.51.100.1" in ips and "192.0.2.55" not in ips
+        assert not any(u["source"] == "kubernetes API" for u in first["unknowns"])
+        changed = time.monotonic()
+        api.put("services", service("late", "192.0.2.55", node_port=31555))
+        second = json.loads(proc.stdout.readline())
+        took = time.monotonic() - changed
+        assert "192.0.2.55" in {r["ip"] for r in second["lb_ips"]}
+        assert took < 10, took  # the interval is 60 s
+        for r in RESOURCES:
+            assert len(api.requests("GET", r, watch=False, since=t0)) == 1, r
+    finally:
+        proc.terminate()
+        proc.wait(20)
