@@ -424,3 +424,42 @@ def tokenize_elements_in_header(group: tuple) -> tuple | None:
         if t == "elements":
             return next((x for x in group[i:] if isinstance(x, tuple)), None)
     return None
+
+
+def split_nft(text: str) -> tuple[str | None, str]:
+    """(the nft ruleset text in a paste, with the other lines blanked so line numbers
+    stay; the rest of the paste with the nft lines blanked). (None, text) when it holds
+    no nft text."""
+    if not looks_like_nft(text):
+        return None, text
+    lines = text.split("\n")
+    nft = [""] * len(lines)
+    rest = list(lines)
+    depth = 0
+    inside = False
+    for i, line in enumerate(lines):
+        s = line.strip()
+        starts = bool(_START.match(line))
+        if not inside and not starts:
+            continue
+        if depth == 0 and not starts and s and not s.startswith("#") and not re.match(
+                r"^(?:add|create|insert|flush|delete|table)\s", s):
+            inside = False  # the nft text ended: something else follows
+            continue
+        inside = True
+        depth += _braces(s)
+        depth = max(depth, 0)
+        nft[i] = line
+        rest[i] = ""
+    return "\n".join(nft), "\n".join(rest)
+
+
+def _braces(s: str) -> int:
+    """'{' minus '}' outside quoted strings."""
+    n, quoted = 0, False
+    for c in s:
+        if c == '"':
+            quoted = not quoted
+        elif not quoted:
+            n += (c == "{") - (c == "}")
+    return n
