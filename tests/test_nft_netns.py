@@ -1,0 +1,191 @@
+"""kube-proxy nftables mode on a real kernel: kube-proxy's own ruleset (its
+TestOverallNFTablesRules transaction, tests/data/realworld/k8s-nftables-overall-...) loaded
+with `nft -f` into a node namespace the test makes, with a pod, an outside client and the
+endpoints in namespaces of their own. Real SYNs show what the kernel does; the agent's
+live `check` in the node namespace, `check --from` of the bundle it saves there and of a
+pasted `nft list table` must say the same.
+
+Topology (all namespaces made here, the root namespace untouched):
+  pod  10.0.1.5 --- cni0 10.0.1.1 [node] eth0 192.168.0.2 --- 192.168.0.100 client
+                                    [node] ep0 10.99.0.1 --- 10.99.0.2 ep (10.180.0.1-5)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab.netns import Netns, netns, veth
+from tests.nodestate import capture
+
+pytestmark = pytest.mark.netns
+
+CASE = (Path(__file__).parent / "data" / "realworld" /
+        "k8s-nftables-overall-rules-lb-etp-local-sourceranges")
+_ORDER = {"table": 0, "set": 1, "map": 1, "chain": 2, "rule": 3, "element": 4}
+
+# an endpoint server: answers each connection with the addresses it saw
+_SERVER = """
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 80)); s.listen(16)
+while True:
+    c, peer = s.accept()
+    c.sendall(f"peer={peer[0]} local={c.getsockname()[0]}\\n".encode()); c.close()
+"""
+_CLIENT = """
+import socket, sys
+s = socket.socket(); s.settimeout(2)
+try:
+    s.connect((sys.argv[1], int(sys.argv[2]))); print(s.recv(200).decode().strip())
+except socket.timeout:
+    print("timeout")
+except OSError as e:
+    print(f"error {e.errno}")
+"""
+
+
+def transaction() -> str:
+    """The test's `add` lines, chains before the rules that jump to them (nft -f needs
+    that order; knftables' fake dump lists them by object)."""
+    lines = [ln for ln in (CASE / "nft-transaction.txt").read_text().splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    return "\n".join(sorted(lines, key=lambda ln: _ORDER[ln.split()[1]])) + "\n"
+
+
+@contextmanager
+def nft_node() -> Iterator[dict[str, Netns]]:
+    with ExitStack() as stack:
+        ns = {k: stack.enter_context(netns(f"nft{k[:2]}")) for k in ("node", "pod", "client", "ep")}
+        node, pod, client, ep = ns["node"], ns["pod"], ns["client"], ns["ep"]
+        veth(node, "cni0", pod, "eth0")
+        veth(node, "eth0", client, "eth0")
+        veth(node, "ep0", ep, "eth0")
+        node.sh("""
+            ip addr add 10.0.1.1/24 dev cni0; ip link set cni0 up
+            ip addr add 192.168.0.2/24 dev eth0; ip link set eth0 up
+            ip addr add 10.99.0.1/24 dev ep0; ip link set ep0 up
+            ip route add 10.180.0.0/24 via 10.99.0.2
+            ip route add default via 192.168.0.100
+            sysctl -qw net.ipv4.ip_forward=1
+        """)
+        pod.sh("ip addr add 10.0.1.5/24 dev eth0; ip link set eth0 up; "
+               "ip route add default via 10.0.1.1")
+        client.sh("ip addr add 192.168.0.100/24 dev eth0; ip link set eth0 up; "
+                  "ip route add default via 192.168.0.2")
+        ep.sh("ip addr add 10.99.0.2/24 dev eth0; ip link set eth0 up; "
+              "ip route add default via 10.99.0.1; "
+              + "; ".join(f"ip addr add 10.180.0.{i}/32 dev lo" for i in range(1, 6)))
+        node.run("nft", "-f", "-", input=transaction())
+        server = ep.popen([sys.executable, "-c", _SERVER], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+        stack.callback(server.wait, 5)
+        stack.callback(server.kill)
+        for _ in range(50):  # the server listens
+            if "peer=" in connect(ep, "10.180.0.1", 80):
+                break
+            time.sleep(0.1)
+        yield ns
+
+
+def connect(ns: Netns, ip: str, port: int) -> str:
+    return ns.run(sys.executable, "-c", _CLIENT, ip, str(port), check=False,
+                  timeout=30).stdout.strip()
+
+
+def agent(ns: Netns | None, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "agent", *args]
+    if ns is not None:
+        return ns.run(*cmd, check=False, timeout=120)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def unchanging(state: dict[str, str]) -> dict[str, str]:
+    """The node's state without the countdown of session-affinity entries (the traffic
+    above filled the affinity set; its "expires" drops by the second)."""
+    return {k: re.sub(r" expires \S+", "", v) for k, v in state.items()}
+
+
+def ids_by_ip(v: dict[str, Any]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for f in v["findings"]:
+        if f["lb_ip"]:
+            out.setdefault(f["lb_ip"], set()).add(f["id"])
+    return out
+
+
+def test_kernel_and_agent_agree_on_an_nftables_mode_node(tmp_path: Path) -> None:
+    with nft_node() as ns:
+        node, pod, client = ns["node"], ns["pod"], ns["client"]
+        # what the kernel does
+        kernel = {
+            # pod -> LB IP of an eTP=Local service: DNATed on the node to 10.180.0.2, the
+            # pod's own address kept (short-circuit pod traffic): captured
+            "pod 1.2.3.4": connect(pod, "1.2.3.4", 80),
+            "pod 192.168.99.33": connect(pod, "192.168.99.33", 80),  # eTP=Cluster
+            # pod -> LB IP with loadBalancerSourceRanges: dropped before DNAT
+            "pod 5.6.7.8": connect(pod, "5.6.7.8", 80),
+            # the load balancer -> NodePort 3001 (eTP=Local, no local endpoint): dropped
+            "client :3001": connect(client, "192.168.0.2", 3001),
+            # NodePort 3002 (Cluster): served, masqueraded to the node's ep0 address
+            "client :3002": connect(client, "192.168.0.2", 3002),
+        }
+        assert kernel["pod 1.2.3.4"] == "peer=10.0.1.5 local=10.180.0.2", kernel
+        # eTP=Cluster: the external chain marks every packet for masquerade, a pod's too
+        assert kernel["pod 192.168.99.33"] in ("peer=10.99.0.1 local=10.180.0.4",
+                                               "peer=10.99.0.1 local=10.180.0.5"), kernel
+        assert kernel["pod 5.6.7.8"] == "timeout", kernel
+        assert kernel["client :3001"] == "timeout", kernel
+        assert kernel["client :3002"] == "peer=10.99.0.1 local=10.180.0.3", kernel
+
+        before = unchanging(capture(node))
+        live = agent(node, "check", "--json", "--no-kube-api", "--node-name", "nft-node")
+        assert live.returncode == 0, live.stderr
+        v = json.loads(live.stdout)
+        bundle = tmp_path / "bundle"
+        saved = agent(node, "bundle", str(bundle), "--no-kube-api")
+        assert saved.returncode == 0, saved.stderr
+        (tmp_path / "paste").mkdir()
+        (tmp_path / "paste" / "nft.txt").write_text(
+            "# nft list table ip kube-proxy\n" + node.run("nft", "list", "table", "ip",
+                                                         "kube-proxy").stdout)
+        after = unchanging(capture(node))
+    assert before == after, "the agent changed the node"
+    assert (bundle / "nft-kube-proxy.json").exists()
+    assert v["kube_proxy_mode"] == "nftables", v
+    got = ids_by_ip(v)
+    # the agent says what the kernel did
+    assert "pod-to-lb-captured" in got["1.2.3.4"], got
+    assert "pod-to-lb-captured" in got["192.168.99.33"], got
+    assert "pod-to-lb-dropped" in got["5.6.7.8"], got
+    assert "etp-local-no-local-endpoint" in got["1.2.3.4"], got
+    assert not any("pod-to-lb-not-masqueraded" in ids or "pod-to-lb-undetermined" in ids
+                   for ids in got.values()), got
+    assert v["status"] == "healthy", v
+    # the evidence quotes kube-proxy's nft rules
+    cap = next(f for f in v["findings"] if f["id"] == "pod-to-lb-captured"
+               and f["lb_ip"] == "1.2.3.4")
+    assert any("dnat to 10.180.0.2:80" in e for e in cap["evidence"]), cap
+    drop = next(f for f in v["findings"] if f["id"] == "pod-to-lb-dropped")
+    assert any("203.0.113.0/25" in e and "drop" in e for e in drop["evidence"]), drop
+
+    offline = agent(None, "check", "--from", str(bundle), "--json", "--node-name", "nft-node")
+    assert offline.returncode == live.returncode, offline.stderr
+    w = json.loads(offline.stdout)
+    assert w["kube_proxy_mode"] == "nftables"
+    assert ids_by_ip(w) == got
+    assert w["status"] == v["status"]
+    # a pasted listing alone (no addresses): the same findings for the LB IPs
+    pasted = agent(None, "check", "--from", str(tmp_path / "paste"), "--json")
+    p = json.loads(pasted.stdout)
+    assert p["kube_proxy_mode"] == "nftables", pasted.stderr
+    assert ids_by_ip(p) == got, (ids_by_ip(p), got)
