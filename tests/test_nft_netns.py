@@ -29,8 +29,11 @@ from tests.nodestate import capture
 
 pytestmark = pytest.mark.netns
 
-CASE = (Path(__file__).parent / "data" / "realworld" /
-        "k8s-nftables-overall-rules-lb-etp-local-sourceranges")
+CORPUS = Path(__file__).parent / "data" / "realworld"
+# kube-proxy's current rule generation and the v1.29 one (NodePorts by 'fib daddr type
+# local', one endpoints-check chain): the same services, the same kernel behaviour
+CASES = ("k8s-nftables-overall-rules-lb-etp-local-sourceranges",
+         "knftables-fakedump-k8s-1.29-nftables-fib-nodeports")
 _ORDER = {"table": 0, "set": 1, "map": 1, "chain": 2, "rule": 3, "element": 4}
 
 # an endpoint server: answers each connection with the addresses it saw
@@ -54,16 +57,16 @@ except OSError as e:
 """
 
 
-def transaction() -> str:
+def transaction(case: str) -> str:
     """The test's `add` lines, chains before the rules that jump to them (nft -f needs
     that order; knftables' fake dump lists them by object)."""
-    lines = [ln for ln in (CASE / "nft-transaction.txt").read_text().splitlines()
+    lines = [ln for ln in (CORPUS / case / "nft-transaction.txt").read_text().splitlines()
              if ln.strip() and not ln.startswith("#")]
     return "\n".join(sorted(lines, key=lambda ln: _ORDER[ln.split()[1]])) + "\n"
 
 
 @contextmanager
-def nft_node() -> Iterator[dict[str, Netns]]:
+def nft_node(case: str) -> Iterator[dict[str, Netns]]:
     with ExitStack() as stack:
         ns = {k: stack.enter_context(netns(f"nft{k[:2]}")) for k in ("node", "pod", "client", "ep")}
         node, pod, client, ep = ns["node"], ns["pod"], ns["client"], ns["ep"]
@@ -85,7 +88,7 @@ def nft_node() -> Iterator[dict[str, Netns]]:
         ep.sh("ip addr add 10.99.0.2/24 dev eth0; ip link set eth0 up; "
               "ip route add default via 10.99.0.1; "
               + "; ".join(f"ip addr add 10.180.0.{i}/32 dev lo" for i in range(1, 6)))
-        node.run("nft", "-f", "-", input=transaction())
+        node.run("nft", "-f", "-", input=transaction(case))
         server = ep.popen([sys.executable, "-c", _SERVER], stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
         stack.callback(server.wait, 5)
@@ -123,8 +126,9 @@ def ids_by_ip(v: dict[str, Any]) -> dict[str, set[str]]:
     return out
 
 
-def test_kernel_and_agent_agree_on_an_nftables_mode_node(tmp_path: Path) -> None:
-    with nft_node() as ns:
+@pytest.mark.parametrize("case", CASES)
+def test_kernel_and_agent_agree_on_an_nftables_mode_node(case: str, tmp_path: Path) -> None:
+    with nft_node(case) as ns:
         node, pod, client = ns["node"], ns["pod"], ns["client"]
         # what the kernel does
         kernel = {
