@@ -80,7 +80,9 @@ def read_nft_json(text: str, source: str) -> NftRuleset:
                 t["sets"][str(body["name"])] = NftSet(
                     str(body["name"]), kind == "map", key,
                     tuple((p, v) for p, v, _ in elems), tuple(c for _, _, c in elems),
-                    dynamic="dynamic" in flags, source=f"{source} ({kind} {body['name']})")
+                    # nft -j leaves "dynamic" out where `nft list` shows it: a set
+                    # whose entries time out is filled at run time either way
+                    dynamic="dynamic" in flags or "timeout" in flags, source=f"{source} ({kind} {body['name']})")
             elif kind == "rule":
                 t = table(str(body["family"]), str(body["table"]))
                 chain = t["chains"].setdefault(str(body["chain"]), {
@@ -91,8 +93,10 @@ def read_nft_json(text: str, source: str) -> NftRuleset:
                 where = f"{source} (rule handle {body.get('handle', '?')})"
                 toks = tokenize(text, source, None)
                 chain["rules"].append(NftRule(toks, render(toks), where))
-        except NftError:
-            raise
+        except NftError as e:
+            if e.why.startswith("more than"):
+                raise  # a bound: the whole input is refused
+            problems.append(f"{source}: item {k} ({kind}): {e.why}")
         except (KeyError, TypeError, ValueError, RecursionError) as e:
             problems.append(f"{source}: item {k} ({kind}): {type(e).__name__}: {e}")
     out = []

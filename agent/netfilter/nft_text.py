@@ -240,7 +240,8 @@ def _set_header(s: _Set, tokens: tuple) -> None:
             s.key_type = key
         elif stmt and stmt[0] == "typeof":
             s.key_type = " ".join(stmt[1:]).split(" : ", 1)[0]
-        elif stmt and stmt[0] == "flags" and "dynamic" in " ".join(stmt[1:]):
+        elif stmt and stmt[0] == "flags" and ("dynamic" in " ".join(stmt[1:])
+                                              or "timeout" in " ".join(stmt[1:])):
             s.dynamic = True
         stmt = []
 
