@@ -188,9 +188,9 @@ def test_damaged_text_is_named_by_file_and_line(text: str, line: int, why: str) 
 
 
 def test_not_nft_and_bad_json_raise_with_the_file() -> None:
-    with pytest.raises(NftError, match="^x.txt: no nft ruleset"):
+    with pytest.raises(NftError, match=r"^x\.txt: no nft ruleset"):
         read_nft_text("hello\nworld\n", "x.txt")
-    with pytest.raises(NftError, match=r"^x.json:3: not JSON"):
+    with pytest.raises(NftError, match=r"^x\.json:3: not JSON"):
         read_nft_json('{"nftables": [\n{},\n!!', "x.json")
     deep = '{"nftables": [{"rule": {"family": "ip", "table": "t", "chain": "c", "expr": [' \
         '{"match": {"op": "==", "right": 1, "left": ' + '{"concat": [' * 200 + "1" \

@@ -82,7 +82,8 @@ def read_nft_json(text: str, source: str) -> NftRuleset:
                     tuple((p, v) for p, v, _ in elems), tuple(c for _, _, c in elems),
                     # nft -j leaves "dynamic" out where `nft list` shows it: a set
                     # whose entries time out is filled at run time either way
-                    dynamic="dynamic" in flags or "timeout" in flags, source=f"{source} ({kind} {body['name']})")
+                    dynamic="dynamic" in flags or "timeout" in flags,
+                    source=f"{source} ({kind} {body['name']})")
             elif kind == "rule":
                 t = table(str(body["family"]), str(body["table"]))
                 chain = t["chains"].setdefault(str(body["chain"]), {
