@@ -77,8 +77,7 @@ def nft_targets(snap: NodeSnapshot, known: tuple[LbTarget, ...]) -> tuple[LbTarg
     for parts, verdict in np_map.elements if np_map else ():
         if len(parts) == 2 and parts[1].isdigit() and verdict:
             nodeports[verdict.split()[-1]] = int(parts[1])
-    by_key = {x.key: x for x in known}
-    out = list(known)
+    by_key = {x.key: x for x in known}  # insertion order: known first, then the new
     for parts, verdict in svc_ips.elements:
         if len(parts) != 3 or not parts[2].isdigit() or not verdict:
             continue
@@ -100,18 +99,15 @@ def nft_targets(snap: NodeSnapshot, known: tuple[LbTarget, ...]) -> tuple[LbTarg
                                         ": an LB or external IP (not a ClusterIP)"))
         old = by_key.get((ip, port, proto))
         if old is not None:
-            new = replace(old, learned_from=tuple(dict.fromkeys((*old.learned_from, src))),
-                          service=old.service or service, etp=old.etp or etp,
-                          etp_how=old.etp_how or etp_how,
-                          node_port=old.node_port or nodeports.get(chain))
-            out[out.index(old)] = new
-            by_key[new.key] = new
+            by_key[old.key] = replace(
+                old, learned_from=tuple(dict.fromkeys((*old.learned_from, src))),
+                service=old.service or service, etp=old.etp or etp,
+                etp_how=old.etp_how or etp_how, node_port=old.node_port or nodeports.get(chain))
             continue
         new = LbTarget(ip, port, proto, kind, service, (src,), etp, etp_how,
                        node_port=nodeports.get(chain))
-        out.append(new)
         by_key[new.key] = new
-    return tuple(out)
+    return tuple(by_key.values())
 
 
 def _etp(t: NftTable, chain_name: str) -> tuple[str | None, str]:

@@ -43,48 +43,33 @@ def looks_like_nft(text: str) -> bool:
     return False
 
 
+_TOKEN = re.compile(r'"[^"]*"|"|[{};,]|#.*|[^\s{};,"]+')
+
+
 def tokenize(text: str, source: str = "", line: int | None = None) -> tuple:
-    """Words, quoted strings (kept quoted), ';' ',' ':' as tokens, and brace groups as
-    nested tuples."""
+    """Words, quoted strings (kept quoted), ';' ',' as tokens, brace groups as nested
+    tuples; '#' at a word's start begins a comment (`# handle 5` after `nft -a`)."""
     stack: list[list] = [[]]
-    i, n = 0, len(text)
-    count = 0
-    while i < n:
-        c = text[i]
-        if c.isspace():
-            i += 1
-            continue
-        count += 1
+    for count, m in enumerate(_TOKEN.finditer(text), 1):
+        tok = m.group()
         if count > MAX_TOKENS_PER_RULE:
             raise NftError(source, line, f"more than {MAX_TOKENS_PER_RULE} tokens in a rule")
-        if c == '"':
-            j = text.find('"', i + 1)
-            if j < 0:
-                raise NftError(source, line, "unterminated quoted string")
-            stack[-1].append(text[i:j + 1])
-            i = j + 1
-        elif c == "{":
+        c = tok[0]
+        if c == "#":
+            break
+        if tok == '"':
+            raise NftError(source, line, "unterminated quoted string")
+        if c == "{":
             if len(stack) > 16:
                 raise NftError(source, line, "braces nested too deep")
             stack.append([])
-            i += 1
         elif c == "}":
             if len(stack) == 1:
                 raise NftError(source, line, "'}' without '{'")
             group = tuple(stack.pop())
             stack[-1].append(group)
-            i += 1
-        elif c in ";,":
-            stack[-1].append(c)
-            i += 1
-        elif c == "#":
-            break  # a comment (`# handle 5` after a rule with -a)
         else:
-            j = i
-            while j < n and not text[j].isspace() and text[j] not in '{};,"':
-                j += 1
-            stack[-1].append(text[i:j])
-            i = j
+            stack[-1].append(tok)
     if len(stack) != 1:
         raise NftError(source, line, "'{' without '}'")
     return tuple(stack[0])
@@ -457,6 +442,8 @@ def split_nft(text: str) -> tuple[str | None, str]:
 
 def _braces(s: str) -> int:
     """'{' minus '}' outside quoted strings."""
+    if '"' not in s:
+        return s.count("{") - s.count("}")
     n, quoted = 0, False
     for c in s:
         if c == '"':

@@ -108,12 +108,18 @@ class NftWalker:
         self.view = view
         self.iptables = dict(iptables or {})
         self._maps: dict[int, dict[tuple[str, ...], str | None]] = {}
+        self._stages: dict[str, list[tuple[int, str, object]]] = {}
+        self._sets: dict[int, tuple[NftSet, frozenset[str], list[str]]] = {}
 
     # -- the hooks ------------------------------------------------------------------
 
     def stages(self, hook: str) -> list[tuple[int, str, object]]:
         """(priority, label, chain or iptables table name) for a hook, in the order the
-        kernel runs them (equal priorities: nft first, said in the notes)."""
+        kernel runs them (equal priorities: nft first, said in the notes); made once per
+        hook (a 10k-service table has 40k chains, a few of them base chains)."""
+        got = self._stages.get(hook)
+        if got is not None:
+            return got
         out: list[tuple[int, int, str, object]] = []
         for t in self.ruleset.tables:
             if t.family not in ("ip", "inet"):
@@ -129,7 +135,8 @@ class NftWalker:
             if prio is not None:
                 out.append((prio, 1, f"iptables {name} {hook.upper()}", name))
         out.sort(key=lambda x: (x[0], x[1]))
-        return [(p, label, obj) for p, _, label, obj in out]
+        got = self._stages[hook] = [(p, label, obj) for p, _, label, obj in out]
+        return got
 
     def walk_hook(self, hook: str, pkt: NftPacket) -> list[NftHookResult]:
         paths: list[tuple[NftPacket, tuple[NftStep, ...], str | None]] = [(pkt, (), None)]
@@ -373,7 +380,13 @@ class NftWalker:
                 return None
             if s.dynamic:
                 return "either"  # type: ignore[return-value]
-            r = _any_of(kind, actual, [e[0][0] for e in s.elements if len(e[0]) == 1])
+            exact, inexact = self._members(s)
+            if isinstance(actual, (str, int)) and str(actual) in exact:
+                r: bool | None = True
+            elif isinstance(actual, (str, int)):
+                r = _any_of(kind, actual, inexact)
+            else:
+                r = _any_of(kind, actual, [*exact, *inexact])
         elif isinstance(value, tuple):
             r = _any_of(kind, actual, list(value))
         else:
@@ -401,7 +414,7 @@ class NftWalker:
             s = t.set(ref[1:])
             if s is None:
                 return [("UNKNOWN-MAP", f"map {ref} is not in the input")]
-            elements = [(e[0], e[1]) for e in s.elements]
+            elements = s.elements  # type: ignore[assignment]
             index = self._index(s)
         if index is not None and all(v is not None and not isinstance(v, tuple)
                                      for _, v in values):
@@ -432,8 +445,22 @@ class NftWalker:
             self._maps[id(s)] = got
         return got
 
+    def _members(self, s: NftSet) -> tuple[frozenset[str], list[str]]:
+        """A set's one-part members: the exact ones to look up, the prefixes and ranges
+        to test (a 10k-member @cluster-ips is asked for every forwarded packet)."""
+        got = self._sets.get(id(s))
+        if got is None or got[0] is not s:
+            one = [e[0][0] for e in s.elements if len(e[0]) == 1]
+            got = self._sets[id(s)] = (s, frozenset(x for x in one if _exact(x)),
+                                       [x for x in one if not _exact(x)])
+        return got[1], got[2]
+
     def _inexact(self, s: NftSet) -> list[tuple[tuple[str, ...], str | None]]:
-        return [(parts, v) for parts, v in s.elements if not all(_exact(x) for x in parts)]
+        got = self._maps.get(-id(s))
+        if got is None:
+            got = self._maps[-id(s)] = [(parts, v) for parts, v in s.elements  # type: ignore[assignment]
+                                        if not all(_exact(x) for x in parts)]
+        return got  # type: ignore[return-value]
 
 
 def _dedupe(items: list) -> list:
