@@ -269,3 +269,18 @@ def test_damaged_json_never_crashes(at: int, junk: str) -> None:
         verdict_of(("j.json", text))
     except InputError as e:
         assert str(e).startswith("j.json")
+
+
+def test_ipv6_lb_ips_of_the_ip6_table_are_named_undetermined() -> None:
+    # constructed: the IPv4 corpus script plus an ip6 table holding one LB IP
+    v6 = ("add table ip6 kube-proxy\n"
+          "add chain ip6 kube-proxy external-42NFTM6N-ns2/svc2/tcp/p80\n"
+          "add map ip6 kube-proxy service-ips { type ipv6_addr . inet_proto . inet_service"
+          " : verdict ; }\n"
+          "add element ip6 kube-proxy service-ips { 2001:db8::5 . tcp . 80 : goto "
+          "external-42NFTM6N-ns2/svc2/tcp/p80 }\n")
+    v = verdict_of(("t.txt", (OVERALL / "nft-transaction.txt").read_text() + v6))
+    got = ids_by_ip(v)
+    assert got["2001:db8::5"] == {"pod-to-lb-undetermined"}
+    assert "pod-to-lb-captured" in got["1.2.3.4"]
+    assert v["status"] == "at-risk"  # undecided is never healthy

@@ -61,12 +61,20 @@ def nft_targets(snap: NodeSnapshot, known: tuple[LbTarget, ...]) -> tuple[LbTarg
     name) and externalTrafficPolicy (Local when the external chain short-circuits only
     pod and local traffic)."""
     rs, _ = ruleset_of(snap)
-    t = rs.kube_proxy if rs else None
-    if t is None:
-        return known
+    by_key = {x.key: x for x in known}  # insertion order: known first, then the new
+    # IPv6 (ip6 kube-proxy) LB IPs are listed too: the diagnosis says they are not walked
+    for family, version in (("ip", 4), ("ip6", 6)):
+        t = rs.table(family, "kube-proxy") if rs else None
+        if t is not None:
+            _table_targets(snap, t, version, by_key)
+    return tuple(by_key.values())
+
+
+def _table_targets(snap: NodeSnapshot, t: NftTable, version: int,
+                   by_key: dict[tuple[str, int, str], LbTarget]) -> None:
     svc_ips = t.set("service-ips")
     if svc_ips is None:
-        return known
+        return
     cluster = t.set("cluster-ips")
     cluster_ips = {e[0][0] for e in cluster.elements} if cluster else set()
     cluster_ips |= {s.cluster_ip for s in snap.services or () if s.cluster_ip}
@@ -77,7 +85,6 @@ def nft_targets(snap: NodeSnapshot, known: tuple[LbTarget, ...]) -> tuple[LbTarg
     for parts, verdict in np_map.elements if np_map else ():
         if len(parts) == 2 and parts[1].isdigit() and verdict:
             nodeports[verdict.split()[-1]] = int(parts[1])
-    by_key = {x.key: x for x in known}  # insertion order: known first, then the new
     for parts, verdict in svc_ips.elements:
         if len(parts) != 3 or not parts[2].isdigit() or not verdict:
             continue
@@ -86,7 +93,7 @@ def nft_targets(snap: NodeSnapshot, known: tuple[LbTarget, ...]) -> tuple[LbTarg
         if ip in cluster_ips or (not cluster_ips and not chain.startswith("external-")):
             continue
         try:
-            if ipaddress.ip_address(ip).version != 4:
+            if ipaddress.ip_address(ip).version != version:
                 continue
         except ValueError:
             continue
@@ -94,7 +101,7 @@ def nft_targets(snap: NodeSnapshot, known: tuple[LbTarget, ...]) -> tuple[LbTarg
         service = f"{m.group(2)}/{m.group(3)}" if m else None
         etp, etp_how = _etp(t, chain)
         kind = "loadbalancer" if parts in fw_keys else "external"
-        src = (f"nft map service-ips element {ip} . {parts[1]} . {port} : {verdict} "
+        src = (f"nft {t.family} map service-ips element {ip} . {parts[1]} . {port} : {verdict} "
                f"(map declared at {svc_ips.source})" + ("" if kind == "loadbalancer" else
                                         ": an LB or external IP (not a ClusterIP)"))
         old = by_key.get((ip, port, proto))
@@ -107,7 +114,7 @@ def nft_targets(snap: NodeSnapshot, known: tuple[LbTarget, ...]) -> tuple[LbTarg
         new = LbTarget(ip, port, proto, kind, service, (src,), etp, etp_how,
                        node_port=nodeports.get(chain))
         by_key[new.key] = new
-    return tuple(by_key.values())
+
 
 
 def _etp(t: NftTable, chain_name: str) -> tuple[str | None, str]:
