@@ -24,6 +24,10 @@ from typing import Any
 
 import pytest
 
+from agent.bundle import load_bundle
+from agent.diagnose import prepare
+from agent.diagnose.nft_paths import NftPathFinder
+from agent.netfilter.nft_walk import NftPacket
 from lab.netns import Netns, netns, veth
 from tests.nodestate import capture
 
@@ -48,6 +52,8 @@ while True:
 _CLIENT = """
 import socket, sys
 s = socket.socket(); s.settimeout(2)
+if len(sys.argv) > 3:
+    s.bind((sys.argv[3], 0))
 try:
     s.connect((sys.argv[1], int(sys.argv[2]))); print(s.recv(200).decode().strip())
 except socket.timeout:
@@ -83,7 +89,10 @@ def nft_node(case: str) -> Iterator[dict[str, Netns]]:
         """)
         pod.sh("ip addr add 10.0.1.5/24 dev eth0; ip link set eth0 up; "
                "ip route add default via 10.0.1.1")
+        # two outside clients of the load balancer's source range 203.0.113.0/25: one in
+        # it, one not
         client.sh("ip addr add 192.168.0.100/24 dev eth0; ip link set eth0 up; "
+                  "ip addr add 203.0.113.2/32 dev eth0; ip addr add 203.0.113.130/32 dev eth0; "
                   "ip route add default via 192.168.0.2")
         ep.sh("ip addr add 10.99.0.2/24 dev eth0; ip link set eth0 up; "
               "ip route add default via 10.99.0.1; "
@@ -100,9 +109,9 @@ def nft_node(case: str) -> Iterator[dict[str, Netns]]:
         yield ns
 
 
-def connect(ns: Netns, ip: str, port: int) -> str:
-    return ns.run(sys.executable, "-c", _CLIENT, ip, str(port), check=False,
-                  timeout=30).stdout.strip()
+def connect(ns: Netns, ip: str, port: int, src: str | None = None) -> str:
+    return ns.run(sys.executable, "-c", _CLIENT, ip, str(port), *([src] if src else []),
+                  check=False, timeout=30).stdout.strip()
 
 
 def agent(ns: Netns | None, *args: str) -> subprocess.CompletedProcess[str]:
@@ -142,6 +151,11 @@ def test_kernel_and_agent_agree_on_an_nftables_mode_node(case: str, tmp_path: Pa
             "client :3001": connect(client, "192.168.0.2", 3001),
             # NodePort 3002 (Cluster): served, masqueraded to the node's ep0 address
             "client :3002": connect(client, "192.168.0.2", 3002),
+            # straight to the LB IP with loadBalancerSourceRanges: in the range served and
+            # masqueraded, out of it dropped; eTP=Local LB IP from outside: dropped here
+            "in-range 5.6.7.8": connect(client, "5.6.7.8", 80, "203.0.113.2"),
+            "out-of-range 5.6.7.8": connect(client, "5.6.7.8", 80, "203.0.113.130"),
+            "outside 1.2.3.4": connect(client, "1.2.3.4", 80, "203.0.113.2"),
         }
         assert kernel["pod 1.2.3.4"] == "peer=10.0.1.5 local=10.180.0.2", kernel
         # eTP=Cluster: the external chain marks every packet for masquerade, a pod's too
@@ -150,6 +164,9 @@ def test_kernel_and_agent_agree_on_an_nftables_mode_node(case: str, tmp_path: Pa
         assert kernel["pod 5.6.7.8"] == "timeout", kernel
         assert kernel["client :3001"] == "timeout", kernel
         assert kernel["client :3002"] == "peer=10.99.0.1 local=10.180.0.3", kernel
+        assert kernel["in-range 5.6.7.8"] == "peer=10.99.0.1 local=10.180.0.3", kernel
+        assert kernel["out-of-range 5.6.7.8"] == "timeout", kernel
+        assert kernel["outside 1.2.3.4"] == "timeout", kernel
 
         before = unchanging(capture(node))
         live = agent(node, "check", "--json", "--no-kube-api", "--node-name", "nft-node")
@@ -181,6 +198,30 @@ def test_kernel_and_agent_agree_on_an_nftables_mode_node(case: str, tmp_path: Pa
     assert any("dnat to 10.180.0.2:80" in e for e in cap["evidence"]), cap
     drop = next(f for f in v["findings"] if f["id"] == "pod-to-lb-dropped")
     assert any("203.0.113.0/25" in e and "drop" in e for e in drop["evidence"]), drop
+
+    # the walker on the saved node state, for the outside clients (no finding asks it)
+    facts = prepare(load_bundle(bundle)).facts
+    walker = NftPathFinder(facts).walker
+
+    def walked(src: str, dst: str) -> set[str]:
+        out = set()
+        for r in walker.walk_hook("prerouting", NftPacket(src=src, dst=dst, dport=80,
+                                                          in_iface="eth0")):
+            if r.verdict not in ("DNAT", "ACCEPT"):
+                out.add(r.verdict)
+                continue
+            # not DNATed: 1.2.3.4 is no address of the node, it is forwarded (uplink)
+            out_iface = "ep0" if r.verdict == "DNAT" else "eth0"
+            for f in walker.walk_hook("forward", r.packet._replace(out_iface=out_iface)):
+                post = walker.walk_hook("postrouting", f.packet) if f.verdict == "ACCEPT" \
+                    else ()
+                out |= {f.verdict} if f.verdict != "ACCEPT" else {
+                    f"served {r.packet.dnat_to} {p.verdict}" for p in post}
+        return out
+
+    assert walked("203.0.113.2", "5.6.7.8") == {"served 10.180.0.3:80 MASQUERADE"}
+    assert walked("203.0.113.130", "5.6.7.8") == {"DROP"}
+    assert walked("203.0.113.2", "1.2.3.4") == {"DROP"}
 
     offline = agent(None, "check", "--from", str(bundle), "--json", "--node-name", "nft-node")
     assert offline.returncode == live.returncode, offline.stderr
