@@ -4,10 +4,8 @@ with `nft -f` into a node namespace the test makes, with a pod, an outside clien
 endpoints in namespaces of their own. Real SYNs show what the kernel does; the agent's
 live `check` in the node namespace, `check --from` of the bundle it saves there and of a
 pasted `nft list table` must say the same.
-
-Topology (all namespaces made here, the root namespace untouched):
-  pod  10.0.1.5 --- cni0 10.0.1.1 [node] eth0 192.168.0.2 --- 192.168.0.100 client
-                                    [node] ep0 10.99.0.1 --- 10.99.0.2 ep (10.180.0.1-5)
+The node and its neighbours: lab.nft_node (all namespaces made there, the root
+namespace untouched).
 """
 
 from __future__ import annotations
@@ -16,9 +14,6 @@ import json
 import re
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +23,8 @@ from agent.bundle import load_bundle
 from agent.diagnose import prepare
 from agent.diagnose.nft_paths import NftPathFinder
 from agent.netfilter.nft_walk import NftPacket
-from lab.netns import Netns, netns, veth
+from lab.netns import Netns
+from lab.nft_node import connect, nft_node
 from tests.nodestate import capture
 
 pytestmark = pytest.mark.netns
@@ -38,80 +34,6 @@ CORPUS = Path(__file__).parent / "data" / "realworld"
 # local', one endpoints-check chain): the same services, the same kernel behaviour
 CASES = ("k8s-nftables-overall-rules-lb-etp-local-sourceranges",
          "knftables-fakedump-k8s-1.29-nftables-fib-nodeports")
-_ORDER = {"table": 0, "set": 1, "map": 1, "chain": 2, "rule": 3, "element": 4}
-
-# an endpoint server: answers each connection with the addresses it saw
-_SERVER = """
-import socket
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", 80)); s.listen(16)
-while True:
-    c, peer = s.accept()
-    c.sendall(f"peer={peer[0]} local={c.getsockname()[0]}\\n".encode()); c.close()
-"""
-_CLIENT = """
-import socket, sys
-s = socket.socket(); s.settimeout(2)
-if len(sys.argv) > 3:
-    s.bind((sys.argv[3], 0))
-try:
-    s.connect((sys.argv[1], int(sys.argv[2]))); print(s.recv(200).decode().strip())
-except socket.timeout:
-    print("timeout")
-except OSError as e:
-    print(f"error {e.errno}")
-"""
-
-
-def transaction(case: str) -> str:
-    """The test's `add` lines, chains before the rules that jump to them (nft -f needs
-    that order; knftables' fake dump lists them by object)."""
-    lines = [ln for ln in (CORPUS / case / "nft-transaction.txt").read_text().splitlines()
-             if ln.strip() and not ln.startswith("#")]
-    return "\n".join(sorted(lines, key=lambda ln: _ORDER[ln.split()[1]])) + "\n"
-
-
-@contextmanager
-def nft_node(case: str) -> Iterator[dict[str, Netns]]:
-    with ExitStack() as stack:
-        ns = {k: stack.enter_context(netns(f"nft{k[:2]}")) for k in ("node", "pod", "client", "ep")}
-        node, pod, client, ep = ns["node"], ns["pod"], ns["client"], ns["ep"]
-        veth(node, "cni0", pod, "eth0")
-        veth(node, "eth0", client, "eth0")
-        veth(node, "ep0", ep, "eth0")
-        node.sh("""
-            ip addr add 10.0.1.1/24 dev cni0; ip link set cni0 up
-            ip addr add 192.168.0.2/24 dev eth0; ip link set eth0 up
-            ip addr add 10.99.0.1/24 dev ep0; ip link set ep0 up
-            ip route add 10.180.0.0/24 via 10.99.0.2
-            ip route add default via 192.168.0.100
-            sysctl -qw net.ipv4.ip_forward=1
-        """)
-        pod.sh("ip addr add 10.0.1.5/24 dev eth0; ip link set eth0 up; "
-               "ip route add default via 10.0.1.1")
-        # two outside clients of the load balancer's source range 203.0.113.0/25: one in
-        # it, one not
-        client.sh("ip addr add 192.168.0.100/24 dev eth0; ip link set eth0 up; "
-                  "ip addr add 203.0.113.2/32 dev eth0; ip addr add 203.0.113.130/32 dev eth0; "
-                  "ip route add default via 192.168.0.2")
-        ep.sh("ip addr add 10.99.0.2/24 dev eth0; ip link set eth0 up; "
-              "ip route add default via 10.99.0.1; "
-              + "; ".join(f"ip addr add 10.180.0.{i}/32 dev lo" for i in range(1, 6)))
-        node.run("nft", "-f", "-", input=transaction(case))
-        server = ep.popen([sys.executable, "-c", _SERVER], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
-        stack.callback(server.wait, 5)
-        stack.callback(server.kill)
-        for _ in range(50):  # the server listens
-            if "peer=" in connect(ep, "10.180.0.1", 80):
-                break
-            time.sleep(0.1)
-        yield ns
-
-
-def connect(ns: Netns, ip: str, port: int, src: str | None = None) -> str:
-    return ns.run(sys.executable, "-c", _CLIENT, ip, str(port), *([src] if src else []),
-                  check=False, timeout=30).stdout.strip()
 
 
 def agent(ns: Netns | None, *args: str) -> subprocess.CompletedProcess[str]:
@@ -137,7 +59,7 @@ def ids_by_ip(v: dict[str, Any]) -> dict[str, set[str]]:
 
 @pytest.mark.parametrize("case", CASES)
 def test_kernel_and_agent_agree_on_an_nftables_mode_node(case: str, tmp_path: Path) -> None:
-    with nft_node(case) as ns:
+    with nft_node((CORPUS / case / "nft-transaction.txt").read_text()) as ns:
         node, pod, client = ns["node"], ns["pod"], ns["client"]
         # what the kernel does
         kernel = {
