@@ -284,3 +284,13 @@ def test_ipv6_lb_ips_of_the_ip6_table_are_named_undetermined() -> None:
     assert got["2001:db8::5"] == {"pod-to-lb-undetermined"}
     assert "pod-to-lb-captured" in got["1.2.3.4"]
     assert v["status"] == "at-risk"  # undecided is never healthy
+
+
+def test_a_snapshot_keeps_the_nft_rules_and_gives_the_same_verdict() -> None:
+    snap = load_texts([("nft.json", JSON.read_text(), fmt.UNKNOWN)], origin="bundle:t")
+    again = NodeSnapshot.from_json(snap.to_json())
+    assert again.nft == snap.nft
+    a, b = diagnose(snap, "n").to_dict(), diagnose(again, "n").to_dict()
+    for v in (a, b):
+        v.pop("time")
+    assert a == b and a["kube_proxy_mode"] == "nftables"
