@@ -294,3 +294,19 @@ def test_a_snapshot_keeps_the_nft_rules_and_gives_the_same_verdict() -> None:
     for v in (a, b):
         v.pop("time")
     assert a == b and a["kube_proxy_mode"] == "nftables"
+
+
+def test_mode_given_and_both_modes_present() -> None:
+    ipt = (DATA / "realworld" / "k8s-1.26era-iptables-lb-etp-local-no-endpoints-reject" /
+           "iptables-save.txt").read_text()
+    nft = (OVERALL / "nft-transaction.txt").read_text()
+    both = load_texts([("iptables-save.txt", ipt, fmt.IPTABLES), ("nft.txt", nft, fmt.UNKNOWN)],
+                      origin="bundle:t")
+    v = diagnose(both, "n").to_dict()
+    assert v["kube_proxy_mode"] == "iptables"
+    assert "an nft table ip kube-proxy with 9 service addresses exists too" in \
+        v["context"]["kube_proxy_mode_from"]
+    from dataclasses import replace
+    given = diagnose(replace(both, given={"mode": "nftables"}), "n").to_dict()
+    assert given["kube_proxy_mode"] == "nftables"
+    assert "pod-to-lb-captured" in ids_by_ip(given)["1.2.3.4"]

@@ -36,8 +36,18 @@ def nft_mode(snap: NodeSnapshot, mode: str, how: str) -> tuple[str, str]:
         return "nftables", ("kube-proxy --proxy-mode=nftables" if kp.pid is not None else
                             "kube-proxy's mode nftables as the input shows it")
     rs, _ = ruleset_of(snap)
-    if mode == "unknown" and rs is not None and rs.kube_proxy is not None:
+    t = rs.kube_proxy if rs is not None else None
+    if t is None:
+        return mode, how
+    if mode == "unknown":
         return "nftables", "nft table ip kube-proxy exists (kube-proxy nftables mode)"
+    svc = t.set("service-ips")
+    if svc is not None and svc.elements:
+        # kube-proxy removes the other modes' rules when it starts: both at once is a
+        # leftover or a second proxy; the verdict says which one it walked
+        return mode, (f"{how}; an nft table ip kube-proxy with {len(svc.elements)} service "
+                      f"addresses exists too (a leftover of nftables mode, or a second "
+                      f"proxy?): walked as {mode}; give --mode nftables to walk it instead")
     return mode, how
 
 
