@@ -80,15 +80,21 @@ def nft_node(script: str) -> Iterator[dict[str, Netns]]:
               "ip route add default via 10.99.0.1; "
               + "; ".join(f"ip addr add 10.180.0.{i}/32 dev lo" for i in range(1, 6)))
         node.run("nft", "-f", "-", input=ordered(script))
-        server = ep.popen([sys.executable, "-c", _SERVER], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
-        stack.callback(server.wait, 5)
-        stack.callback(server.kill)
-        for _ in range(50):  # the server listens
-            if "peer=" in connect(ep, "10.180.0.1", 80):
-                break
-            time.sleep(0.1)
+        serve(stack, ep, "10.180.0.1")
         yield ns
+
+
+def serve(stack: ExitStack, ns: Netns, probe_ip: str) -> None:
+    """Answer on port 80 of every address of ``ns`` until ``stack`` closes; back once
+    ``probe_ip`` answers."""
+    server = ns.popen([sys.executable, "-c", _SERVER], stdout=subprocess.DEVNULL,
+                      stderr=subprocess.DEVNULL)
+    stack.callback(server.wait, 5)
+    stack.callback(server.kill)
+    for _ in range(50):
+        if "peer=" in connect(ns, probe_ip, 80):
+            break
+        time.sleep(0.1)
 
 
 def connect(ns: Netns, ip: str, port: int, src: str | None = None) -> str:

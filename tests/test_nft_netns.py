@@ -14,6 +14,7 @@ import json
 import re
 import subprocess
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from agent.diagnose import prepare
 from agent.diagnose.nft_paths import NftPathFinder
 from agent.netfilter.nft_walk import NftPacket
 from lab.netns import Netns
-from lab.nft_node import connect, nft_node
+from lab.nft_node import connect, nft_node, serve
 from tests.nodestate import capture
 
 pytestmark = pytest.mark.netns
@@ -156,3 +157,46 @@ def test_kernel_and_agent_agree_on_an_nftables_mode_node(case: str, tmp_path: Pa
     p = json.loads(pasted.stdout)
     assert p["kube_proxy_mode"] == "nftables", pasted.stderr
     assert ids_by_ip(p) == got, (ids_by_ip(p), got)
+
+
+@pytest.mark.parametrize("cni_masquerade", [False, True], ids=["no-cni-rule", "cni-masq"])
+def test_a_cnis_iptables_rule_beside_kube_proxys_nft_table(cni_masquerade: bool,
+                                                           tmp_path: Path) -> None:
+    """An LB IP kube-proxy's table does not serve (a Service it has not synced yet): the
+    pod's SYN leaves the node; whether with the pod's address or the node's is decided by
+    a CNI's iptables-nft MASQUERADE in nat POSTROUTING, beside kube-proxy's nft chains on
+    the same hook. The kernel shows which; the agent must say the same."""
+    kube = tmp_path / "kube"
+    kube.mkdir()
+    (kube / "services.json").write_text(json.dumps({"kind": "List", "items": [{
+        "kind": "Service", "metadata": {"namespace": "ns9", "name": "new"},
+        "spec": {"type": "LoadBalancer", "clusterIP": "172.30.0.99",
+                 "ports": [{"port": 80, "protocol": "TCP", "nodePort": 3009}]},
+        "status": {"loadBalancer": {"ingress": [{"ip": "9.9.9.9"}]}}}]}))
+    with nft_node((CORPUS / CASES[0] / "nft-transaction.txt").read_text()) as ns, \
+            ExitStack() as stack:
+        node, pod, client = ns["node"], ns["pod"], ns["client"]
+        client.run("ip", "addr", "add", "9.9.9.9/32", "dev", "lo")  # the "load balancer"
+        serve(stack, client, "9.9.9.9")
+        if cni_masquerade:
+            node.run("iptables-nft", "-t", "nat", "-A", "POSTROUTING", "-s", "10.0.1.0/24",
+                     "!", "-d", "10.0.0.0/8", "-j", "MASQUERADE")
+        seen = connect(pod, "9.9.9.9", 80)
+        assert seen == ("peer=192.168.0.2 local=9.9.9.9" if cni_masquerade
+                        else "peer=10.0.1.5 local=9.9.9.9"), seen
+        live = agent(node, "check", "--json", "--no-kube-api", "--kube-json", str(kube),
+                     "--node-name", "nft-node")
+        bundle = tmp_path / "bundle"
+        assert agent(node, "bundle", str(bundle), "--no-kube-api").returncode == 0
+    v = json.loads(live.stdout)
+    want = "pod-to-lb-masqueraded" if cni_masquerade else "pod-to-lb-not-masqueraded"
+    assert ids_by_ip(v)["9.9.9.9"] == {want}, v
+    assert "pod-to-lb-captured" in ids_by_ip(v)["1.2.3.4"]
+    f = next(f for f in v["findings"] if f["lb_ip"] == "9.9.9.9")
+    if cni_masquerade:
+        assert any(e.startswith("iptables nat POSTROUTING: -A POSTROUTING -s 10.0.1.0/24")
+                   for e in f["evidence"]), f["evidence"]
+    (bundle / "services.json").write_text((kube / "services.json").read_text())
+    offline = json.loads(agent(None, "check", "--from", str(bundle), "--json",
+                               "--node-name", "nft-node").stdout)
+    assert ids_by_ip(offline) == ids_by_ip(v)
