@@ -310,3 +310,24 @@ def test_mode_given_and_both_modes_present() -> None:
     given = diagnose(replace(both, given={"mode": "nftables"}), "n").to_dict()
     assert given["kube_proxy_mode"] == "nftables"
     assert "pod-to-lb-captured" in ids_by_ip(given)["1.2.3.4"]
+
+
+def test_interface_matches_and_wildcards() -> None:
+    """kube-proxy's --detect-local-mode=InterfaceNamePrefix writes `iifname "veth*"`:
+    a pod's packet from cni0 does not match it, one from vethab12 does, an unknown
+    interface forks (constructed rules)."""
+    from agent.netfilter.nft_walk import NftPacket, NftWalker
+    rs = read_nft_text(
+        "add table ip t\n"
+        "add chain ip t pre { type filter hook prerouting priority 0 ; }\n"
+        'add rule ip t pre iifname "veth*" drop\n', "w.txt")
+
+    class View:
+        def addr_type(self, addr: str) -> str | None:
+            return "UNICAST"
+
+    w = NftWalker(rs, View())
+    verdicts = {iface: {r.verdict for r in w.walk_hook(
+        "prerouting", NftPacket(src="10.0.1.5", dst="1.2.3.4", in_iface=iface))}
+        for iface in ("vethab12", "cni0", None)}
+    assert verdicts == {"vethab12": {"DROP"}, "cni0": {"ACCEPT"}, None: {"DROP", "ACCEPT"}}

@@ -535,6 +535,8 @@ def _one(kind: str, actual: object, pattern: object) -> bool | None:
             return None
     if kind == "proto":
         return _PROTO_NUM.get(pat, pat) == actual
+    if pat.endswith("*") and isinstance(actual, str):
+        return actual.startswith(pat[:-1])  # iifname "veth*": nft's prefix wildcard
     return pat == actual or pat in str(actual).split(",")
 
 
