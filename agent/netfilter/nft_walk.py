@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple, Protocol
 
 from agent.netfilter.nft_model import NftChain, NftRule, NftRuleset, NftSet, NftTable
+from agent.netfilter.nft_text import render, split_elements
 from agent.netfilter.walk import HookResult, Packet
 
 ASSUMED = ": assumed"
@@ -728,7 +729,6 @@ def _compile(toks: tuple) -> list:
                 break
             ref = toks[i + 1]
             if isinstance(ref, tuple):
-                from agent.netfilter.nft_text import split_elements
                 ref = [(k, v) for k, v, _ in split_elements(ref)]
             ops.append(("vmap", tuple(sels), ref) if toks[i] == "vmap" else
                        ("unknown", "map lookup"))
@@ -755,9 +755,4 @@ def _compile(toks: tuple) -> list:
 
 
 def render_tok(toks: tuple) -> str:
-    from agent.netfilter.nft_text import render
     return render(tuple(toks))
-
-
-def kube_proxy_table(ruleset: NftRuleset | None) -> NftTable | None:
-    return ruleset.kube_proxy if ruleset is not None else None
