@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--pod-cidr", metavar="CIDR", action="append", type=_cidr,
                    help="this node's pod CIDR (repeatable), where the input does not show it "
                         "(no Node object, no rule naming it); stated in the verdict")
-    c.add_argument("--mode", choices=("iptables", "ipvs"),
+    c.add_argument("--mode", choices=("iptables", "ipvs", "nftables"),
                    help="kube-proxy's mode, where the input does not settle it; stated in "
                         "the verdict")
     c.add_argument("--json", action="store_true", help="print the verdict document (JSON)")

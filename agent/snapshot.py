@@ -201,6 +201,16 @@ class Netfilter:
 
 
 @dataclass(frozen=True, slots=True)
+class NftDump:
+    """nftables rules as given (`nft list ...` / `nft -f` text or `nft -j` JSON);
+    agent.netfilter.nft_read reads them (kube-proxy's nftables mode)."""
+
+    format: str  # "text" | "json"
+    text: str
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
 class KubeProxy:
     """The kube-proxy process as seen through /proc (psutil)."""
 
@@ -301,6 +311,7 @@ class NodeSnapshot:
     # what the user stated where detection cannot reach (check --mode, --pod-cidr):
     # "mode" -> "ipvs", "pod_cidr" -> "10.244.1.0/24,..."
     given: dict[str, str] | None = None
+    nft: tuple[NftDump, ...] | None = None  # nftables rules (kube-proxy nftables mode)
     schema: str = SNAPSHOT_SCHEMA
 
     def ipset(self, name: str) -> IpSet | None:

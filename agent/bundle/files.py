@@ -9,5 +9,6 @@ SYSCTL = "sysctl.txt"
 SERVICES = "services.json"
 NODE = "node.json"
 INGRESSES = "ingresses.json"
+NFT = "nft-kube-proxy.json"  # `nft -j list table ip kube-proxy` (nftables mode)
 
-ALL = (IPTABLES, IPSET, IPVSADM, ROUTE_LOCAL, ADDR, SYSCTL, SERVICES, NODE, INGRESSES)
+ALL = (IPTABLES, IPSET, IPVSADM, ROUTE_LOCAL, ADDR, SYSCTL, SERVICES, NODE, INGRESSES, NFT)

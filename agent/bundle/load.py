@@ -26,6 +26,8 @@ from agent.bundle import sections as fmt
 from agent.bundle.sections import Section, split_sections
 from agent.errors import InputError
 from agent.netfilter.listing import listing_to_rules
+from agent.netfilter.nft_json import looks_like_nft_json
+from agent.netfilter.nft_text import split_nft
 from agent.netfilter.rules_text import RulesText, chain_table, read_rules_text, settle
 from agent.parse.addr_text import parse_addresses
 from agent.parse.ipset_text import parse_ipsets
@@ -40,6 +42,7 @@ from agent.snapshot import (
     IpSet,
     IpvsVirtualServer,
     LocalRoute,
+    NftDump,
     NodeInfo,
     NodeSnapshot,
     Service,
@@ -72,6 +75,7 @@ class _Evidence:
     notes: list[Unknown] = field(default_factory=list)
     # lines that may speak of kube-proxy (its command line, log, configuration)
     kube_proxy_lines: list[str] = field(default_factory=list)
+    nft: list[NftDump] = field(default_factory=list)  # kube-proxy nftables mode's rules
 
     def saw(self, format_: str, where: str) -> None:
         self.seen.setdefault(format_, []).append(where)
@@ -112,6 +116,7 @@ def load_texts(texts: list[tuple[str, str | InputError, str]], origin: str) -> N
             ev.saw(hint, f"{source} (empty)")
             continue
         before = sum(len(v) for v in ev.seen.values())
+        text = _nft_part(text, source, ev)
         _kube_proxy_lines(text, source, ev)
         sections = split_sections(text, source, hint)
         for s in sections:
@@ -128,6 +133,20 @@ def load_texts(texts: list[tuple[str, str | InputError, str]], origin: str) -> N
                          None, "nothing usable found" + (": " + "; ".join(refused + lines)
                                                          if refused else " (no files)"))
     return _snapshot(ev, origin, refused)
+
+
+def _nft_part(text: str, source: str, ev: _Evidence) -> str:
+    """Take nftables rules (`nft list ...` text, an `nft -f` script, `nft -j` JSON) out
+    of a paste; agent.netfilter.nft_read reads them. The rest is read as usual."""
+    if looks_like_nft_json(text):
+        ev.nft.append(NftDump("json", text, source))
+        ev.saw("nft", source)
+        return ""
+    part, rest = split_nft(text)
+    if part is not None:
+        ev.nft.append(NftDump("text", part, source))
+        ev.saw("nft", source)
+    return rest
 
 
 def _kube_proxy_lines(text: str, source: str, ev: _Evidence) -> None:
@@ -596,6 +615,7 @@ def _snapshot(ev: _Evidence, origin: str, refused: list[str]) -> NodeSnapshot:
         node_info=ev.node,
         routes=tuple(ev.main_routes.values()) if ev.main_routes else None,
         unknowns=tuple(unknowns),
+        nft=tuple(ev.nft) or None,
     )
 
 

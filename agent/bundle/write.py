@@ -19,7 +19,7 @@ from pathlib import Path
 from agent.bundle import files as bundle_files
 from agent.probes import ipsets as ipsets_probe
 from agent.probes import ipvs as ipvs_probe
-from agent.probes import kube_api, nat_rules, sysctls
+from agent.probes import kube_api, nat_rules, nft_rules, sysctls
 from agent.probes.base import CommandError, ProbeContext, kernel_module_present, run_command
 
 
@@ -92,6 +92,19 @@ def _ipvsadm(ctx: ProbeContext) -> bytes:
     return _command(["ipvsadm", "-Ln"], ctx)
 
 
+def _nft(ctx: ProbeContext) -> bytes:
+    if not kernel_module_present("nf_tables"):
+        raise Skip("nf_tables is not loaded: no nftables rules")
+    try:
+        text = nft_rules.read_table(max(ctx.timeout, 10.0))
+    except CommandError as exc:
+        raise Skip(nft_rules.NO_NFT if "command not found" in str(exc) else str(exc)) \
+            from None
+    if text is None:
+        raise Skip("no table ip kube-proxy (kube-proxy is not in nftables mode)")
+    return text.encode()
+
+
 def _sysctl(ctx: ProbeContext) -> bytes:
     values, unknowns = sysctls.read_sysctls()
     if not values:
@@ -114,6 +127,7 @@ def write_bundle(directory: str | os.PathLike[str], ctx: ProbeContext) -> list[t
         bundle_files.ROUTE_LOCAL: lambda: _local_routes(ctx),
         bundle_files.ADDR: lambda: _command(["ip", "-j", "addr", "show"], ctx),
         bundle_files.SYSCTL: lambda: _sysctl(ctx),
+        bundle_files.NFT: lambda: _nft(ctx),
     }
     api_files = {"services": bundle_files.SERVICES, "node": bundle_files.NODE,
                  "ingresses": bundle_files.INGRESSES}

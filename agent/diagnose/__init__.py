@@ -11,6 +11,7 @@ from agent.capture.model import CaptureResult
 from agent.diagnose.context import Context
 from agent.diagnose.lb_ip import ChainServices, LbTarget, discover, split_by_family
 from agent.diagnose.model import Finding, LbIpReport, Verdict, status_of
+from agent.diagnose.nft_paths import NftPathFinder, nft_mode, nft_targets
 from agent.diagnose.node_facts import NodeFacts, build_facts, kube_proxy_mode
 from agent.diagnose.paths import PathFinder
 from agent.snapshot import NodeSnapshot
@@ -34,7 +35,10 @@ class Prepared:
 
 
 def prepare(snap: NodeSnapshot) -> Prepared:
-    return Prepared(build_facts(snap), tuple(discover(snap)))
+    targets = tuple(discover(snap))
+    if snap.nft:  # kube-proxy nftables mode: its table names LB IPs too
+        targets = nft_targets(snap, targets)
+    return Prepared(build_facts(snap), targets)
 
 
 def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
@@ -48,10 +52,13 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
     prepared = prepared or prepare(snap)
     facts = prepared.facts
     mode, mode_how = kube_proxy_mode(snap)
+    if snap.nft or (snap.kube_proxy and snap.kube_proxy.mode == "nftables"):
+        mode, mode_how = nft_mode(snap, mode, mode_how)
     targets, v6_targets, skipped = split_by_family(list(prepared.all_targets))
     unknowns = [{"source": u.source, "reason": u.reason} for u in snap.unknowns]
     unknowns += [{"source": "LB IPs", "reason": r} for r in skipped]
-    ctx = Context(snap, facts, targets, PathFinder(facts), mode, mode_how, unknowns,
+    paths = NftPathFinder(facts) if mode == "nftables" else PathFinder(facts)
+    ctx = Context(snap, facts, targets, paths, mode, mode_how, unknowns,  # type: ignore[arg-type]
                   ChainServices(snap), capture, v6_targets)
     findings: list[Finding] = []
     if not targets and not v6_targets and snap.services is None:

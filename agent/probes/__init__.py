@@ -18,6 +18,7 @@ from agent.probes import (  # noqa: F401  (imported for their registration)
     kube_proxy,
     local_table,
     nat_rules,
+    nft_rules,
     sysctls,
 )
 from agent.probes.base import REGISTRY, Probe, ProbeContext, ProbeResult, register

@@ -20,7 +20,7 @@ UNDETERMINED = "pod-to-lb-undetermined"
 
 def check(ctx: Context) -> list[Finding]:
     out = []
-    walkable = ctx.mode != "unknown" and _has_kube_proxy_rules(ctx)
+    walkable = ctx.mode == "nftables" or (ctx.mode != "unknown" and _has_kube_proxy_rules(ctx))
     etp_lines: dict[tuple[str, str], str] = {}  # one string per policy, not per finding
     for t in ctx.targets:
         if not walkable:

@@ -1,0 +1,372 @@
+"""kube-proxy's nftables mode: which LB/external IPs its `ip kube-proxy` table serves, the
+mode itself, and the two walks the findings ask of any mode (a pod's packet to LB
+IP:port; the load balancer's packet to the NodePort), with the same result types as the
+iptables walks (agent.diagnose.paths), so the findings come out the same way.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import replace
+
+from agent.diagnose.lb_ip import LbTarget
+from agent.diagnose.node_facts import NODE_STAND_IN, OUTSIDE_CLIENT, POD_STAND_IN, NodeFacts
+from agent.diagnose.paths import ASSUMED, PathFinder, PathOutcome, ServedOutcome
+from agent.netfilter.nft_model import NftRuleset, NftTable
+from agent.netfilter.nft_read import ruleset_of
+from agent.netfilter.nft_walk import NftHookResult, NftPacket, NftWalker
+from agent.snapshot import NodeSnapshot
+
+# kube-proxy's chain names: "external-42NFTM6N-ns2/svc2/tcp/p80"
+_CHAIN = re.compile(r"^(service|external|firewall|endpoint)-[A-Z0-9]{8}-"
+                    r"([a-z0-9][-a-z0-9.]*)/([a-z0-9][-a-z0-9.]*)/(tcp|udp|sctp)/(.*)$")
+# "ip saddr != 10.0.0.0/8 jump mark-for-masquerade": kube-proxy's cluster CIDR
+_CIDR_MASQ = re.compile(r"ip saddr != (\d+\.\d+\.\d+\.\d+/\d+) jump mark-for-masquerade")
+_RANK = {"not-masqueraded": 0, "unknown": 1, "dropped": 2, "masqueraded": 3, "captured": 4}
+_NO_LOOP = frozenset({"captured", "masqueraded", "dropped"})
+
+
+def nft_mode(snap: NodeSnapshot, mode: str, how: str) -> tuple[str, str]:
+    """kube-proxy's nftables mode, from its flags or from its table."""
+    if (snap.given or {}).get("mode"):
+        return mode, how
+    kp = snap.kube_proxy
+    if kp and kp.mode == "nftables":
+        return "nftables", ("kube-proxy --proxy-mode=nftables" if kp.pid is not None else
+                            "kube-proxy's mode nftables as the input shows it")
+    rs, _ = ruleset_of(snap)
+    t = rs.kube_proxy if rs is not None else None
+    if t is None:
+        return mode, how
+    if mode == "unknown":
+        return "nftables", "nft table ip kube-proxy exists (kube-proxy nftables mode)"
+    svc = t.set("service-ips")
+    if svc is not None and svc.elements:
+        # kube-proxy removes the other modes' rules when it starts: both at once is a
+        # leftover or a second proxy; the verdict says which one it walked
+        return mode, (f"{how}; an nft table ip kube-proxy with {len(svc.elements)} service "
+                      f"addresses exists too (a leftover of nftables mode, or a second "
+                      f"proxy?): walked as {mode}; give --mode nftables to walk it instead")
+    return mode, how
+
+
+def cluster_cidr(t: NftTable) -> str | None:
+    """The cluster CIDR kube-proxy's service chains name ("ip saddr != CIDR jump
+    mark-for-masquerade"): its local-traffic detector, where pods' addresses lie."""
+    for c in t.chains:
+        if not c.name.startswith("service-"):
+            continue
+        for r in c.rules:
+            m = _CIDR_MASQ.search(r.text)
+            if m:
+                return m.group(1)
+    return None
+
+
+def nft_targets(snap: NodeSnapshot, known: tuple[LbTarget, ...]) -> tuple[LbTarget, ...]:
+    """``known`` (from Services, iptables, ipsets) with what kube-proxy's nft table says
+    added: LB/external IPs of @service-ips that are no ClusterIP, their NodePort (the
+    @service-nodeports element going to the same chain), the Service (from the chain's
+    name) and externalTrafficPolicy (Local when the external chain short-circuits only
+    pod and local traffic)."""
+    rs, _ = ruleset_of(snap)
+    by_key = {x.key: x for x in known}  # insertion order: known first, then the new
+    # IPv6 (ip6 kube-proxy) LB IPs are listed too: the diagnosis says they are not walked
+    for family, version in (("ip", 4), ("ip6", 6)):
+        t = rs.table(family, "kube-proxy") if rs else None
+        if t is not None:
+            _table_targets(snap, t, version, by_key)
+    return tuple(by_key.values())
+
+
+def _table_targets(snap: NodeSnapshot, t: NftTable, version: int,
+                   by_key: dict[tuple[str, int, str], LbTarget]) -> None:
+    svc_ips = t.set("service-ips")
+    if svc_ips is None:
+        return
+    cluster = t.set("cluster-ips")
+    cluster_ips = {e[0][0] for e in cluster.elements} if cluster else set()
+    cluster_ips |= {s.cluster_ip for s in snap.services or () if s.cluster_ip}
+    fw = t.set("firewall-ips")
+    fw_keys = {e[0] for e in fw.elements} if fw else set()
+    nodeports: dict[str, int] = {}
+    np_map = t.set("service-nodeports")
+    for parts, verdict in np_map.elements if np_map else ():
+        if len(parts) == 2 and parts[1].isdigit() and verdict:
+            nodeports[verdict.split()[-1]] = int(parts[1])
+    for parts, verdict in svc_ips.elements:
+        if len(parts) != 3 or not parts[2].isdigit() or not verdict:
+            continue
+        ip, proto, port = parts[0], parts[1].upper(), int(parts[2])
+        chain = verdict.split()[-1]
+        if ip in cluster_ips or (not cluster_ips and not chain.startswith("external-")):
+            continue
+        try:
+            if ipaddress.ip_address(ip).version != version:
+                continue
+        except ValueError:
+            continue
+        m = _CHAIN.match(chain)
+        service = f"{m.group(2)}/{m.group(3)}" if m else None
+        etp, etp_how = _etp(t, chain)
+        kind = "loadbalancer" if parts in fw_keys else "external"
+        src = (f"nft {t.family} map service-ips element {ip} . {parts[1]} . {port} : {verdict} "
+               f"(map declared at {svc_ips.source})" + ("" if kind == "loadbalancer" else
+                                        ": an LB or external IP (not a ClusterIP)"))
+        old = by_key.get((ip, port, proto))
+        if old is not None:
+            by_key[old.key] = replace(
+                old, learned_from=tuple(dict.fromkeys((*old.learned_from, src))),
+                service=old.service or service, etp=old.etp or etp,
+                etp_how=old.etp_how or etp_how, node_port=old.node_port or nodeports.get(chain))
+            continue
+        new = LbTarget(ip, port, proto, kind, service, (src,), etp, etp_how,
+                       node_port=nodeports.get(chain))
+        by_key[new.key] = new
+
+
+
+def _etp(t: NftTable, chain_name: str) -> tuple[str | None, str]:
+    c = t.chain(chain_name)
+    if c is None or not chain_name.startswith("external-"):
+        return None, ""
+    texts = [r.text for r in c.rules]
+    if any("short-circuit pod traffic" in x or x.startswith("fib saddr type local")
+           for x in texts):
+        return "Local", (f"nft chain {chain_name} sends on only pod and local traffic "
+                         "(kube-proxy's externalTrafficPolicy=Local chain)")
+    if texts and texts[0].startswith("jump mark-for-masquerade"):
+        return "Cluster", (f"nft chain {chain_name} masquerades all external traffic "
+                           "(externalTrafficPolicy=Cluster)")
+    return None, ""
+
+
+class NftPathFinder:
+    """PathFinder's walks for kube-proxy's nftables mode. iptables tables of the same
+    node (a CNI's iptables-nft or legacy rules) are walked at their hook priorities."""
+
+    def __init__(self, facts: NodeFacts) -> None:
+        self.facts = facts
+        snap = facts.snapshot
+        rs, problems = ruleset_of(snap)
+        self.ruleset: NftRuleset = rs or NftRuleset()
+        ipt = PathFinder(facts) if snap.netfilter is not None else None
+        walkers = {}
+        if ipt is not None:
+            if ipt.nat is not None and snap.netfilter and snap.netfilter.table("nat"):
+                walkers["nat"] = ipt.nat.walk
+            if ipt.filter is not None:
+                walkers["filter"] = ipt.filter.walk
+        self.walker = NftWalker(self.ruleset, facts, walkers)
+        kp = self.ruleset.kube_proxy
+        self.cidr = cluster_cidr(kp) if kp else None
+        notes = [f"nft input: {p}" for p in problems[:5]]
+        if walkers:
+            notes.append("iptables tables (" + ", ".join(sorted(walkers)) + ") are walked "
+                         "with kube-proxy's nftables chains in hook priority order; at equal "
+                         "priority the kernel's order is registration order, which a dump "
+                         "does not show: nft chains are walked first")
+        other = [f"{t.family} {t.name}" for t in self.ruleset.tables
+                 if t.name != "kube-proxy" and t.family in ("ip", "inet")]
+        if other:
+            notes.append("other nftables tables on the same hooks are walked too: "
+                         + ", ".join(other[:10]))
+        self.notes: tuple[str, ...] = tuple(notes)
+
+    # -- pod -> LB ----------------------------------------------------------------------
+
+    def pod_to_lb(self, t: LbTarget) -> PathOutcome:
+        f = self.facts
+        if self.ruleset.kube_proxy is None:
+            return PathOutcome("unknown", "kube-proxy's nft table (ip kube-proxy) is not in "
+                               "the input: `nft list table ip kube-proxy` shows it", ())
+        if f.pod is None:
+            pkt = NftPacket(src=POD_STAND_IN, dst=t.ip, proto=t.protocol.lower(),
+                            dport=t.port, src_known=False, src_within=self.cidr,
+                            src_is_pod=True)
+            head = (f"packet: {pkt.describe()}; {f.pod_unknown}"
+                    + (f"; kube-proxy's rules name the cluster CIDR {self.cidr} ('ip saddr "
+                       f"!= {self.cidr} jump mark-for-masquerade')" if self.cidr else ""),)
+        else:
+            pkt = NftPacket(src=f.pod.pod_ip, dst=t.ip, proto=t.protocol.lower(),
+                            dport=t.port, in_iface=f.pod.iface, src_is_pod=True)
+            head = (f"packet: {pkt.describe()}; {f.pod.how}",)
+        outcomes: list[PathOutcome] = []
+        for res in self.walker.walk_hook("prerouting", pkt):
+            outcomes.extend(self._after_prerouting(res, head))
+        return _merge(outcomes)
+
+    def _after_prerouting(self, res: NftHookResult, head: tuple[str, ...]
+                          ) -> list[PathOutcome]:
+        ev = head + tuple(s.render() for s in res.steps)
+        p = res.packet
+        if res.verdict == "UNKNOWN":
+            return [PathOutcome("unknown", res.detail, (*ev, res.detail))]
+        if res.verdict in ("DROP", "REJECT"):
+            return [PathOutcome("dropped", f"{res.verdict.lower()} in the prerouting hook "
+                                "(before DNAT)", ev)]
+        if res.verdict == "DNAT":
+            how = f"kube-proxy's nftables rules rewrite the destination to {p.dnat_to} (DNAT)"
+            out = []
+            for fr in self.walker.walk_hook("forward", p._replace(out_iface=None)):
+                ev2 = ev + tuple(s.render() for s in fr.steps)
+                if fr.verdict in ("DROP", "REJECT"):
+                    out.append(PathOutcome("dropped", f"{fr.verdict.lower()} in the forward "
+                                           "hook", ev2))
+                elif fr.verdict == "UNKNOWN":
+                    out.append(PathOutcome("unknown", fr.detail, (*ev2, fr.detail)))
+                else:
+                    out.append(PathOutcome("captured", how, (
+                        *ev2, f"result: {how}; the packet never goes to the load balancer")))
+            return out
+        local = self.facts.is_local(p.dst)
+        results: list[PathOutcome] = []
+        if local is None:
+            results += self._to_node(p, (*ev, f"routing{ASSUMED} {p.dst} is a local "
+                                          "address [not given: `ip route show table local` "
+                                          "decides it] -> input"))
+            ev = (*ev, f"routing{ASSUMED} {p.dst} is NOT a local address")
+        elif local:
+            return self._to_node(p, (*ev, f"routing: {p.dst} is local -> input"))
+        out_iface = self.facts.uplink
+        ev = (*ev, f"routing: {p.dst} is not a local address -> forwarded out "
+                   f"{out_iface or '(uplink unknown)'}")
+        p = p._replace(out_iface=out_iface)
+        for fr in self.walker.walk_hook("forward", p):
+            ev2 = ev + tuple(s.render() for s in fr.steps)
+            if fr.verdict == "UNKNOWN":
+                results.append(PathOutcome("unknown", fr.detail, (*ev2, fr.detail)))
+                continue
+            if fr.verdict in ("DROP", "REJECT"):
+                results.append(PathOutcome("dropped", f"{fr.verdict.lower()} in the forward "
+                                           "hook", ev2))
+                continue
+            for pr in self.walker.walk_hook("postrouting", fr.packet):
+                ev3 = ev2 + tuple(s.render() for s in pr.steps)
+                if pr.verdict == "UNKNOWN":
+                    results.append(PathOutcome("unknown", pr.detail, (*ev3, pr.detail)))
+                elif pr.verdict in ("MASQUERADE", "SNAT"):
+                    how = (f"leaves {out_iface} with the node's address "
+                           f"{self.facts.node_ip} ({pr.verdict.lower()}): the load balancer "
+                           "will not send it back to this node")
+                    results.append(PathOutcome("masqueraded", how, (*ev3, f"result: {how}")))
+                elif pr.verdict in ("DROP", "REJECT"):
+                    results.append(PathOutcome("dropped", f"{pr.verdict.lower()} in the "
+                                               "postrouting hook", ev3))
+                else:
+                    src = p.src if p.src_known else "(unchanged)"
+                    how = (f"leaves {out_iface} with the pod's source address {src} "
+                           "(no DNAT, not local, no masquerade)")
+                    results.append(PathOutcome("not-masqueraded", how,
+                                               (*ev3, f"result: {how}")))
+        return results
+
+    def _to_node(self, p: NftPacket, ev: tuple[str, ...]) -> list[PathOutcome]:
+        out = []
+        for ir in self.walker.walk_hook("input", p):
+            ev2 = ev + tuple(s.render() for s in ir.steps)
+            if ir.verdict in ("DROP", "REJECT"):
+                out.append(PathOutcome("dropped", f"{ir.verdict.lower()} in the input hook",
+                                       ev2))
+            elif ir.verdict == "UNKNOWN":
+                out.append(PathOutcome("unknown", ir.detail, (*ev2, ir.detail)))
+            else:
+                how = "delivered to this node's own stack (local address): it does not " \
+                      "leave the node"
+                out.append(PathOutcome("captured", how, (*ev2, f"result: {how}")))
+        return out
+
+    # -- outside client -> NodePort --------------------------------------------------
+
+    def node_address(self) -> tuple[str | None, str]:
+        f = self.facts
+        if f.node_ip:
+            return f.node_ip, ""
+        kp = self.ruleset.kube_proxy
+        s = kp.set("nodeport-ips") if kp else None
+        if s and s.elements:
+            ip = s.elements[0][0][0]
+            return ip, (f"the node's address {ip} from @nodeport-ips (kube-proxy lists the "
+                        "node's addresses that accept NodePorts there)")
+        if NODE_STAND_IN in f.assumed_local:
+            return NODE_STAND_IN, (f"the node's address is not in the input: {NODE_STAND_IN} "
+                                   "stands for it (a local address, as any address of the "
+                                   "node is)")
+        return None, ""
+
+    def outside_to_lb(self, t: LbTarget) -> ServedOutcome:
+        f = self.facts
+        if self.ruleset.kube_proxy is None:
+            return ServedOutcome(None, None, (), "kube-proxy's nft table is not in the input")
+        if t.node_port is None:
+            return ServedOutcome(None, None, (), "the NodePort is unknown")
+        node_ip, how = self.node_address()
+        if node_ip is None:
+            return ServedOutcome(None, None, (), "the node's address is unknown")
+        pkt = NftPacket(src=OUTSIDE_CLIENT, dst=node_ip, proto=t.protocol.lower(),
+                        dport=t.node_port, in_iface=f.uplink)
+        head = ((how,) if how else ()) + (
+            f"packet: {pkt.describe()} (the load balancer forwarding a client)",)
+        served_any = False
+        kept: bool | None = None
+        evidence = head
+        for res in self.walker.walk_hook("prerouting", pkt):
+            ev = head + tuple(s.render() for s in res.steps)
+            if res.verdict == "UNKNOWN" or res.assumed:
+                return ServedOutcome(None, None, (*ev, res.detail), res.detail or
+                                     "it depends on what the input does not show")
+            if res.verdict in ("DROP", "REJECT"):
+                evidence = (*ev, f"{res.verdict.lower()} in the prerouting hook")
+                continue
+            p = res.packet
+            if res.verdict != "DNAT":
+                for ir in self.walker.walk_hook("input", p):
+                    if ir.verdict == "UNKNOWN":
+                        return ServedOutcome(None, None, (*ev, ir.detail), ir.detail)
+                    evidence = (*ev, *(s.render() for s in ir.steps),
+                                f"no DNAT to an endpoint: {ir.verdict.lower()} in the input "
+                                "hook")
+                continue
+            for fr in self.walker.walk_hook("forward", p):
+                ev2 = ev + tuple(s.render() for s in fr.steps)
+                if fr.verdict == "UNKNOWN":
+                    return ServedOutcome(None, None, (*ev2, fr.detail), fr.detail)
+                if fr.verdict in ("DROP", "REJECT"):
+                    evidence = ev2
+                    continue
+                served_any = True
+                for pr in self.walker.walk_hook("postrouting", fr.packet):
+                    masq = pr.verdict in ("MASQUERADE", "SNAT")
+                    kept = (not masq) if kept is None else (kept and not masq)
+                    evidence = ev2 + tuple(s.render() for s in pr.steps)
+        if served_any:
+            how2 = "served here" + ("" if kept is None else (
+                ", client source kept" if kept else ", source masqueraded"))
+            return ServedOutcome(True, kept, evidence, how2)
+        return ServedOutcome(False, None, evidence, "not served on this node")
+
+
+def _merge(outcomes: list[PathOutcome]) -> PathOutcome:
+    """As agent.diagnose.paths merges a walk's paths: the worst outcome, unless the
+    answer hangs on a fact the input lacks (then undecided) or every path ends without
+    a loop (then the best of them, with a note)."""
+    if not outcomes:
+        return PathOutcome("unknown", "no path", ())
+    kinds = {o.kind for o in outcomes}
+    worst = min(outcomes, key=lambda o: _RANK[o.kind])
+    assumed = [o for o in outcomes if ASSUMED in "\n".join(o.evidence)]
+    if assumed and len(kinds) > 1 and not kinds <= _NO_LOOP:
+        facts = list(dict.fromkeys(e for o in assumed for e in o.evidence if ASSUMED in e))
+        loop = next((o for o in outcomes if o.kind == "not-masqueraded"), worst)
+        return PathOutcome("unknown", "it depends on a fact the input does not show: "
+                           + "; ".join(facts[:2]), (*loop.evidence, "the other answer: " + next(
+                               (o.how for o in outcomes if o.kind != loop.kind), "")))
+    if len(kinds) > 1 and kinds <= _NO_LOOP:
+        return PathOutcome(worst.kind, worst.how + f" ({len(outcomes)} paths over what the "
+                           "input does not show or kube-proxy's random choice: none loops)",
+                           worst.evidence, mixed=True)
+    if len(kinds) > 1:
+        return PathOutcome(worst.kind, worst.how + " (on some of the paths)", worst.evidence,
+                           mixed=True)
+    return worst

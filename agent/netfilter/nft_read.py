@@ -1,0 +1,45 @@
+"""The nftables ruleset of a snapshot: its dumps read once (text or JSON) and merged."""
+
+from __future__ import annotations
+
+from agent.netfilter.nft_json import read_nft_json
+from agent.netfilter.nft_model import NftError, NftRuleset, NftTable
+from agent.netfilter.nft_text import read_nft_text
+from agent.snapshot import NftDump, NodeSnapshot
+
+_CACHE: dict[int, tuple[tuple[NftDump, ...], NftRuleset | None, tuple[str, ...]]] = {}
+
+
+def read_dump(d: NftDump) -> NftRuleset:
+    return read_nft_json(d.text, d.source) if d.format == "json" else \
+        read_nft_text(d.text, d.source)
+
+
+def ruleset_of(snap: NodeSnapshot) -> tuple[NftRuleset | None, tuple[str, ...]]:
+    """(the merged ruleset or None, problems met reading it)."""
+    dumps = snap.nft
+    if not dumps:
+        return None, ()
+    got = _CACHE.get(id(dumps))
+    if got is not None and got[0] is dumps:
+        return got[1], got[2]
+    tables: dict[tuple[str, str], NftTable] = {}
+    problems: list[str] = []
+    for d in dumps:
+        try:
+            rs = read_dump(d)
+        except NftError as e:
+            problems.append(str(e))
+            continue
+        problems += rs.notes
+        for t in rs.tables:
+            old = tables.get((t.family, t.name))
+            # the same table in two dumps (a listing and its JSON): the bigger one
+            if old is None or len(t.chains) + len(t.sets) > len(old.chains) + len(old.sets):
+                tables[(t.family, t.name)] = t
+    rs2 = NftRuleset(tuple(tables.values()), ", ".join(d.source for d in dumps)) \
+        if tables else None
+    if len(_CACHE) > 8:
+        _CACHE.clear()
+    _CACHE[id(dumps)] = (dumps, rs2, tuple(problems))
+    return rs2, tuple(problems)

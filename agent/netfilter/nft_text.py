@@ -1,0 +1,453 @@
+"""Read nftables text into the model: `nft list ruleset`, `nft list table ip kube-proxy`
+(blocks), and `nft -f` scripts of `add table/chain/set/map/rule/element` commands (what
+kube-proxy's knftables writes, and what its tests print). Recognised by content.
+
+Hostile input: every line and token count is bounded; a line that cannot be read is
+reported with its file and line and skipped (the chain it was in becomes partial), never
+guessed at.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from agent.netfilter.nft_model import (
+    MAX_ELEMENTS,
+    MAX_LINES,
+    MAX_TOKENS_PER_RULE,
+    NftChain,
+    NftError,
+    NftRule,
+    NftRuleset,
+    NftSet,
+    NftTable,
+    parse_priority,
+)
+
+_FAMILIES = frozenset({"ip", "ip6", "inet", "arp", "bridge", "netdev"})
+# a line that starts nft text: a table block or a command of an nft -f script
+_START = re.compile(r"^\s*(?:table\s+(?:ip6?|inet|arp|bridge|netdev)\s+\S+\s*\{"
+                    r"|(?:add|create|insert)\s+(?:table|chain|rule|set|map|element)\s+"
+                    r"(?:ip6?|inet|arp|bridge|netdev)\s)")
+_PROBLEMS_KEPT = 50
+
+
+def looks_like_nft(text: str) -> bool:
+    """Does this text hold nft ruleset text (a table block or an nft -f command)?"""
+    for n, line in enumerate(text[:1_000_000].splitlines()):
+        if n > 200:
+            return False
+        if _START.match(line):
+            return True
+    return False
+
+
+_TOKEN = re.compile(r'"[^"]*"|"|[{};,]|#.*|[^\s{};,"]+')
+
+
+def tokenize(text: str, source: str = "", line: int | None = None) -> tuple:
+    """Words, quoted strings (kept quoted), ';' ',' as tokens, brace groups as nested
+    tuples; '#' at a word's start begins a comment (`# handle 5` after `nft -a`)."""
+    stack: list[list] = [[]]
+    for count, m in enumerate(_TOKEN.finditer(text), 1):
+        tok = m.group()
+        if count > MAX_TOKENS_PER_RULE:
+            raise NftError(source, line, f"more than {MAX_TOKENS_PER_RULE} tokens in a rule")
+        c = tok[0]
+        if c == "#":
+            break
+        if tok == '"':
+            raise NftError(source, line, "unterminated quoted string")
+        if c == "{":
+            if len(stack) > 16:
+                raise NftError(source, line, "braces nested too deep")
+            stack.append([])
+        elif c == "}":
+            if len(stack) == 1:
+                raise NftError(source, line, "'}' without '{'")
+            group = tuple(stack.pop())
+            stack[-1].append(group)
+        else:
+            stack[-1].append(tok)
+    if len(stack) != 1:
+        raise NftError(source, line, "'{' without '}'")
+    return tuple(stack[0])
+
+
+def render(tokens: tuple) -> str:
+    out = []
+    for t in tokens:
+        if isinstance(t, tuple):
+            out.append("{ " + render(t) + " }")
+        else:
+            out.append(t)
+    return " ".join(out).replace(" ,", ",").replace(" ;", ";")
+
+
+def _unquote(s: str) -> str:
+    return s[1:-1] if len(s) >= 2 and s[0] == s[-1] == '"' else s
+
+
+@dataclass
+class _Chain:
+    name: str
+    type: str | None = None
+    hook: str | None = None
+    priority: int | None = None
+    policy: str = "accept"
+    rules: list[NftRule] = field(default_factory=list)
+
+
+@dataclass
+class _Set:
+    name: str
+    is_map: bool
+    key_type: str = ""
+    elements: list[tuple[tuple[str, ...], str | None]] = field(default_factory=list)
+    comments: list[str | None] = field(default_factory=list)
+    dynamic: bool = False
+    source: str = ""
+
+
+@dataclass
+class _Table:
+    family: str
+    name: str
+    chains: dict[str, _Chain] = field(default_factory=dict)
+    sets: dict[str, _Set] = field(default_factory=dict)
+
+
+class _Builder:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.tables: dict[tuple[str, str], _Table] = {}
+        self.problems: list[str] = []
+        self.elements = 0
+
+    def table(self, family: str, name: str) -> _Table:
+        name = _unquote(name)
+        t = self.tables.get((family, name))
+        if t is None:
+            t = self.tables[(family, name)] = _Table(family, name)
+        return t
+
+    def chain(self, t: _Table, name: str) -> _Chain:
+        name = _unquote(name)
+        c = t.chains.get(name)
+        if c is None:
+            c = t.chains[name] = _Chain(name)
+        return c
+
+    def problem(self, line: int | None, why: str) -> None:
+        if len(self.problems) < _PROBLEMS_KEPT:
+            self.problems.append(f"{self.source}:{line}: {why}" if line else
+                                 f"{self.source}: {why}")
+
+    def add_elements(self, s: _Set, group: tuple, line: int) -> None:
+        for key, value, comment in split_elements(group):
+            self.elements += 1
+            if self.elements > MAX_ELEMENTS:
+                raise NftError(self.source, line, f"more than {MAX_ELEMENTS} set elements")
+            s.elements.append((key, value))
+            s.comments.append(comment)
+
+    def ruleset(self) -> NftRuleset:
+        tables = []
+        for t in self.tables.values():
+            chains = tuple(NftChain(c.name, c.type, c.hook, c.priority, c.policy,
+                                    tuple(c.rules)) for c in t.chains.values())
+            sets = tuple(NftSet(s.name, s.is_map, s.key_type, tuple(s.elements),
+                                tuple(s.comments), s.dynamic, s.source)
+                         for s in t.sets.values())
+            tables.append(NftTable(t.family, t.name, chains, sets))
+        return NftRuleset(tuple(tables), self.source, tuple(self.problems))
+
+
+def split_elements(group: tuple) -> list[tuple[tuple[str, ...], str | None, str | None]]:
+    """The elements of `{ a . b : verdict, ... }` as (key parts, value, comment)."""
+    out = []
+    current: list = []
+    for tok in (*group, ","):
+        if tok != ",":
+            current.append(tok)
+            continue
+        if not current:
+            continue
+        comment = None
+        key: list = []
+        value: list | None = None
+        i = 0
+        while i < len(current):
+            tok2 = current[i]
+            if tok2 == "comment" and i + 1 < len(current):
+                comment = _unquote(current[i + 1])
+                i += 2
+                continue
+            if tok2 in ("timeout", "expires") and i + 1 < len(current):
+                i += 2
+                continue
+            if tok2 == ":" and value is None:
+                value = []
+            elif value is not None:
+                value.append(tok2)
+            else:
+                key.append(tok2)
+            i += 1
+        parts = tuple(" ".join(p) for p in _split_dots(key))
+        out.append((parts, render(tuple(value)) if value is not None else None, comment))
+        current = []
+    return out
+
+
+def _split_dots(tokens: list) -> list[list[str]]:
+    parts: list[list[str]] = [[]]
+    for t in tokens:
+        if t == ".":
+            parts.append([])
+        elif isinstance(t, tuple):
+            parts[-1].append("{ " + render(t) + " }")
+        else:
+            parts[-1].append(t)
+    return [p for p in parts if p]
+
+
+def _set_header(s: _Set, tokens: tuple) -> None:
+    """`type a . b : verdict ; flags dynamic,timeout ; ...` (in a block or a command)."""
+    words = [t for t in tokens if isinstance(t, str)]
+    stmt: list[str] = []
+    for w in (*words, ";"):
+        if w != ";":
+            stmt.append(w)
+            continue
+        if stmt and stmt[0] == "type":
+            key = " ".join(stmt[1:]).split(" : ", 1)[0]
+            s.key_type = key
+        elif stmt and stmt[0] == "typeof":
+            s.key_type = " ".join(stmt[1:]).split(" : ", 1)[0]
+        elif stmt and stmt[0] == "flags" and ("dynamic" in " ".join(stmt[1:])
+                                              or "timeout" in " ".join(stmt[1:])):
+            s.dynamic = True
+        stmt = []
+
+
+def _chain_header(c: _Chain, tokens: tuple, source: str, line: int) -> None:
+    """`type nat hook prerouting priority dstnat ; policy accept ;`"""
+    words = [t for t in tokens if isinstance(t, str)]
+    stmt: list[str] = []
+    for w in (*words, ";"):
+        if w != ";":
+            stmt.append(w)
+            continue
+        if stmt and stmt[0] == "type" and len(stmt) >= 4 and stmt[2] == "hook":
+            c.type, c.hook = stmt[1], stmt[3]
+            if "priority" in stmt:
+                k = stmt.index("priority")
+                prio = parse_priority(" ".join(stmt[k + 1:]))
+                if prio is None:
+                    raise NftError(source, line, f"unreadable priority {' '.join(stmt[k + 1:])!r}")
+                c.priority = prio
+        elif stmt and stmt[0] == "policy" and len(stmt) > 1:
+            c.policy = stmt[1]
+        stmt = []
+
+
+def read_nft_text(text: str, source: str) -> NftRuleset:
+    """The ruleset in ``text``; raises NftError when nothing in it is nft text."""
+    b = _Builder(source)
+    lines = text.splitlines()
+    if len(lines) > MAX_LINES:
+        raise NftError(source, None, f"more than {MAX_LINES} lines")
+    started = False
+    table: _Table | None = None
+    chain: _Chain | None = None
+    nset: _Set | None = None
+    pending: list[str] = []  # a statement continued over lines (an element list)
+    pending_line = 0
+    for n, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if pending:
+            pending.append(line)
+            joined = " ".join(pending)
+            if joined.count("{") > joined.count("}"):
+                continue
+            line, pending = joined, []
+            n_at = pending_line
+        else:
+            n_at = n
+            if not line or line.startswith("#"):
+                continue
+            if not started:
+                if not _START.match(raw):
+                    continue  # a prompt, the command, prose before the output
+                started = True
+            if line.count("{") > line.count("}") and not re.match(
+                    r"^(?:table|chain|set|map|flowtable|ct\s+\w+|counter|quota|limit)\s", line):
+                pending, pending_line = [line], n
+                continue
+        try:
+            if nset is not None:
+                if line == "}":
+                    nset = None
+                    continue
+                toks = tokenize(line, source, n_at)
+                if toks and toks[0] == "elements":
+                    group = next((t for t in toks if isinstance(t, tuple)), ())
+                    b.add_elements(nset, group, n_at)
+                else:
+                    _set_header(nset, toks)
+                continue
+            if chain is not None:
+                if line == "}":
+                    chain = None
+                    continue
+                toks = tokenize(line, source, n_at)
+                if toks and toks[0] == "type" and "hook" in toks:
+                    _chain_header(chain, toks, source, n_at)
+                elif toks and toks[0] in ("comment", "policy", "devices", "device"):
+                    continue
+                elif toks:
+                    chain.rules.append(NftRule(toks, render(toks), f"{source}:{n_at}"))
+                continue
+            if table is not None:
+                if line == "}":
+                    table = None
+                    continue
+                toks = tokenize(line.rstrip("{").strip(), source, n_at)
+                if len(toks) >= 2 and toks[0] == "chain":
+                    chain = b.chain(table, toks[1])
+                elif len(toks) >= 2 and toks[0] in ("set", "map"):
+                    nset = table.sets.setdefault(_unquote(toks[1]), _Set(
+                        _unquote(toks[1]), toks[0] == "map", source=f"{source}:{n_at}"))
+                elif toks and toks[0] in ("comment", "flags"):
+                    continue
+                elif toks and toks[0] in ("flowtable", "counter", "quota", "ct", "limit",
+                                          "secmark", "synproxy"):
+                    # objects the walk does not use: skip their block
+                    if line.endswith("{"):
+                        chain = _Chain("(skipped object)")
+                else:
+                    b.problem(n_at, f"not understood in table {table.name}: {line[:80]!r}")
+                continue
+            _top_level(b, line, n_at, source)
+            m = re.match(r"^table\s+(\S+)\s+(\S+)\s*\{$", line)
+            if m:
+                table = b.table(m.group(1), m.group(2))
+        except NftError as e:
+            if e.line is None:
+                raise
+            b.problem(e.line, e.why)
+    if pending:
+        b.problem(pending_line, "unterminated '{' at the end of the input")
+    if not started:
+        raise NftError(source, None, "no nft ruleset text (no 'table ... {' block and no "
+                                     "'add table/chain/rule' command)")
+    return b.ruleset()
+
+
+def _top_level(b: _Builder, line: str, n: int, source: str) -> None:
+    """One command of an nft -f script (or a table block's opening line: done by the
+    caller)."""
+    if re.match(r"^table\s", line):
+        return
+    toks = tokenize(line, source, n)
+    if not toks:
+        return
+    verb = toks[0]
+    if verb in ("flush", "delete", "destroy", "list", "reset"):
+        return  # state changes a dump does not hold
+    if verb not in ("add", "create", "insert", "replace") or len(toks) < 4:
+        b.problem(n, f"not an nft command: {line[:80]!r}")
+        return
+    what, family = toks[1], toks[2]
+    if family not in _FAMILIES:
+        b.problem(n, f"unknown family {family!r}")
+        return
+    if what == "table":
+        b.table(family, toks[3])
+        return
+    if len(toks) < 5:
+        b.problem(n, f"{what} without a name: {line[:80]!r}")
+        return
+    t = b.table(family, toks[3])
+    name = toks[4]
+    rest = toks[5:]
+    if what == "chain":
+        c = b.chain(t, name)
+        group = next((x for x in rest if isinstance(x, tuple)), None)
+        if group is not None:
+            _chain_header(c, group, source, n)
+    elif what in ("set", "map"):
+        s = t.sets.setdefault(_unquote(name), _Set(_unquote(name), what == "map",
+                                                   source=f"{source}:{n}"))
+        group = next((x for x in rest if isinstance(x, tuple)), None)
+        if group is not None:
+            _set_header(s, group)
+            inner = tokenize_elements_in_header(group)
+            if inner is not None:
+                b.add_elements(s, inner, n)
+    elif what == "element":
+        s = t.sets.get(_unquote(name))
+        if s is None:
+            s = t.sets[_unquote(name)] = _Set(_unquote(name), True, source=f"{source}:{n}")
+        group = next((x for x in rest if isinstance(x, tuple)), ())
+        b.add_elements(s, group, n)
+    elif what == "rule":
+        c = b.chain(t, name)
+        if rest and rest[0] in ("position", "handle", "index"):
+            rest = rest[2:]
+        if verb == "insert":
+            c.rules.insert(0, NftRule(rest, render(rest), f"{source}:{n}"))
+        else:
+            c.rules.append(NftRule(rest, render(rest), f"{source}:{n}"))
+    else:
+        b.problem(n, f"'{verb} {what}' is not read")
+
+
+def tokenize_elements_in_header(group: tuple) -> tuple | None:
+    """`add set ... { type x ; elements = { a, b } ; }`: the element group, if any."""
+    for i, t in enumerate(group):
+        if t == "elements":
+            return next((x for x in group[i:] if isinstance(x, tuple)), None)
+    return None
+
+
+def split_nft(text: str) -> tuple[str | None, str]:
+    """(the nft ruleset text in a paste, with the other lines blanked so line numbers
+    stay; the rest of the paste with the nft lines blanked). (None, text) when it holds
+    no nft text."""
+    if not looks_like_nft(text):
+        return None, text
+    lines = text.split("\n")
+    nft = [""] * len(lines)
+    rest = list(lines)
+    depth = 0
+    inside = False
+    for i, line in enumerate(lines):
+        s = line.strip()
+        starts = bool(_START.match(line))
+        if not inside and not starts:
+            continue
+        if depth == 0 and not starts and s and not s.startswith("#") and not re.match(
+                r"^(?:add|create|insert|flush|delete|table)\s", s):
+            inside = False  # the nft text ended: something else follows
+            continue
+        inside = True
+        depth += _braces(s)
+        depth = max(depth, 0)
+        nft[i] = line
+        rest[i] = ""
+    return "\n".join(nft), "\n".join(rest)
+
+
+def _braces(s: str) -> int:
+    """'{' minus '}' outside quoted strings."""
+    if '"' not in s:
+        return s.count("{") - s.count("}")
+    n, quoted = 0, False
+    for c in s:
+        if c == '"':
+            quoted = not quoted
+        elif not quoted:
+            n += (c == "{") - (c == "}")
+    return n

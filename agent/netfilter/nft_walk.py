@@ -1,0 +1,758 @@
+"""Walk a packet through an nftables ruleset, hook by hook, the way the kernel does: base
+chains of one hook in priority order, jump/goto/return, verdict maps, NAT that ends the
+nat chains of a hook, marks. Every rule that acted is a step (the evidence).
+
+What the input cannot decide is never guessed: a match on something unknown (a pod's
+exact address, which addresses are local) forks the walk, and the fork's step says what
+was assumed (": assumed", as agent.netfilter.walk says it). A random choice (`numgen
+random mod N vmap`) or a datapath-filled set (session affinity) forks too, as "any
+branch": each branch is a path the kernel can take.
+
+iptables rules in other tables on the same hooks (a CNI's iptables-nft or legacy rules)
+are walked in their place by priority when the caller gives their walkers.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+from collections.abc import Callable, Mapping
+from typing import NamedTuple, Protocol
+
+from agent.netfilter.nft_model import NftChain, NftRule, NftRuleset, NftSet, NftTable
+from agent.netfilter.nft_text import render, split_elements
+from agent.netfilter.walk import HookResult, Packet
+
+ASSUMED = ": assumed"
+_MAX_RULES_PER_WALK = 200_000
+_MAX_DEPTH = 64
+_MAX_PATHS = 256
+# iptables' tables and their priority on each hook (what iptables-nft registers)
+IPTABLES_PRIORITY = {
+    ("raw", "prerouting"): -300, ("raw", "output"): -300,
+    ("mangle", "prerouting"): -150, ("mangle", "input"): -150, ("mangle", "forward"): -150,
+    ("mangle", "output"): -150, ("mangle", "postrouting"): -150,
+    ("nat", "prerouting"): -100, ("nat", "output"): -100, ("nat", "input"): 100,
+    ("nat", "postrouting"): 100,
+    ("filter", "input"): 0, ("filter", "forward"): 0, ("filter", "output"): 0,
+}
+_DNAT_HOOKS = frozenset({"prerouting", "output"})
+
+
+class NodeView(Protocol):
+    def addr_type(self, addr: str) -> str | None: ...
+
+
+class NftPacket(NamedTuple):
+    src: str
+    dst: str
+    proto: str = "tcp"
+    dport: int = 80
+    sport: int = 45678
+    in_iface: str | None = None
+    out_iface: str | None = None
+    mark: int = 0
+    src_known: bool = True
+    # the source is a pod whose exact address is unknown but lies in this prefix (the
+    # cluster CIDR kube-proxy's own rules name): matches decide when the prefix does
+    src_within: str | None = None
+    src_is_pod: bool = False  # a pod address is never a local address of the node
+    dnat_to: str | None = None  # "ip:port" once DNATed
+    snat: str | None = None  # "masquerade" | address once source-NATed
+
+    def describe(self) -> str:
+        src = self.src if self.src_known else (
+            f"(a pod of this node{', in ' + self.src_within if self.src_within else ''})")
+        s = f"{self.proto} {src}:{self.sport} -> {self.dst}:{self.dport}"
+        if self.in_iface:
+            s += f" in {self.in_iface}"
+        if self.out_iface:
+            s += f" out {self.out_iface}"
+        return s
+
+
+class NftStep(NamedTuple):
+    where: str  # "nft ip kube-proxy services" | "iptables nat PREROUTING"
+    text: str
+    source: str
+
+    def render(self) -> str:
+        return f"{self.where}: {self.text}" + (f" ({self.source})" if self.source else "")
+
+
+class NftHookResult(NamedTuple):
+    verdict: str  # ACCEPT DROP REJECT DNAT MASQUERADE SNAT UNKNOWN
+    packet: NftPacket
+    steps: tuple[NftStep, ...]
+    detail: str = ""
+
+    @property
+    def assumed(self) -> bool:
+        return any(ASSUMED in s.text for s in self.steps)
+
+
+IptablesWalk = Callable[[str, Packet], list[HookResult]]
+
+
+class _Budget:
+    def __init__(self) -> None:
+        self.rules = 0
+
+
+class NftWalker:
+    """Walks hooks of one ruleset. ``iptables`` maps an iptables table name to a function
+    walking one of its built-in chains (agent.netfilter.walk.TableWalker.walk)."""
+
+    def __init__(self, ruleset: NftRuleset, view: NodeView,
+                 iptables: Mapping[str, IptablesWalk] | None = None) -> None:
+        self.ruleset = ruleset
+        self.view = view
+        self.iptables = dict(iptables or {})
+        self._maps: dict[int, dict[tuple[str, ...], str | None]] = {}
+        self._stages: dict[str, list[tuple[int, str, object]]] = {}
+        self._sets: dict[int, tuple[NftSet, frozenset[str], list[str]]] = {}
+
+    # -- the hooks ------------------------------------------------------------------
+
+    def stages(self, hook: str) -> list[tuple[int, str, object]]:
+        """(priority, label, chain or iptables table name) for a hook, in the order the
+        kernel runs them (equal priorities: nft first, said in the notes); made once per
+        hook (a 10k-service table has 40k chains, a few of them base chains)."""
+        got = self._stages.get(hook)
+        if got is not None:
+            return got
+        out: list[tuple[int, int, str, object]] = []
+        for t in self.ruleset.tables:
+            if t.family not in ("ip", "inet"):
+                continue
+            if t.family == "ip" and t.name in self.iptables:
+                continue  # iptables-nft's own table: walked by the iptables walker
+            for c in t.chains:
+                if c.hook == hook and c.type in ("filter", "nat", "route"):
+                    out.append((c.priority or 0, 0, f"nft {t.family} {t.name} {c.name}",
+                                (t, c)))
+        for name in self.iptables:
+            prio = IPTABLES_PRIORITY.get((name, hook))
+            if prio is not None:
+                out.append((prio, 1, f"iptables {name} {hook.upper()}", name))
+        out.sort(key=lambda x: (x[0], x[1]))
+        got = self._stages[hook] = [(p, label, obj) for p, _, label, obj in out]
+        return got
+
+    def walk_hook(self, hook: str, pkt: NftPacket) -> list[NftHookResult]:
+        paths: list[tuple[NftPacket, tuple[NftStep, ...], str | None]] = [(pkt, (), None)]
+        finished: list[NftHookResult] = []
+        for _prio, _label, obj in self.stages(hook):
+            nxt: list[tuple[NftPacket, tuple[NftStep, ...], str | None]] = []
+            for p, steps, nat in paths:
+                nat_chain = (isinstance(obj, tuple) and obj[1].type == "nat") or \
+                    obj == "nat"
+                if nat_chain and (nat or (hook in _DNAT_HOOKS and p.dnat_to) or
+                                  (hook not in _DNAT_HOOKS and p.snat)):
+                    # a NAT binding made earlier on this hook ends the nat chains
+                    nxt.append((p, steps, nat))
+                    continue
+                if isinstance(obj, tuple):
+                    results = self._base_chain(obj[0], obj[1], p)
+                else:
+                    results = self._iptables(str(obj), hook, p)
+                for verdict, p2, st, detail in results:
+                    steps2 = steps + st
+                    if verdict in ("DROP", "REJECT", "UNKNOWN"):
+                        finished.append(NftHookResult(verdict, p2, steps2, detail))
+                    elif verdict in ("DNAT", "MASQUERADE", "SNAT"):
+                        nxt.append((p2, steps2, verdict))
+                    else:
+                        nxt.append((p2, steps2, nat))
+            paths = nxt[:_MAX_PATHS]
+        for p, steps, nat in paths:
+            finished.append(NftHookResult(nat or "ACCEPT", p, steps))
+        return finished
+
+    # -- iptables in between -----------------------------------------------------------
+
+    def _iptables(self, table: str, hook: str, p: NftPacket
+                  ) -> list[tuple[str, NftPacket, tuple[NftStep, ...], str]]:
+        walk = self.iptables[table]
+        ipkt = Packet(src=p.src, dst=p.dst, proto=p.proto, sport=p.sport, dport=p.dport,
+                      in_iface=p.in_iface, out_iface=p.out_iface, mark=p.mark,
+                      src_known=p.src_known)
+        out = []
+        for r in walk(hook.upper(), ipkt):
+            steps = tuple(NftStep(f"iptables {s.table} {s.chain}", s.text, s.source)
+                          for s in r.steps)
+            q = r.packet
+            p2 = p._replace(dst=q.dst, dport=q.dport, mark=q.mark)
+            if r.verdict in ("DNAT", "REDIRECT"):
+                p2 = p2._replace(dnat_to=f"{q.dst}:{q.dport}")
+                out.append(("DNAT", p2, steps, r.detail))
+            elif r.verdict in ("MASQUERADE", "SNAT"):
+                out.append((r.verdict, p2._replace(snat=r.verdict.lower()), steps, r.detail))
+            else:
+                out.append((r.verdict if r.verdict != "RETURN" else "ACCEPT", p2, steps,
+                            r.detail))
+        return out
+
+    # -- nft chains --------------------------------------------------------------------
+
+    def _base_chain(self, t: NftTable, c: NftChain, p: NftPacket
+                    ) -> list[tuple[str, NftPacket, tuple[NftStep, ...], str]]:
+        budget = _Budget()
+        out = []
+        for end, p2, steps, detail in self._run(t, c, 0, p, (), (), budget, 0):
+            if end == "FALLOFF":
+                end = "ACCEPT" if c.policy == "accept" else "DROP"
+                if c.policy != "accept":
+                    steps = (*steps, NftStep(f"nft {t.family} {t.name} {c.name}",
+                                             f"policy {c.policy}", ""))
+            out.append((end, p2, steps, detail))
+        return out
+
+    def _run(self, t: NftTable, c: NftChain, i: int, p: NftPacket,
+             stack: tuple[tuple[NftChain, int], ...], steps: tuple[NftStep, ...],
+             budget: _Budget, forks: int
+             ) -> list[tuple[str, NftPacket, tuple[NftStep, ...], str]]:
+        """Run chain ``c`` from rule ``i``; ``stack`` holds where a return goes back to.
+        Ends: ACCEPT DROP REJECT DNAT MASQUERADE SNAT UNKNOWN, or FALLOFF (the base chain
+        ended: its policy decides)."""
+        where = f"nft {t.family} {t.name} {c.name}"
+        while True:
+            if i >= len(c.rules):
+                if not stack:
+                    return [("FALLOFF", p, steps, "")]
+                c, i = stack[-1]
+                stack = stack[:-1]
+                where = f"nft {t.family} {t.name} {c.name}"
+                continue
+            budget.rules += 1
+            if budget.rules > _MAX_RULES_PER_WALK:
+                return [("UNKNOWN", p, steps, f"walk stopped after {_MAX_RULES_PER_WALK} "
+                         "rules (a loop or a huge ruleset)")]
+            rule = c.rules[i]
+            outcomes = self._eval(t, rule, p)
+            results = []
+            for action, p2, notes in outcomes:
+                st = steps
+                if action is not None or notes:
+                    shown = [x for x in notes if x]
+                    text = rule.text + ("" if not shown else " [" + "; ".join(shown) + "]")
+                    st = (*steps, NftStep(where, text, rule.source))
+                if action is None:
+                    if len(outcomes) == 1:
+                        p, steps = p2, st
+                        break
+                    results += self._run(t, c, i + 1, p2, stack, st, budget, forks + 1)
+                    continue
+                kind = action[0]
+                if kind in ("jump", "goto"):
+                    target = t.chain(action[1])
+                    if target is None:
+                        results.append(("UNKNOWN", p2, st, f"chain {action[1]} is not in "
+                                        f"the input ({rule.source})"))
+                        continue
+                    if len(stack) >= _MAX_DEPTH:
+                        results.append(("UNKNOWN", p2, st, "jumps nested too deep"))
+                        continue
+                    new_stack = (*stack, (c, i + 1)) if kind == "jump" else stack
+                    results += self._run(t, target, 0, p2, new_stack, st, budget, forks + 1)
+                elif kind == "return":
+                    if not stack:
+                        results.append(("FALLOFF", p2, st, ""))
+                    else:
+                        back, j = stack[-1]
+                        results += self._run(t, back, j, p2, stack[:-1], st, budget,
+                                             forks + 1)
+                elif kind == "continue":
+                    results += self._run(t, c, i + 1, p2, stack, st, budget, forks + 1)
+                else:
+                    results.append((kind, p2, st, action[1] if len(action) > 1 else ""))
+            else:
+                return results
+            i += 1
+
+    # -- one rule ------------------------------------------------------------------------
+
+    def _eval(self, t: NftTable, rule: NftRule, p: NftPacket
+              ) -> list[tuple[tuple | None, NftPacket, tuple[str, ...]]]:
+        """The rule's outcomes: (action or None for "on to the next rule", packet,
+        notes). More than one when a match is undecidable or a choice is random."""
+        return _dedupe(self._ops(t, rule, compile_rule(rule.tokens), 0, p, ()))
+
+    def _ops(self, t: NftTable, rule: NftRule, ops: list, k: int, q: NftPacket,
+             notes: tuple[str, ...]) -> list[tuple[tuple | None, NftPacket, tuple[str, ...]]]:
+        while k < len(ops):
+            op = ops[k]
+            kind = op[0]
+            if kind == "match":
+                r = self._match(t, op, q)
+                if r is False:
+                    return [(None, q, ())]
+                if r == "either":
+                    what = op[-1]
+                    return [(None, q, (*notes, f"{what}: either (a set the datapath fills, "
+                                                "e.g. session affinity): any branch")),
+                            *self._ops(t, rule, ops, k + 1, q,
+                                       (*notes, f"{what}: either: any branch"))]
+                if r is None:
+                    what = op[-1]
+                    return [(None, q, (*notes, f"{what}{ASSUMED} false (the input does not "
+                                                "decide it)")),
+                            *self._ops(t, rule, ops, k + 1, q,
+                                       (*notes, f"{what}{ASSUMED} true"))]
+            elif kind == "vmap":
+                out: list[tuple[tuple | None, NftPacket, tuple[str, ...]]] = []
+                for verdict, note in self._vmap(t, op, q):
+                    n2 = (*notes, note) if note else notes
+                    out.append((None if verdict is None else _verdict(verdict), q, n2))
+                return out
+            elif kind == "mark":
+                q = q._replace(mark=_mark(op, q.mark))
+            elif kind == "unknown":
+                return [(("UNKNOWN", f"'{op[1]}' in '{rule.text}' is not evaluated by "
+                          "this agent"), q, notes)]
+            elif kind == "dnat":
+                addr, port = op[1], op[2]
+                q = q._replace(dst=addr, dport=port or q.dport,
+                               dnat_to=f"{addr}:{port or q.dport}")
+                return [(("DNAT",), q, notes)]
+            elif kind == "snat":
+                return [(("SNAT", op[1]), q._replace(snat=op[1]), notes)]
+            elif kind == "masquerade":
+                return [(("MASQUERADE",), q._replace(snat="masquerade"), notes)]
+            elif kind == "verdict":
+                v = op[1]
+                action = (v, op[2]) if v in ("jump", "goto") else (
+                    (v.upper(),) if v in ("accept", "drop", "reject") else (v,))
+                return [(action, q, notes)]
+            k += 1
+        # every match held and no verdict: marks were set, on to the next rule
+        return [(None, q, notes or ("",))]
+
+    def _value(self, sel: str, p: NftPacket) -> tuple[str, object]:
+        """(kind, value) of one selector for the packet; value None = not known."""
+        if sel == "ip daddr":
+            return "addr", p.dst
+        if sel == "ip saddr":
+            return "addr", p.src if p.src_known else ("pod", p.src_within)
+        if sel in ("meta l4proto", "ip protocol"):
+            return "proto", p.proto
+        if sel in ("th dport", "tcp dport", "udp dport", "sctp dport"):
+            if sel[0] != "t" or (sel.startswith(("tcp", "udp", "sctp")) and \
+                    not sel.startswith(p.proto)):
+                return "int", -1  # another protocol's port: never matches
+            return "int", p.dport
+        if sel in ("th sport", "tcp sport", "udp sport"):
+            return "int", p.sport
+        if sel in ("meta mark", "mark"):
+            return "int", p.mark
+        if sel == "ct state":
+            return "word", "new"
+        if sel == "ct status":
+            return "word", "dnat" if p.dnat_to else ""
+        if sel.startswith("fib ") and sel.endswith(" type"):
+            which = sel.split()[1]
+            if which == "saddr":
+                if p.src_is_pod or not p.src_known:
+                    return "word", "unicast"
+                kind = self.view.addr_type(p.src)
+            elif which == "daddr":
+                kind = self.view.addr_type(p.dst)
+            else:
+                return "word", None
+            return "word", kind.lower() if kind else None
+        if sel in ("iifname", "meta iifname", "iif"):
+            return "word", p.in_iface
+        if sel in ("oifname", "meta oifname", "oif"):
+            return "word", p.out_iface
+        return "word", None
+
+    def _match(self, t: NftTable, op: tuple, p: NftPacket) -> bool | None:
+        _, sels, negate, value, mask, _what = op
+        if len(sels) != 1:
+            return None  # a concatenation compared to a literal: not written by kube-proxy
+        kind, actual = self._value(sels[0], p)
+        if mask is not None:
+            if not isinstance(actual, int):
+                return None
+            actual = actual & mask
+        if isinstance(value, str) and value.startswith("@"):
+            s = t.set(value[1:])
+            if s is None:
+                return None
+            if s.dynamic:
+                return "either"  # type: ignore[return-value]
+            exact, inexact = self._members(s)
+            if isinstance(actual, (str, int)) and str(actual) in exact:
+                r: bool | None = True
+            elif isinstance(actual, (str, int)):
+                r = _any_of(kind, actual, inexact)
+            else:
+                r = _any_of(kind, actual, [*exact, *inexact])
+        elif isinstance(value, tuple):
+            r = _any_of(kind, actual, list(value))
+        else:
+            r = _one(kind, actual, value)
+        if r is None:
+            return None
+        return (not r) if negate else r
+
+    def _vmap(self, t: NftTable, op: tuple, p: NftPacket
+              ) -> list[tuple[str | None, str]]:
+        """The verdicts a verdict map gives the packet, with a note each; None = no
+        element matched (on to the next rule)."""
+        _, sels, ref = op
+        if sels and sels[0].startswith("numgen"):
+            elements = ref if isinstance(ref, list) else (
+                [(e[0], e[1]) for e in t.set(ref[1:]).elements] if t.set(ref[1:]) else [])
+            n = len(elements)
+            return [(v, f"any branch: {n} of a random choice, this one {k[0] if k else '?'}")
+                    for k, v in elements if v] or [(None, "")]
+        values = [self._value(s, p) for s in sels]
+        if isinstance(ref, list):
+            elements = ref
+            index = None
+        else:
+            s = t.set(ref[1:])
+            if s is None:
+                return [("UNKNOWN-MAP", f"map {ref} is not in the input")]
+            elements = s.elements  # type: ignore[assignment]
+            index = self._index(s)
+        if index is not None and all(v is not None and not isinstance(v, tuple)
+                                     for _, v in values):
+            key = tuple(_norm(k, v) for k, v in values)
+            hit = index.get(key)
+            if hit is not None:
+                return [(hit, f"{ref} has {' . '.join(key)}")]
+            inexact = self._inexact(s) if not isinstance(ref, list) else elements
+            elements = inexact
+        out: list[tuple[str | None, str]] = []
+        for parts, verdict in elements:
+            if len(parts) != len(values):
+                continue
+            rs = [_one(k, v, part) for (k, v), part in zip(values, parts, strict=False)]
+            if all(r is True for r in rs):
+                out.append((verdict, f"{ref} has {' . '.join(parts)}"))
+                return out
+            if all(r is not False for r in rs):
+                out.append((verdict, f"{ref} has {' . '.join(parts)}{ASSUMED} to match "
+                                     "(the input does not decide it)"))
+        out.append((None, f"{ref}: no element matches{ASSUMED}" if out else ""))
+        return out
+
+    def _index(self, s: NftSet) -> dict[tuple[str, ...], str | None]:
+        got = self._maps.get(id(s))
+        if got is None:
+            got = {parts: v for parts, v in s.elements if all(_exact(x) for x in parts)}
+            self._maps[id(s)] = got
+        return got
+
+    def _members(self, s: NftSet) -> tuple[frozenset[str], list[str]]:
+        """A set's one-part members: the exact ones to look up, the prefixes and ranges
+        to test (a 10k-member @cluster-ips is asked for every forwarded packet)."""
+        got = self._sets.get(id(s))
+        if got is None or got[0] is not s:
+            one = [e[0][0] for e in s.elements if len(e[0]) == 1]
+            got = self._sets[id(s)] = (s, frozenset(x for x in one if _exact(x)),
+                                       [x for x in one if not _exact(x)])
+        return got[1], got[2]
+
+    def _inexact(self, s: NftSet) -> list[tuple[tuple[str, ...], str | None]]:
+        got = self._maps.get(-id(s))
+        if got is None:
+            got = self._maps[-id(s)] = [(parts, v) for parts, v in s.elements  # type: ignore[assignment]
+                                        if not all(_exact(x) for x in parts)]
+        return got  # type: ignore[return-value]
+
+
+def _dedupe(items: list) -> list:
+    seen, out = set(), []
+    for a, q, n in items:
+        key = (a, q, n)
+        if key not in seen:
+            seen.add(key)
+            out.append((a, q, n))
+    return out
+
+
+def _verdict(text: str) -> tuple:
+    words = text.split()
+    if not words:
+        return ("UNKNOWN", "empty verdict")
+    if words[0] in ("goto", "jump") and len(words) > 1:
+        return (words[0], words[1].strip('"'))
+    if words[0] in ("accept", "drop", "reject"):
+        return (words[0].upper(),)
+    if words[0] in ("return", "continue"):
+        return (words[0],)
+    if words[0] == "UNKNOWN-MAP":
+        return ("UNKNOWN", "a map that is not in the input")
+    return ("UNKNOWN", f"verdict {text!r} is not evaluated")
+
+
+def _exact(x: str) -> bool:
+    return "/" not in x and "-" not in x.strip("-") and not x.startswith("{")
+
+
+_PROTO_NUM = {"6": "tcp", "17": "udp", "132": "sctp", "1": "icmp"}
+
+
+def _norm(kind: str, v: object) -> str:
+    return str(v)
+
+
+def _one(kind: str, actual: object, pattern: object) -> bool | None:
+    """Does one value match one pattern (literal, prefix, range, anonymous set)?"""
+    if isinstance(pattern, tuple):
+        return _any_of(kind, actual, list(pattern))
+    pat = str(pattern).strip('"')
+    if pat.startswith("{") and pat.endswith("}"):
+        return _any_of(kind, actual, [x.strip() for x in pat[1:-1].split(",")])
+    if actual is None:
+        return None
+    if kind == "addr":
+        if isinstance(actual, tuple):  # a pod whose address lies in a known prefix
+            within = actual[1]
+            if within is None:
+                return None
+            try:
+                net = _net(pat)
+                pod = ipaddress.ip_network(within, strict=False)
+            except ValueError:
+                return None
+            if pod.subnet_of(net) if pod.version == net.version else False:  # type: ignore[arg-type]
+                return True
+            return None if net.overlaps(pod) else False
+        try:
+            return ipaddress.ip_address(actual) in _net(pat)  # type: ignore[arg-type]
+        except ValueError:
+            return None
+    if kind == "int":
+        try:
+            if "-" in pat.lstrip("-"):
+                lo, hi = pat.split("-", 1)
+                return int(lo, 0) <= int(actual) <= int(hi, 0)  # type: ignore[call-overload]
+            return int(actual) == int(pat, 0)  # type: ignore[call-overload]
+        except ValueError:
+            return None
+    if kind == "proto":
+        return _PROTO_NUM.get(pat, pat) == actual
+    if pat.endswith("*") and isinstance(actual, str):
+        return actual.startswith(pat[:-1])  # iifname "veth*": nft's prefix wildcard
+    return pat == actual or pat in str(actual).split(",")
+
+
+def _any_of(kind: str, actual: object, patterns: list) -> bool | None:
+    unknown = False
+    for pat in patterns:
+        if pat == ",":
+            continue
+        r = _one(kind, actual, pat)
+        if r is True:
+            return True
+        if r is None:
+            unknown = True
+    return None if unknown else False
+
+
+@functools.lru_cache(maxsize=4096)
+def _net(pat: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    if "-" in pat:
+        raise ValueError("a range")
+    return ipaddress.ip_network(pat, strict=False)
+
+
+def _mark(op: tuple, mark: int) -> int:
+    _, how, value = op
+    if how == "or":
+        return mark | value
+    if how == "xor":
+        return mark ^ value
+    if how == "and":
+        return mark & value
+    return value
+
+
+# -- compiling a rule's tokens into ops --------------------------------------------------
+
+_SELECTOR_HEADS = {
+    "ip": ("daddr", "saddr", "protocol"), "meta": ("l4proto", "mark", "iifname", "oifname",
+                                                    "nfproto", "protocol"),
+    "th": ("dport", "sport"), "tcp": ("dport", "sport"), "udp": ("dport", "sport"),
+    "sctp": ("dport", "sport"), "ct": ("state", "status", "mark", "direction"),
+}
+_SINGLE = frozenset({"mark", "iifname", "oifname", "iif", "oif"})
+_VERDICT_WORDS = frozenset({"accept", "drop", "reject", "return", "continue"})
+_PASSIVE = frozenset({"counter", "log", "notrack", "<passive:log>", "<passive:limit>",
+                      "<passive:notrack>"})
+_COMPILED: dict[tuple, list] = {}
+
+
+def compile_rule(tokens: tuple) -> list:
+    got = _COMPILED.get(tokens)
+    if got is None:
+        got = _compile(tokens)
+        if len(_COMPILED) > 100_000:
+            _COMPILED.clear()
+        _COMPILED[tokens] = got
+    return got
+
+
+def _selector(toks: tuple, i: int) -> tuple[str | None, int]:
+    w = toks[i] if i < len(toks) else None
+    if not isinstance(w, str):
+        return None, i
+    if w in _SELECTOR_HEADS and i + 1 < len(toks) and toks[i + 1] in _SELECTOR_HEADS[w]:
+        return f"{w} {toks[i + 1]}", i + 2
+    if w in _SELECTOR_HEADS and w == "meta" and i + 1 < len(toks) and toks[i + 1] == "mark":
+        return "meta mark", i + 2
+    if w == "fib":
+        j = i + 1
+        parts = []
+        while j < len(toks) and isinstance(toks[j], str) and toks[j] in (
+                "saddr", "daddr", ".", "iif", "oif", "mark"):
+            parts.append(toks[j])
+            j += 1
+        if j < len(toks) and toks[j] in ("type", "oif", "oifname"):
+            return "fib " + " ".join(p for p in parts if p != ".") + f" {toks[j]}", j + 1
+        return None, i
+    if w == "numgen" and i + 3 < len(toks) and toks[i + 2] == "mod":
+        return f"numgen {toks[i + 1]} mod {toks[i + 3]}", i + 4
+    if w in _SINGLE:
+        return w, i + 1
+    return None, i
+
+
+def _compile(toks: tuple) -> list:
+    ops: list = []
+    i, n = 0, len(toks)
+    while i < n:
+        w = toks[i]
+        if w == "comment" and i + 1 < n:
+            i += 2
+            continue
+        if w == "counter":
+            i += 1
+            while i + 1 < n and toks[i] in ("packets", "bytes"):
+                i += 2
+            continue
+        if w in ("jump", "goto") and i + 1 < n:
+            ops.append(("verdict", w, str(toks[i + 1]).strip('"')))
+            i += 2
+            continue
+        if w in _VERDICT_WORDS:
+            ops.append(("verdict", w, ""))
+            i += 1
+            if w == "reject":
+                while i < n and toks[i] != "comment":
+                    i += 1  # reject with icmp type ...: still a reject
+            continue
+        if w == "masquerade":
+            ops.append(("masquerade",))
+            i += 1
+            while i < n and toks[i] in ("fully-random", "random", "persistent", ","):
+                i += 1
+            continue
+        if w in ("dnat", "snat") and i + 1 < n:
+            j = i + 1
+            if toks[j] in ("ip", "ip6") and j + 1 < n:
+                j += 1
+            if toks[j] != "to" or j + 1 >= n or not isinstance(toks[j + 1], str):
+                ops.append(("unknown", f"{w} {render_tok(toks[j:j + 3])}"))
+                break
+            target = toks[j + 1]
+            addr, _, port = target.rpartition(":") if target.count(":") == 1 else (
+                target, "", "")
+            if w == "dnat":
+                ops.append(("dnat", addr, int(port) if port.isdigit() else None))
+            else:
+                ops.append(("snat", addr))
+            i = j + 2
+            while i < n and toks[i] in ("fully-random", "random", "persistent", ","):
+                i += 1
+            continue
+        if w in ("update", "add") and i + 2 < n and str(toks[i + 1]).startswith("@"):
+            ops.append(("passive",))  # records session affinity: changes nothing now
+            i += 3
+            continue
+        if w in _PASSIVE or (isinstance(w, str) and w.startswith("<passive")):
+            ops.append(("passive",))
+            i += 1
+            if w == "log":
+                while i < n and toks[i] in ("prefix", "level", "flags") and i + 1 < n:
+                    i += 2
+            continue
+        # a selector expression: a match, a map lookup or a mark assignment
+        sels = []
+        start = i
+        sel, j = _selector(toks, i)
+        while sel is not None:
+            sels.append(sel)
+            if j < n and toks[j] == ".":
+                sel, j = _selector(toks, j + 1)
+                continue
+            break
+        if not sels:
+            ops.append(("unknown", render_tok(toks[i:i + 3])))
+            break
+        i = j
+        if i < n and toks[i] == "set" and sels[-1] in ("meta mark", "mark"):
+            # mark set mark or 0x4000 / meta mark set meta mark | 0x00004000 / mark set X
+            rest = [str(x) for x in toks[i + 1:i + 6]]
+            if len(rest) >= 3 and rest[0] in ("mark", "meta"):
+                k = 2 if rest[0] == "meta" else 1
+                how = {"or": "or", "|": "or", "xor": "xor", "^": "xor", "and": "and",
+                       "&": "and"}.get(rest[k])
+                if how is None or k + 1 >= len(rest):
+                    ops.append(("unknown", "mark set " + " ".join(rest)))
+                    break
+                ops.append(("mark", how, int(rest[k + 1], 0)))
+                i += 1 + k + 2
+            else:
+                try:
+                    ops.append(("mark", "set", int(rest[0], 0)))
+                except (ValueError, IndexError):
+                    ops.append(("unknown", "mark set " + " ".join(rest)))
+                    break
+                i += 2
+            continue
+        mask = None
+        if i + 1 < n and toks[i] in ("&", "and"):
+            try:
+                mask = int(str(toks[i + 1]), 0)
+            except ValueError:
+                ops.append(("unknown", render_tok(toks[start:i + 2])))
+                break
+            i += 2
+        if i < n and toks[i] in ("vmap", "map"):
+            if i + 1 >= n:
+                ops.append(("unknown", "vmap without a map"))
+                break
+            ref = toks[i + 1]
+            if isinstance(ref, tuple):
+                ref = [(k, v) for k, v, _ in split_elements(ref)]
+            ops.append(("vmap", tuple(sels), ref) if toks[i] == "vmap" else
+                       ("unknown", "map lookup"))
+            i += 2
+            continue
+        negate = False
+        if i < n and toks[i] in ("!=", "==", "eq", "ne"):
+            negate = toks[i] in ("!=", "ne")
+            i += 1
+        if i >= n:
+            ops.append(("unknown", render_tok(toks[start:i])))
+            break
+        value = toks[i]
+        i += 1
+        # "established , related" (a comma list of flags)
+        while i + 1 < n and toks[i] == "," and isinstance(toks[i + 1], str):
+            value = f"{value},{toks[i + 1]}"
+            i += 2
+        if isinstance(value, tuple):
+            value = tuple(x for x in value if x != ",")
+        ops.append(("match", tuple(sels), negate, value, mask,
+                    render_tok(toks[start:i])))
+    return ops
+
+
+def render_tok(toks: tuple) -> str:
+    return render(tuple(toks))

@@ -1,0 +1,202 @@
+"""kube-proxy nftables mode on a real kernel: kube-proxy's own ruleset (its
+TestOverallNFTablesRules transaction, tests/data/realworld/k8s-nftables-overall-...) loaded
+with `nft -f` into a node namespace the test makes, with a pod, an outside client and the
+endpoints in namespaces of their own. Real SYNs show what the kernel does; the agent's
+live `check` in the node namespace, `check --from` of the bundle it saves there and of a
+pasted `nft list table` must say the same.
+The node and its neighbours: lab.nft_node (all namespaces made there, the root
+namespace untouched).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.bundle import load_bundle
+from agent.diagnose import prepare
+from agent.diagnose.nft_paths import NftPathFinder
+from agent.netfilter.nft_walk import NftPacket
+from lab.netns import Netns
+from lab.nft_node import connect, nft_node, serve
+from tests.nodestate import capture
+
+pytestmark = pytest.mark.netns
+
+CORPUS = Path(__file__).parent / "data" / "realworld"
+# kube-proxy's current rule generation and the v1.29 one (NodePorts by 'fib daddr type
+# local', one endpoints-check chain): the same services, the same kernel behaviour
+CASES = ("k8s-nftables-overall-rules-lb-etp-local-sourceranges",
+         "knftables-fakedump-k8s-1.29-nftables-fib-nodeports")
+
+
+def agent(ns: Netns | None, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "agent", *args]
+    if ns is not None:
+        return ns.run(*cmd, check=False, timeout=120)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def unchanging(state: dict[str, str]) -> dict[str, str]:
+    """The node's state without the countdown of session-affinity entries (the traffic
+    above filled the affinity set; its "expires" drops by the second)."""
+    return {k: re.sub(r" expires \S+", "", v) for k, v in state.items()}
+
+
+def ids_by_ip(v: dict[str, Any]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for f in v["findings"]:
+        if f["lb_ip"]:
+            out.setdefault(f["lb_ip"], set()).add(f["id"])
+    return out
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_kernel_and_agent_agree_on_an_nftables_mode_node(case: str, tmp_path: Path) -> None:
+    with nft_node((CORPUS / case / "nft-transaction.txt").read_text()) as ns:
+        node, pod, client = ns["node"], ns["pod"], ns["client"]
+        # what the kernel does
+        kernel = {
+            # pod -> LB IP of an eTP=Local service: DNATed on the node to 10.180.0.2, the
+            # pod's own address kept (short-circuit pod traffic): captured
+            "pod 1.2.3.4": connect(pod, "1.2.3.4", 80),
+            "pod 192.168.99.33": connect(pod, "192.168.99.33", 80),  # eTP=Cluster
+            # pod -> LB IP with loadBalancerSourceRanges: dropped before DNAT
+            "pod 5.6.7.8": connect(pod, "5.6.7.8", 80),
+            # the load balancer -> NodePort 3001 (eTP=Local, no local endpoint): dropped
+            "client :3001": connect(client, "192.168.0.2", 3001),
+            # NodePort 3002 (Cluster): served, masqueraded to the node's ep0 address
+            "client :3002": connect(client, "192.168.0.2", 3002),
+            # straight to the LB IP with loadBalancerSourceRanges: in the range served and
+            # masqueraded, out of it dropped; eTP=Local LB IP from outside: dropped here
+            "in-range 5.6.7.8": connect(client, "5.6.7.8", 80, "203.0.113.2"),
+            "out-of-range 5.6.7.8": connect(client, "5.6.7.8", 80, "203.0.113.130"),
+            "outside 1.2.3.4": connect(client, "1.2.3.4", 80, "203.0.113.2"),
+        }
+        assert kernel["pod 1.2.3.4"] == "peer=10.0.1.5 local=10.180.0.2", kernel
+        # eTP=Cluster: the external chain marks every packet for masquerade, a pod's too
+        assert kernel["pod 192.168.99.33"] in ("peer=10.99.0.1 local=10.180.0.4",
+                                               "peer=10.99.0.1 local=10.180.0.5"), kernel
+        assert kernel["pod 5.6.7.8"] == "timeout", kernel
+        assert kernel["client :3001"] == "timeout", kernel
+        assert kernel["client :3002"] == "peer=10.99.0.1 local=10.180.0.3", kernel
+        assert kernel["in-range 5.6.7.8"] == "peer=10.99.0.1 local=10.180.0.3", kernel
+        assert kernel["out-of-range 5.6.7.8"] == "timeout", kernel
+        assert kernel["outside 1.2.3.4"] == "timeout", kernel
+
+        before = unchanging(capture(node))
+        live = agent(node, "check", "--json", "--no-kube-api", "--node-name", "nft-node")
+        assert live.returncode == 0, live.stderr
+        v = json.loads(live.stdout)
+        bundle = tmp_path / "bundle"
+        saved = agent(node, "bundle", str(bundle), "--no-kube-api")
+        assert saved.returncode == 0, saved.stderr
+        (tmp_path / "paste").mkdir()
+        (tmp_path / "paste" / "nft.txt").write_text(
+            "# nft list table ip kube-proxy\n" + node.run("nft", "list", "table", "ip",
+                                                         "kube-proxy").stdout)
+        after = unchanging(capture(node))
+    assert before == after, "the agent changed the node"
+    assert (bundle / "nft-kube-proxy.json").exists()
+    assert v["kube_proxy_mode"] == "nftables", v
+    got = ids_by_ip(v)
+    # the agent says what the kernel did
+    assert "pod-to-lb-captured" in got["1.2.3.4"], got
+    assert "pod-to-lb-captured" in got["192.168.99.33"], got
+    assert "pod-to-lb-dropped" in got["5.6.7.8"], got
+    assert "etp-local-no-local-endpoint" in got["1.2.3.4"], got
+    assert not any("pod-to-lb-not-masqueraded" in ids or "pod-to-lb-undetermined" in ids
+                   for ids in got.values()), got
+    assert v["status"] == "healthy", v
+    # the evidence quotes kube-proxy's nft rules
+    cap = next(f for f in v["findings"] if f["id"] == "pod-to-lb-captured"
+               and f["lb_ip"] == "1.2.3.4")
+    assert any("dnat to 10.180.0.2:80" in e for e in cap["evidence"]), cap
+    drop = next(f for f in v["findings"] if f["id"] == "pod-to-lb-dropped")
+    assert any("203.0.113.0/25" in e and "drop" in e for e in drop["evidence"]), drop
+
+    # the walker on the saved node state, for the outside clients (no finding asks it)
+    facts = prepare(load_bundle(bundle)).facts
+    walker = NftPathFinder(facts).walker
+
+    def walked(src: str, dst: str) -> set[str]:
+        out = set()
+        for r in walker.walk_hook("prerouting", NftPacket(src=src, dst=dst, dport=80,
+                                                          in_iface="eth0")):
+            if r.verdict not in ("DNAT", "ACCEPT"):
+                out.add(r.verdict)
+                continue
+            # not DNATed: 1.2.3.4 is no address of the node, it is forwarded (uplink)
+            out_iface = "ep0" if r.verdict == "DNAT" else "eth0"
+            for f in walker.walk_hook("forward", r.packet._replace(out_iface=out_iface)):
+                post = walker.walk_hook("postrouting", f.packet) if f.verdict == "ACCEPT" \
+                    else ()
+                out |= {f.verdict} if f.verdict != "ACCEPT" else {
+                    f"served {r.packet.dnat_to} {p.verdict}" for p in post}
+        return out
+
+    assert walked("203.0.113.2", "5.6.7.8") == {"served 10.180.0.3:80 MASQUERADE"}
+    assert walked("203.0.113.130", "5.6.7.8") == {"DROP"}
+    assert walked("203.0.113.2", "1.2.3.4") == {"DROP"}
+
+    offline = agent(None, "check", "--from", str(bundle), "--json", "--node-name", "nft-node")
+    assert offline.returncode == live.returncode, offline.stderr
+    w = json.loads(offline.stdout)
+    assert w["kube_proxy_mode"] == "nftables"
+    assert ids_by_ip(w) == got
+    assert w["status"] == v["status"]
+    # a pasted listing alone (no addresses): the same findings for the LB IPs
+    pasted = agent(None, "check", "--from", str(tmp_path / "paste"), "--json")
+    p = json.loads(pasted.stdout)
+    assert p["kube_proxy_mode"] == "nftables", pasted.stderr
+    assert ids_by_ip(p) == got, (ids_by_ip(p), got)
+
+
+@pytest.mark.parametrize("cni_masquerade", [False, True], ids=["no-cni-rule", "cni-masq"])
+def test_a_cnis_iptables_rule_beside_kube_proxys_nft_table(cni_masquerade: bool,
+                                                           tmp_path: Path) -> None:
+    """An LB IP kube-proxy's table does not serve (a Service it has not synced yet): the
+    pod's SYN leaves the node; whether with the pod's address or the node's is decided by
+    a CNI's iptables-nft MASQUERADE in nat POSTROUTING, beside kube-proxy's nft chains on
+    the same hook. The kernel shows which; the agent must say the same."""
+    kube = tmp_path / "kube"
+    kube.mkdir()
+    (kube / "services.json").write_text(json.dumps({"kind": "List", "items": [{
+        "kind": "Service", "metadata": {"namespace": "ns9", "name": "new"},
+        "spec": {"type": "LoadBalancer", "clusterIP": "172.30.0.99",
+                 "ports": [{"port": 80, "protocol": "TCP", "nodePort": 3009}]},
+        "status": {"loadBalancer": {"ingress": [{"ip": "9.9.9.9"}]}}}]}))
+    with nft_node((CORPUS / CASES[0] / "nft-transaction.txt").read_text()) as ns, \
+            ExitStack() as stack:
+        node, pod, client = ns["node"], ns["pod"], ns["client"]
+        client.run("ip", "addr", "add", "9.9.9.9/32", "dev", "lo")  # the "load balancer"
+        serve(stack, client, "9.9.9.9")
+        if cni_masquerade:
+            node.run("iptables-nft", "-t", "nat", "-A", "POSTROUTING", "-s", "10.0.1.0/24",
+                     "!", "-d", "10.0.0.0/8", "-j", "MASQUERADE")
+        seen = connect(pod, "9.9.9.9", 80)
+        assert seen == ("peer=192.168.0.2 local=9.9.9.9" if cni_masquerade
+                        else "peer=10.0.1.5 local=9.9.9.9"), seen
+        live = agent(node, "check", "--json", "--no-kube-api", "--kube-json", str(kube),
+                     "--node-name", "nft-node")
+        bundle = tmp_path / "bundle"
+        assert agent(node, "bundle", str(bundle), "--no-kube-api").returncode == 0
+    v = json.loads(live.stdout)
+    want = "pod-to-lb-masqueraded" if cni_masquerade else "pod-to-lb-not-masqueraded"
+    assert ids_by_ip(v)["9.9.9.9"] == {want}, v
+    assert "pod-to-lb-captured" in ids_by_ip(v)["1.2.3.4"]
+    f = next(f for f in v["findings"] if f["lb_ip"] == "9.9.9.9")
+    if cni_masquerade:
+        assert any(e.startswith("iptables nat POSTROUTING: -A POSTROUTING -s 10.0.1.0/24")
+                   for e in f["evidence"]), f["evidence"]
+    (bundle / "services.json").write_text((kube / "services.json").read_text())
+    offline = json.loads(agent(None, "check", "--from", str(bundle), "--json",
+                               "--node-name", "nft-node").stdout)
+    assert ids_by_ip(offline) == ids_by_ip(v)
