@@ -63,6 +63,7 @@ bench: deps venv
 	$(PY) tests/bench/capture_rate.py
 	$(PY) tests/bench/collector_load.py
 	$(PY) tests/bench/agent_idle.py
+	$(PY) tests/bench/api_requests.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

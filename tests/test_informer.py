@@ -203,7 +203,8 @@ def test_outage_backs_off_with_jitter_and_resumes_without_list(tmp_path: Path) -
             # not in lockstep: the agents' n-th delays differ
             firsts = [[r.delays[i] for a in agents for r in a.reflectors] for i in range(4)]
             for i, ds in enumerate(firsts):
-                assert len({round(x, 3) for x in ds}) == len(ds), (i, ds)
+                # (equal to the float only in lockstep: rounded, 9 draws collide often)
+                assert len(set(ds)) == len(ds), (i, ds)
                 assert max(ds) - min(ds) > 0.02 * 2 ** i, (i, ds)
             # the watch resumed from where it was: no LIST after the outage
             assert not api.requests("GET", watch=False, since=t0)
