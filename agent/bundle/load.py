@@ -16,7 +16,7 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -85,9 +85,10 @@ def load_bundle(path: str | Path) -> NodeSnapshot:
     """
     p = Path(path)
     if str(path) == "-":
-        texts = [("<stdin>", sys.stdin.read(), fmt.UNKNOWN)]
+        texts: Iterable[tuple[str, str | InputError, str]] = [
+            ("<stdin>", sys.stdin.read(), fmt.UNKNOWN)]
     elif p.is_dir():
-        texts = list(_dir_texts(p))
+        texts = _dir_texts(p)  # one file at a time: each text is dropped once read
     elif p.exists():
         # the file the user named: a symlink to it is fine (one inside a directory is not)
         texts = [(str(p), _read_text(p, str(p), follow=True),  # type: ignore[list-item]
@@ -97,12 +98,15 @@ def load_bundle(path: str | Path) -> NodeSnapshot:
     return load_texts(texts, origin=f"bundle:{path}")
 
 
-def load_texts(texts: list[tuple[str, str | InputError, str]], origin: str) -> NodeSnapshot:
+def load_texts(texts: Iterable[tuple[str, str | InputError, str]], origin: str
+               ) -> NodeSnapshot:
     """(source name, text or why it could not be read, format hint from the name) ->
     the snapshot."""
     ev = _Evidence()
     refused: list[str] = []
+    names: list[str] = []
     for source, text, hint in texts:
+        names.append(source)
         if isinstance(text, InputError):
             refused.append(str(text))
             continue
@@ -124,7 +128,7 @@ def load_texts(texts: list[tuple[str, str | InputError, str]], origin: str) -> N
         lines = [f"{src}:{n}: {why}" if n else f"{src}: {why}"
                  for src, n, why in ev.problems[:5]]
         lines += [f"{src}:{p.line}: {p.why}" for src, p in ev.rules.problems[:5]]
-        raise InputError(texts[0][0] if len(texts) == 1 else origin.removeprefix("bundle:"),
+        raise InputError(names[0] if len(names) == 1 else origin.removeprefix("bundle:"),
                          None, "nothing usable found" + (": " + "; ".join(refused + lines)
                                                          if refused else " (no files)"))
     return _snapshot(ev, origin, refused)
