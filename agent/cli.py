@@ -386,10 +386,12 @@ def _one_shot_gc() -> None:
     collector's default thresholds (a young collection every 700 allocations) would
     rescan again and again while they are built and walked: about a third of `check`'s
     time on such a node. A one-shot command collects rarely instead (the daemon keeps
-    the defaults)."""
+    the defaults): at 10k services a young collection every 50,000 allocations still
+    cost 0.1 s in 34 collections that found 748 garbage objects in all; one every
+    million costs 3 ms (1 s -> 0.1 s at 50k services), peak RSS unchanged."""
     import gc
 
-    gc.set_threshold(50_000, 20, 100)
+    gc.set_threshold(1_000_000, 20, 100)
 
 
 def _check(args: argparse.Namespace) -> int:
