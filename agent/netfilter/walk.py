@@ -288,13 +288,18 @@ class TableWalker:
         kind_of = _TARGET_KIND.get
         cands = range(start, ix.n) if ix.generic is None else \
             ix.candidates(pkt.dst, pkt.dport, start)
-        texts = ix.rules.texts
+        rules = ix.rules
+        texts = rules.texts
+        keep = ix.keep
         for i in cands:
             r = parsed[i]
             if r is None:
-                if _src_rules_out(texts[i], pkt):
+                text = texts[i]
+                if _src_rules_out(text, pkt):
                     continue  # not parsed: its first match, on the source, fails
-                r = ix.rule(i)
+                r = parse_rule_text(text, rules.source(i))  # (ix.rule, inline)
+                if keep is None or i in keep:
+                    parsed[i] = r
             # does it match? TRUE / FALSE / MAYBE, or None with the reason when it
             # cannot be decided (inline: this runs for every rule reached)
             m: int | None = TRUE
