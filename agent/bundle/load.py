@@ -34,7 +34,6 @@ from agent.parse.kube import parse_ingresses, parse_node, parse_services
 from agent.parse.route_text import parse_local_routes
 from agent.parse.svc_table import parse_svc_table
 from agent.parse.sysctl_text import parse_sysctls
-from agent.probes.kube_proxy import from_paste
 from agent.snapshot import (
     Address,
     IpSet,
@@ -145,9 +144,18 @@ def _kube_proxy_lines(text: str, source: str, ev: _Evidence) -> None:
                  and not ln.startswith(("-A ", ":", "["))]
     else:
         return
-    if lines and any(from_paste(lines)):  # a fact, or a value it names as unusable
+    if lines and any(_from_paste(lines)):  # a fact, or a value it names as unusable
         ev.kube_proxy_lines += lines
         ev.saw("kube-proxy", source)
+
+
+def _from_paste(lines: list[str]):  # type: ignore[no-untyped-def]
+    """agent.probes.kube_proxy.from_paste, imported when a text speaks of kube-proxy (the
+    probes package and psutil cost 15-20 ms to import, which a check --from that does
+    not need them spends for nothing)."""
+    from agent.probes.kube_proxy import from_paste
+
+    return from_paste(lines)
 
 
 def _dir_texts(d: Path):  # type: ignore[no-untyped-def]
@@ -575,7 +583,7 @@ def _snapshot(ev: _Evidence, origin: str, refused: list[str]) -> NodeSnapshot:
     unknowns += ev.notes
     unknowns += [Unknown(r.split(":", 1)[0], r) for r in refused
                  if "(the lines are named above)" not in r]
-    kube_proxy, how = from_paste(ev.kube_proxy_lines) if ev.kube_proxy_lines else (None, "")
+    kube_proxy, how = _from_paste(ev.kube_proxy_lines) if ev.kube_proxy_lines else (None, "")
     if "not used" in how:  # a value it could not use: said like any unreadable line
         unknowns.append(Unknown("input", f"kube-proxy: {how}"))
     if kube_proxy is None:

@@ -251,8 +251,17 @@ def read_rules_text(text: str | list[tuple[int, str]], source: str, into: RulesT
     fast_chain = ""
     fast_next = 0  # the line the fast path takes next (the chain's rules are one run)
     add_text = None
+    fast_prefix = "\0"  # "-A CHAIN " of that chain
     for lineno, raw in pairs:
         line = raw.strip()
+        if lineno == fast_next and line.startswith(fast_prefix) and "-c " not in line and \
+                add_text is not None:
+            # the next line of the run below, as it would take it (stripped, it has a body
+            # after the prefix's blank; nothing came between, so table and state stand)
+            add_text(line)
+            fast_next = lineno + 1
+            pending = line
+            continue
         if not line:
             continue
         if current is not None and line.startswith("-A ") and "-c " not in line:
@@ -278,6 +287,7 @@ def read_rules_text(text: str | list[tuple[int, str]], source: str, into: RulesT
                     # (one file, lines one after another: a text is all the next one adds)
                     add_text = rules.texts.append if rules.files is None and \
                         rules.file == source and rules.lines is None else None
+                    fast_prefix = line[:blank + 1]
                 pending = line
                 into.last_at = None
                 continue
