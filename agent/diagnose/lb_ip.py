@@ -17,6 +17,10 @@ from agent.snapshot import NodeSnapshot, Rules, Service
 _KIND_BY_COMMENT = (("loadbalancer IP", "loadbalancer"), ("external IP", "external"))
 _SVC_IN_COMMENT = re.compile(r"^([a-z0-9][-a-z0-9.]*)/([a-z0-9][-a-z0-9.]*)(?::(\S*))?")
 _PROTOCOLS = frozenset({"TCP", "UDP", "SCTP"})
+# an IPv4 address as ipaddress.ip_address reads one: four decimal octets 0-255, no
+# leading zero
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_DOTTED_QUAD = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
 _HASHED_CHAIN = re.compile(r"^KUBE-(SVC|EXT|SVL|FW|XLB)-([A-Z2-7]{16})$")
 
 
@@ -209,7 +213,8 @@ def split_by_family(targets: list[LbTarget]
     seen: set[str] = set()
     for t in targets:
         try:
-            version = ipaddress.ip_address(t.ip).version
+            # (a dotted quad as ipaddress takes it, without building the address)
+            version = 4 if _DOTTED_QUAD.fullmatch(t.ip) else ipaddress.ip_address(t.ip).version
         except ValueError:
             if t.ip not in seen:
                 skipped.append(f"{t.ip!r} ({', '.join(t.learned_from)}) is not an IP address")
