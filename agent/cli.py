@@ -8,9 +8,10 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from agent import __version__
 from agent.errors import InputError
@@ -395,10 +396,12 @@ def _one_shot_gc() -> None:
     collector's default thresholds (a young collection every 700 allocations) would
     rescan again and again while they are built and walked: about a third of `check`'s
     time on such a node. A one-shot command collects rarely instead (the daemon keeps
-    the defaults)."""
+    the defaults): at 10k services a young collection every 50,000 allocations still
+    cost 0.1 s in 34 collections that found 748 garbage objects in all; one every
+    million costs 3 ms (1 s -> 0.1 s at 50k services), peak RSS unchanged."""
     import gc
 
-    gc.set_threshold(50_000, 20, 100)
+    gc.set_threshold(1_000_000, 20, 100)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -409,8 +412,17 @@ def _check(args: argparse.Namespace) -> int:
     verdict = _verdict(args)
     if args.json:
         # indent for people; a huge verdict goes compact (the C encoder, 5x faster)
-        indent = 2 if len(verdict.findings) < 500 else None
-        sys.stdout.write(json.dumps(verdict.to_dict(), indent=indent) + "\n")
+        if len(verdict.findings) < 500:
+            sys.stdout.write(json.dumps(verdict.to_dict(), indent=2) + "\n")
+        else:
+            from dataclasses import replace
+
+            # the long lists' dicts made one at a time, as they are written (the whole
+            # tree is 10 MiB for 10k LB IPs): Verdict.to_dict's lists, item by item
+            doc = replace(verdict, findings=(), lb_ips=()).to_dict()
+            doc["findings"] = (f.to_dict() for f in verdict.findings)
+            doc["lb_ips"] = (r.to_dict() for r in verdict.lb_ips)
+            _write_compact_json(doc, sys.stdout)
     else:
         sys.stdout.write(render(verdict, verbose=args.verbose))
     return EXIT_BY_STATUS[verdict.status]
@@ -448,6 +460,36 @@ def _verdict(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     prepared = prepare(snap)
     capture = _capture(args, prepared) if args.capture else None
     return diagnose(snap, _node(args, snap), capture=capture, prepared=prepared)
+
+
+def _write_compact_json(doc: dict[str, Any], out: TextIO) -> None:
+    """``json.dumps(doc)`` + newline, written piece by piece: each item of the
+    document's top-level lists (or generators, which stand for lists) is encoded on its
+    own (the C encoder, the same bytes) and dropped once written, so the whole text
+    (20-60 MiB for 10k LB IPs, twice that while it is built) is never held at once."""
+    dumps = json.dumps
+    buf: list[str] = ["{"]
+    size = 0
+    for n, (key, value) in enumerate(doc.items()):
+        buf.append(("" if n == 0 else ", ") + dumps(key) + ": ")
+        if type(value) is list:
+            items = iter(value)
+        elif isinstance(value, Iterator):
+            items = value
+        else:
+            buf.append(dumps(value))
+            continue
+        buf.append("[")
+        for i, item in enumerate(items):
+            text = dumps(item)
+            buf.append(text if i == 0 else ", " + text)
+            size += len(text)
+            if size > 1 << 16:
+                out.write("".join(buf))
+                buf, size = [], 0
+        buf.append("]")
+    buf.append("}\n")
+    out.write("".join(buf))
 
 
 def _capture(args: argparse.Namespace, prepared: Prepared):  # type: ignore[no-untyped-def]

@@ -16,7 +16,7 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,7 +36,6 @@ from agent.parse.kube import parse_ingresses, parse_node, parse_services
 from agent.parse.route_text import parse_local_routes
 from agent.parse.svc_table import parse_svc_table
 from agent.parse.sysctl_text import parse_sysctls
-from agent.probes.kube_proxy import from_paste
 from agent.snapshot import (
     Address,
     IpSet,
@@ -89,9 +88,10 @@ def load_bundle(path: str | Path) -> NodeSnapshot:
     """
     p = Path(path)
     if str(path) == "-":
-        texts = [("<stdin>", sys.stdin.read(), fmt.UNKNOWN)]
+        texts: Iterable[tuple[str, str | InputError, str]] = [
+            ("<stdin>", sys.stdin.read(), fmt.UNKNOWN)]
     elif p.is_dir():
-        texts = list(_dir_texts(p))
+        texts = _dir_texts(p)  # one file at a time: each text is dropped once read
     elif p.exists():
         # the file the user named: a symlink to it is fine (one inside a directory is not)
         texts = [(str(p), _read_text(p, str(p), follow=True),  # type: ignore[list-item]
@@ -101,12 +101,15 @@ def load_bundle(path: str | Path) -> NodeSnapshot:
     return load_texts(texts, origin=f"bundle:{path}")
 
 
-def load_texts(texts: list[tuple[str, str | InputError, str]], origin: str) -> NodeSnapshot:
+def load_texts(texts: Iterable[tuple[str, str | InputError, str]], origin: str
+               ) -> NodeSnapshot:
     """(source name, text or why it could not be read, format hint from the name) ->
     the snapshot."""
     ev = _Evidence()
     refused: list[str] = []
+    names: list[str] = []
     for source, text, hint in texts:
+        names.append(source)
         if isinstance(text, InputError):
             refused.append(str(text))
             continue
@@ -129,7 +132,7 @@ def load_texts(texts: list[tuple[str, str | InputError, str]], origin: str) -> N
         lines = [f"{src}:{n}: {why}" if n else f"{src}: {why}"
                  for src, n, why in ev.problems[:5]]
         lines += [f"{src}:{p.line}: {p.why}" for src, p in ev.rules.problems[:5]]
-        raise InputError(texts[0][0] if len(texts) == 1 else origin.removeprefix("bundle:"),
+        raise InputError(names[0] if len(names) == 1 else origin.removeprefix("bundle:"),
                          None, "nothing usable found" + (": " + "; ".join(refused + lines)
                                                          if refused else " (no files)"))
     return _snapshot(ev, origin, refused)
@@ -160,9 +163,18 @@ def _kube_proxy_lines(text: str, source: str, ev: _Evidence) -> None:
                  and not ln.startswith(("-A ", ":", "["))]
     else:
         return
-    if lines and any(from_paste(lines)):  # a fact, or a value it names as unusable
+    if lines and any(_from_paste(lines)):  # a fact, or a value it names as unusable
         ev.kube_proxy_lines += lines
         ev.saw("kube-proxy", source)
+
+
+def _from_paste(lines: list[str]):  # type: ignore[no-untyped-def]
+    """agent.probes.kube_proxy.from_paste, imported when a text speaks of kube-proxy (the
+    probes package and psutil cost 15-20 ms to import, which a check --from that does
+    not need them spends for nothing)."""
+    from agent.probes.kube_proxy import from_paste
+
+    return from_paste(lines)
 
 
 def _dir_texts(d: Path):  # type: ignore[no-untyped-def]
@@ -590,7 +602,7 @@ def _snapshot(ev: _Evidence, origin: str, refused: list[str]) -> NodeSnapshot:
     unknowns += ev.notes
     unknowns += [Unknown(r.split(":", 1)[0], r) for r in refused
                  if "(the lines are named above)" not in r]
-    kube_proxy, how = from_paste(ev.kube_proxy_lines) if ev.kube_proxy_lines else (None, "")
+    kube_proxy, how = _from_paste(ev.kube_proxy_lines) if ev.kube_proxy_lines else (None, "")
     if "not used" in how:  # a value it could not use: said like any unreadable line
         unknowns.append(Unknown("input", f"kube-proxy: {how}"))
     if kube_proxy is None:

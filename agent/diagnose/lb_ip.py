@@ -17,6 +17,10 @@ from agent.snapshot import NodeSnapshot, Rules, Service
 _KIND_BY_COMMENT = (("loadbalancer IP", "loadbalancer"), ("external IP", "external"))
 _SVC_IN_COMMENT = re.compile(r"^([a-z0-9][-a-z0-9.]*)/([a-z0-9][-a-z0-9.]*)(?::(\S*))?")
 _PROTOCOLS = frozenset({"TCP", "UDP", "SCTP"})
+# an IPv4 address as ipaddress.ip_address reads one: four decimal octets 0-255, no
+# leading zero
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_DOTTED_QUAD = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
 _HASHED_CHAIN = re.compile(r"^KUBE-(SVC|EXT|SVL|FW|XLB)-([A-Z2-7]{16})$")
 
 
@@ -106,36 +110,20 @@ def infer_service(evidence: tuple[str, ...], hashed: Mapping[str, str]) -> str |
 
 def discover(snap: NodeSnapshot) -> list[LbTarget]:
     found: dict[tuple[str, int, str], LbTarget] = {}
+    # what later sources said of an address already found, merged once at the end (one
+    # LbTarget per address rather than one per source: 10k LB IPs have two or three)
+    more: dict[tuple[str, int, str], list[LbTarget]] = {}
 
     def add(t: LbTarget) -> None:
         if t.protocol not in _PROTOCOLS:
             if t.protocol.upper() not in _PROTOCOLS:
                 return  # no Service has it: a damaged or foreign rule, not an LB port
             t = replace(t, protocol=t.protocol.upper())
-        old = found.get(t.key)
-        if old is None:
-            found[t.key] = t
-            return
-        merged_from = tuple(dict.fromkeys(old.learned_from + t.learned_from))
-        disagree = old.disagreements + t.disagreements
-        if old.etp and t.etp and old.etp != t.etp:
-            disagree += (f"sources disagree on externalTrafficPolicy: {old.etp} "
-                         f"({old.etp_how}) vs {t.etp} ({t.etp_how}); the first is used",)
-        if old.service and t.service and old.service != t.service:
-            disagree += (f"sources disagree on the Service: {old.service} "
-                         f"({old.learned_from[0]}) vs {t.service} ({t.learned_from[0]})",)
-        found[t.key] = LbTarget(
-            t.ip, t.port, t.protocol,
-            kind=old.kind if old.kind != "ingress" or t.kind == "ingress" else t.kind,
-            service=old.service or t.service,
-            learned_from=merged_from,
-            etp=old.etp or t.etp, etp_how=old.etp_how or t.etp_how,
-            ip_mode=old.ip_mode or t.ip_mode,
-            annotations=old.annotations or t.annotations,
-            ingress=old.ingress or t.ingress,
-            node_port=old.node_port or t.node_port,
-            disagreements=tuple(dict.fromkeys(disagree)),
-        )
+        key = t.key
+        if key in found:
+            more.setdefault(key, []).append(t)
+        else:
+            found[key] = t
 
     by_key: dict[str, Service] = {}
     for svc in snap.services or ():
@@ -171,6 +159,8 @@ def discover(snap: NodeSnapshot) -> list[LbTarget]:
     _from_rules(snap, add)
     _from_filter(snap, add)
     _from_kube_ipvs0(snap, add, {t.ip for t in found.values()})
+    for key, later in more.items():
+        found[key] = _merged(found[key], later)
     # the Service objects give NodePorts; read kube-proxy's comments only where they miss
     missing = any(t.node_port is None and t.service for t in found.values())
     ports = _node_ports_from_rules(snap) if missing else {}
@@ -184,6 +174,37 @@ def discover(snap: NodeSnapshot) -> list[LbTarget]:
     return sorted(out, key=lambda t: (_ip_key(t.ip), t.port, t.protocol))
 
 
+def _merged(first: LbTarget, later: list[LbTarget]) -> LbTarget:
+    """One address as its sources said it, in the order they came: the first one's
+    values where it has them, every source, and where two disagree."""
+    kind, service, learned = first.kind, first.service, first.learned_from
+    etp, etp_how, ip_mode = first.etp, first.etp_how, first.ip_mode
+    annotations, ingress, node_port = first.annotations, first.ingress, first.node_port
+    disagreements = first.disagreements
+    for t in later:
+        disagree = disagreements + t.disagreements
+        if etp and t.etp and etp != t.etp:
+            disagree += (f"sources disagree on externalTrafficPolicy: {etp} "
+                         f"({etp_how}) vs {t.etp} ({t.etp_how}); the first is used",)
+        if service and t.service and service != t.service:
+            disagree += (f"sources disagree on the Service: {service} "
+                         f"({learned[0]}) vs {t.service} ({t.learned_from[0]})",)
+        disagreements = tuple(dict.fromkeys(disagree))
+        learned = tuple(dict.fromkeys(learned + t.learned_from))
+        kind = kind if kind != "ingress" or t.kind == "ingress" else t.kind
+        service = service or t.service
+        etp, etp_how = etp or t.etp, etp_how or t.etp_how
+        ip_mode = ip_mode or t.ip_mode
+        annotations = annotations or t.annotations
+        ingress = ingress or t.ingress
+        node_port = node_port or t.node_port
+    last = later[-1]
+    return LbTarget(last.ip, last.port, last.protocol, kind=kind, service=service,
+                    learned_from=learned, etp=etp, etp_how=etp_how, ip_mode=ip_mode,
+                    annotations=annotations, ingress=ingress, node_port=node_port,
+                    disagreements=disagreements)
+
+
 def split_by_family(targets: list[LbTarget]
                     ) -> tuple[list[LbTarget], list[LbTarget], list[str]]:
     """(IPv4 targets the agent analyses, IPv6 targets it does not walk, reasons for what
@@ -192,7 +213,8 @@ def split_by_family(targets: list[LbTarget]
     seen: set[str] = set()
     for t in targets:
         try:
-            version = ipaddress.ip_address(t.ip).version
+            # (a dotted quad as ipaddress takes it, without building the address)
+            version = 4 if _DOTTED_QUAD.fullmatch(t.ip) else ipaddress.ip_address(t.ip).version
         except ValueError:
             if t.ip not in seen:
                 skipped.append(f"{t.ip!r} ({', '.join(t.learned_from)}) is not an IP address")

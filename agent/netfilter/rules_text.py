@@ -251,8 +251,17 @@ def read_rules_text(text: str | list[tuple[int, str]], source: str, into: RulesT
     fast_chain = ""
     fast_next = 0  # the line the fast path takes next (the chain's rules are one run)
     add_text = None
+    fast_prefix = "\0"  # "-A CHAIN " of that chain
     for lineno, raw in pairs:
         line = raw.strip()
+        if lineno == fast_next and line.startswith(fast_prefix) and "-c " not in line and \
+                add_text is not None:
+            # the next line of the run below, as it would take it (stripped, it has a body
+            # after the prefix's blank; nothing came between, so table and state stand)
+            add_text(line)
+            fast_next = lineno + 1
+            pending = line
+            continue
         if not line:
             continue
         if current is not None and line.startswith("-A ") and "-c " not in line:
@@ -278,6 +287,7 @@ def read_rules_text(text: str | list[tuple[int, str]], source: str, into: RulesT
                     # (one file, lines one after another: a text is all the next one adds)
                     add_text = rules.texts.append if rules.files is None and \
                         rules.file == source and rules.lines is None else None
+                    fast_prefix = line[:blank + 1]
                 pending = line
                 into.last_at = None
                 continue
@@ -416,14 +426,16 @@ def _continues(line: str, previous: str) -> bool:
 def settle(into: RulesText) -> Netfilter:
     """Place every rule in its table (inferring where no header said) and build the
     Netfilter. Chains keep the order they were first seen in."""
-    declared: dict[str, str] = {}  # chain -> table, from headers
-    for (t, name) in into.chains:
-        if t is not None:
-            declared.setdefault(name, t)
-    for (t, name) in into.rules:
-        declared.setdefault(name, t)
+    declared: dict[str, str] = {}  # chain -> table, from headers (made when first asked:
+    # a whole dump, every chain under a header, never asks)
 
     def table_of_chain(name: str) -> str | None:
+        if not declared:
+            for (t, known) in into.chains:
+                if t is not None:
+                    declared.setdefault(known, t)
+            for (t, known) in into.rules:
+                declared.setdefault(known, t)
         if name in declared and name not in ("KUBE-SERVICES", "KUBE-NODEPORTS"):
             return declared[name]
         if _NAT_CHAINS.match(name) or name in _ONLY_NAT_BUILTIN:
@@ -468,11 +480,15 @@ def settle(into: RulesText) -> Netfilter:
         if policy is not None or name not in chains:
             chains[name] = policy
     for t, name in (*into.rules, *placed):
-        order.setdefault(t, {}).setdefault(name, None)
+        in_table = order.get(t)
+        if in_table is None:
+            in_table = order[t] = {}
+        if name not in in_table:
+            in_table[name] = None
 
     def rules_of(t: str, name: str) -> Rules:
         rules = into.rules.get((t, name))
-        extra = placed.get((t, name))
+        extra = placed.get((t, name)) if placed else None
         if not extra:
             return rules.frozen() if rules is not None else Rules()
         out = list(rules or ())

@@ -154,13 +154,20 @@ class _ChainIndex:
         by_dport: dict[int, list[int]] = {}
         self.by_dst, self.by_dport = by_dst, by_dport
         dst_search = _DST_RE.search
+        dst_at = _DST_RE.match
         dport_search = _DPORT_RE.search
         for i, text in enumerate(chain.rules.texts):
-            m = _outside_quotes(dst_search, text)
+            # kube-proxy's "-A CHAIN -d IP/32 ...": the first match there, before any
+            # quote, is the leftmost one the search would find (one anchored match)
+            at = text.find(" ", 3) + 1
+            quote = text.find('"')
+            m = dst_at(text, at) if at and (quote < 0 or quote > at) else None
+            if m is None and "-d " in text:  # (no "-d ": the search cannot find one)
+                m = _outside_quotes(dst_search, text)
             if m:
                 by_dst.setdefault(m.group(1), []).append(i)
                 continue
-            m = _outside_quotes(dport_search, text)
+            m = _outside_quotes(dport_search, text) if "--dport " in text else None
             if m:
                 by_dport.setdefault(int(m.group(1)), []).append(i)
             else:
@@ -220,10 +227,6 @@ class TableWalker:
         self._old: dict[str, _ChainIndex] = {}
         self._budget = MAX_PATHS
         self._sets: dict[str, tuple[str, frozenset[str]] | None] = {}  # what the view said
-        # the quick tests, with those that ask the view (the same answers as _cond's)
-        self._tests: dict[str, Test] = {**_TESTS, "addrtype--src-type": self._t_src_type,
-                                         "addrtype--dst-type": self._t_dst_type,
-                                         "set--match-set": self._t_match_set}
 
     def _index(self, name: str) -> _ChainIndex | None:
         ix = self._young.get(name) or self._big.get(name)
@@ -281,17 +284,22 @@ class TableWalker:
         results: list[tuple[str | None, Packet, tuple[Step, ...], str]] = []
         tname = self.tname
         parsed = ix.parsed
-        tests = self._tests
+        tests = _WALKER_TESTS
         kind_of = _TARGET_KIND.get
         cands = range(start, ix.n) if ix.generic is None else \
             ix.candidates(pkt.dst, pkt.dport, start)
-        texts = ix.rules.texts
+        rules = ix.rules
+        texts = rules.texts
+        keep = ix.keep
         for i in cands:
             r = parsed[i]
             if r is None:
-                if _src_rules_out(texts[i], pkt):
+                text = texts[i]
+                if _src_rules_out(text, pkt):
                     continue  # not parsed: its first match, on the source, fails
-                r = ix.rule(i)
+                r = parse_rule_text(text, rules.source(i))  # (ix.rule, inline)
+                if keep is None or i in keep:
+                    parsed[i] = r
             # does it match? TRUE / FALSE / MAYBE, or None with the reason when it
             # cannot be decided (inline: this runs for every rule reached)
             m: int | None = TRUE
@@ -300,7 +308,7 @@ class TableWalker:
                 k, negate, a = c
                 test = tests.get(k)
                 try:
-                    v, reason = self._cond(c, pkt) if test is None else test(a, pkt)
+                    v, reason = self._cond(c, pkt) if test is None else test(self, a, pkt)
                 except (ValueError, TypeError, IndexError) as e:  # a malformed value
                     v, reason = None, f"cannot read {k} {' '.join(a)!r}: {e}"
                 if negate and v is not None and v != MAYBE:
@@ -714,7 +722,7 @@ def _src_rules_out(text: str, pkt: Packet) -> bool:
     if m is None:
         return False
     try:
-        return _t_src((m.group(1),), pkt)[0] == FALSE
+        return _t_src(None, (m.group(1),), pkt)[0] == FALSE
     except (ValueError, TypeError, IndexError):
         return False
 
@@ -722,40 +730,43 @@ def _src_rules_out(text: str, pkt: Packet) -> bool:
 # -- the matches nearly every rule has, without the general dispatch of TableWalker._cond
 # (the same answers: _cond says what each one means) ---------------------------------
 
-Test = Callable[[tuple[str, ...], Packet], tuple[int | None, str]]
+# (the walker, the match's arguments, the packet): plain functions and TableWalker's
+# methods alike (bound methods kept in the walker would make a reference cycle, which
+# holds a 10k-service table until the cyclic collector's next full pass)
+Test = Callable[[TableWalker, tuple[str, ...], Packet], tuple[int | None, str]]
 
 
-def _t_src(a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
+def _t_src(w: TableWalker | None, a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
     if not pkt.src_known:
         return None, SRC_UNKNOWN
     return _in_net(pkt.src, a[0]), ""
 
 
-def _t_dst(a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
+def _t_dst(w: TableWalker | None, a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
     return _in_net(pkt.dst, a[0]), ""
 
 
-def _t_proto(a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
+def _t_proto(w: TableWalker | None, a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
     p = a[0]
     if p in ("all", "0"):
         return TRUE, ""
     return (TRUE if p in (pkt.proto, _PROTO_NUM.get(pkt.proto)) else FALSE), ""
 
 
-def _t_dport(a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
+def _t_dport(w: TableWalker | None, a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
     return (TRUE if port_in(a[0], pkt.dport) else FALSE), ""
 
 
-def _t_maybe(a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
+def _t_maybe(w: TableWalker | None, a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
     return MAYBE, ""
 
 
-def _t_mark(a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
+def _t_mark(w: TableWalker | None, a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
     v, m = parse_mark(a[0])
     return (TRUE if (pkt.mark & m) == v else FALSE), ""
 
 
-def _t_ctstate(a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
+def _t_ctstate(w: TableWalker | None, a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
     states = {"NEW"} | ({"DNAT"} if pkt.orig_dst else set())
     return (TRUE if states & set(a[0].split(",")) else FALSE), ""
 
@@ -769,3 +780,7 @@ _TESTS: dict[str, Test] = {
     **{f"{module}--{opt}": _t_ctstate for module in ("conntrack", "state")
        for opt in ("ctstate", "state")},
 }
+# the tests _run looks up by a condition's kind, with those that ask the walker's view
+_WALKER_TESTS: dict[str, Test] = {**_TESTS, "addrtype--src-type": TableWalker._t_src_type,
+                                  "addrtype--dst-type": TableWalker._t_dst_type,
+                                  "set--match-set": TableWalker._t_match_set}
