@@ -287,3 +287,24 @@ def test_a_bad_pod_cidr_in_the_node_object_is_named_not_fatal(tmp_path: Path) ->
     assert r.returncode == 1, r.stderr  # the rest of the bundle still decides
     assert "spec.podCIDRs[0]: 'garbage' is not a CIDR" in r.stderr
     assert json.loads(r.stdout)["status"] == "at-risk"
+
+
+def test_a_big_json_verdict_is_written_piece_by_piece_with_the_same_content(
+        tmp_path: Path) -> None:
+    """Over 500 findings `check --json` writes item by item (never the whole text at
+    once): the document must be the one Verdict.to_dict() makes."""
+    from agent.bundle import load_bundle
+    from agent.diagnose import diagnose
+    from lab.kube_proxy_rules.synthetic import synthetic
+
+    for name, text in synthetic(600, "iptables").items():
+        (tmp_path / name).write_text(text)
+    r = subprocess.run([sys.executable, "-m", "agent", "check", "--from", str(tmp_path),
+                        "--json", "--node-name", "big"], capture_output=True, text=True,
+                       timeout=120)
+    got = json.loads(r.stdout)
+    assert len(got["findings"]) >= 500, "too few findings to take the piecewise path"
+    assert "\n" not in r.stdout.rstrip("\n")  # compact: the piecewise writer ran
+    want = diagnose(load_bundle(str(tmp_path)), "big").to_dict()
+    got.pop("time"), want.pop("time")
+    assert got == want
