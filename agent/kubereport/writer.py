@@ -78,12 +78,17 @@ class KubeReporter:
 
     def report(self, v: Verdict) -> list[str]:
         """Write what changed; the problems (to log) are retried with the next verdict."""
+        from kubernetes.client.exceptions import ApiException
+
         problems = []
+        reachable = True
         try:
             self._condition(condition_of(v))
         except Exception as exc:  # ApiException (403: RBAC not granted), timeouts
             problems.append(f"node {self.node} condition {CONDITION_TYPE}: {describe(exc)}")
-        problems += self._events(v)
+            # no answer at all (a timeout, refused): the Events would wait as long, each
+            reachable = isinstance(exc, ApiException)
+        problems += self._events(v, reachable)
         return problems
 
     # -- the condition ---------------------------------------------------------------------
@@ -122,18 +127,31 @@ class KubeReporter:
 
     # -- events ----------------------------------------------------------------------------
 
-    def _events(self, v: Verdict) -> list[str]:
+    def _events(self, v: Verdict, reachable: bool = True) -> list[str]:
+        """An Event per new finding. Once a request got no answer (timed out, refused),
+        the rest wait for the next verdict: one timeout per verdict, not one per finding
+        (which, with many findings, kept the daemon's loop past its liveness limit)."""
+        from kubernetes.client.exceptions import ApiException
+
         keys = event_keys(v)
         problems = []
         failed = set()
         for key, finding in keys.items():
             if key in self.active:
                 continue  # still there: no news
+            if not reachable:
+                failed.add(key)
+                continue
             try:
                 self._emit(key, finding)
             except Exception as exc:
                 failed.add(key)
                 problems.append(f"event for {key.finding} {key.lb_ip}: {describe(exc)}")
+                reachable = isinstance(exc, ApiException)
+        waiting = len(failed) - sum(1 for p in problems if p.startswith("event for "))
+        if waiting:
+            problems.append(f"{waiting} events skipped until the next verdict: the API "
+                            "server did not answer")
         self.active = set(keys) - failed
         return problems
 
@@ -152,14 +170,26 @@ class KubeReporter:
         ns, name = self.event_name(key)
         now = _micro(self.clock())
         if key in self.series:
-            self._observe_again(ns, name, self.series[key] + 1, now, key)
-            return
+            try:
+                self._observe_again(ns, name, self.series[key] + 1, now, key)
+                return
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                # the API server deleted it (--event-ttl, 1 h by default): a new series
+                del self.series[key]
+        # kubectl describe finds an Event by the uid of what it regards: a Service's own,
+        # for a Node its name (the kubelet's convention, which kubectl also matches)
         if key.service:
             sns, _, sname = key.service.partition("/")
             regarding = {"apiVersion": "v1", "kind": "Service", "namespace": sns,
                          "name": sname}
+            uid = self._service_uid(sns, sname)
+            if uid:
+                regarding["uid"] = uid
         else:
-            regarding = {"apiVersion": "v1", "kind": "Node", "name": self.node}
+            regarding = {"apiVersion": "v1", "kind": "Node", "name": self.node,
+                         "uid": self.node}
         note = f"{f.summary} (node {self.node}" + (f", LB IP {f.lb_ip}" if f.lb_ip else "") \
             + (f", port {f.port}" if f.port else "") + ")"
         body = {"apiVersion": "events.k8s.io/v1", "kind": "Event",
@@ -185,6 +215,24 @@ class KubeReporter:
             series = doc.get("series") if isinstance(doc, dict) else None
             count = series.get("count", 1) if isinstance(series, dict) else 1
             self._observe_again(ns, name, int(count) + 1, now, key)
+
+    def _service_uid(self, namespace: str, name: str) -> str:
+        """The Service's uid, "" when it cannot be read (gone, not allowed): the Event is
+        still written, found by `kubectl get events` if not by `kubectl describe`."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            resp = self.core.read_namespaced_service(name, namespace, **self._opts())
+        except ApiException:
+            return ""
+        try:
+            doc = json.loads(resp.data)
+        except ValueError:
+            return ""
+        finally:
+            resp.release_conn()
+        uid = ((doc.get("metadata") or {}).get("uid") or "") if isinstance(doc, dict) else ""
+        return uid if isinstance(uid, str) else ""
 
     def _observe_again(self, ns: str, name: str, count: int, now: str, key: EventKey) -> None:
         patch = {"series": {"count": count, "lastObservedTime": now}}
