@@ -229,6 +229,26 @@ def test_collector_last_seen_per_node_bounded(tke_verdict: Verdict, db_url: str,
     assert ("loopback_collector_node_series_dropped", {}, 0.0) in samples(everything)
 
 
+def test_collector_last_seen_keeps_silent_nodes_before_removed_ones(
+        tke_verdict: Verdict, db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The collector keeps every node's last verdict, so on an autoscaled cluster the
+    nodes removed long ago pile up, and they are the longest silent. Once they fill the
+    cap, a node silent for an hour (the one LoopbackAgentNodeSilent is for: 30 min to a
+    day) was left out and the alert could not fire. Nodes silent for more than the alert's
+    day come after the others."""
+    import time
+
+    now = time.time()
+    removed = [(f"gone-{i}", now - 86400 * (3 + i)) for i in range(3)]
+    text = collector_exposition(db_url, tke_verdict.to_dict(),
+                                [*removed, ("silent", now - 3600), ("fine", now - 60)],
+                                monkeypatch, max_node_series=2)
+    seen = {lb["node"] for n, lb, v in samples(text)
+            if n == "loopback_collector_node_last_seen_timestamp_seconds"}
+    assert seen == {"silent", "fine"}
+    assert ("loopback_collector_node_series_dropped", {}, 3.0) in samples(text)
+
+
 # -- the monitoring component ---------------------------------------------------------------
 
 
