@@ -8,7 +8,11 @@
 - A Warning Event (events.k8s.io/v1) when a warning/critical finding appears, regarding
   the Service it names (else the Node). A finding that goes and comes back adds to the
   same Event's series (series.count, lastObservedTime: a PATCH), never one Event per
-  interval. Written with create and patch only (RBAC: daemonset/kube-report/).
+  interval. Written with create and patch only (RBAC: daemonset/kube-report/). An Event
+  the API server has deleted (its TTL) starts a new series. At most EVENTS_PER_VERDICT new
+  ones a verdict, and none after a request got no answer: the rest in the next verdicts.
+- ``regarding`` carries a uid (the Service's, read with a GET; for a Node its name, as the
+  kubelet does) so that `kubectl describe` lists the Event.
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ CONTROLLER = "loopback-agent"
 STRATEGIC = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
 NOTE_MAX = 1024  # the API refuses a longer note
+# New Events written per verdict, the rest in the next ones: a node with thousands of LB IPs
+# at risk must neither hold the daemon's loop for thousands of requests nor flood the API
+# from every node at once (client-go's recorder bursts 25 per object)
+EVENTS_PER_VERDICT = 25
 
 
 def _now() -> datetime:
@@ -136,12 +144,14 @@ class KubeReporter:
         keys = event_keys(v)
         problems = []
         failed = set()
+        tried = 0
         for key, finding in keys.items():
             if key in self.active:
                 continue  # still there: no news
-            if not reachable:
+            if not reachable or tried >= EVENTS_PER_VERDICT:
                 failed.add(key)
                 continue
+            tried += 1
             try:
                 self._emit(key, finding)
             except Exception as exc:
@@ -150,8 +160,9 @@ class KubeReporter:
                 reachable = isinstance(exc, ApiException)
         waiting = len(failed) - sum(1 for p in problems if p.startswith("event for "))
         if waiting:
-            problems.append(f"{waiting} events skipped until the next verdict: the API "
-                            "server did not answer")
+            why = (f"at most {EVENTS_PER_VERDICT} a verdict" if reachable
+                   else "the API server did not answer")
+            problems.append(f"{waiting} events wait for the next verdict ({why})")
         self.active = set(keys) - failed
         return problems
 
