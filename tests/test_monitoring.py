@@ -554,6 +554,13 @@ def test_dashboard_and_rules_on_a_real_prometheus(tke_verdict: Verdict, tmp_path
                  dashboard_queries(json.loads(DASHBOARD.read_text()))
                  if not prom_query(base, expr)]
         assert not empty, f"dashboard queries without data: {empty}"
+        # "Top LB IPs at risk" lists the LB IPs at risk, not those with an informational
+        # note (10.0.1.101: pod-to-lb-masqueraded, i.e. safe)
+        (top,) = [p for p in json.loads(DASHBOARD.read_text())["panels"]
+                  if p["title"].startswith("Top LB IPs at risk")]
+        rows = prom_query(base, top["targets"][0]["expr"])
+        assert {(r["metric"]["lb_ip"], r["metric"]["severity"]) for r in rows} == \
+            {("10.0.1.100", "critical")}
         # the collector's last-seen series carries the verdict's node, not the target's
         seen = prom_query(base, "loopback_collector_node_last_seen_timestamp_seconds")
         assert [s["metric"]["node"] for s in seen] == ["node-a"]
