@@ -424,3 +424,21 @@ def test_new_events_per_verdict_are_bounded(api: FakeKubeAPI, tmp_path: Path) ->
                     total]
     n = len(api.log)
     assert rep.report(v) == [] and writes(api, n) == []  # all written: nothing more
+
+
+def test_a_check_that_crashed_is_unknown_not_at_risk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule that fails with an internal error leaves the verdict a "diagnosis-incomplete"
+    warning: the agent cannot tell, so the condition is Unknown (NPD: exit 2), not True
+    (which said "at risk" about a node that may be fine, with reason DiagnosisIncomplete)."""
+    import agent.diagnose.rules as rules_mod
+    from agent.kubereport import npd_result
+
+    def broken(ctx: object) -> list[Finding]:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(rules_mod, "RULES", (*rules_mod.RULES, broken))
+    v = verdict_of(HEALTHY)
+    assert [f.id for f in v.findings if f.severity != "info"] == ["diagnosis-incomplete"]
+    c = condition_of(v)
+    assert (c.status, c.reason) == ("Unknown", "DiagnosisIncomplete")
+    assert npd_result(v)[0] == 2
