@@ -442,3 +442,25 @@ def test_a_check_that_crashed_is_unknown_not_at_risk(monkeypatch: pytest.MonkeyP
     c = condition_of(v)
     assert (c.status, c.reason) == ("Unknown", "DiagnosisIncomplete")
     assert npd_result(v)[0] == 2
+
+
+def test_event_names_are_valid_whatever_the_service_field(api: FakeKubeAPI,
+                                                          tmp_path: Path) -> None:
+    """A finding's service is "ns/name"; one read from a hand-written rule comment may be
+    anything. The Event's name and regarding stay valid (a DNS subdomain; a Service only
+    when both parts are there), or the API would refuse it at every verdict."""
+    import re
+
+    odd = ("web", "/web", "ns/", "a/b/c", "Team/Web")
+    v = replace(verdict_of(HEALTHY), status="at-risk", findings=tuple(
+        Finding("lb-ip-local", "warning", "s", lb_ip=f"192.0.2.{i}", service=s)
+        for i, s in enumerate(odd)))
+    assert reporter(api, tmp_path, Clock()).report(v) == []
+    events = api.objects("events")
+    assert len(events) == len(odd)
+    subdomain = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+    for e in events:
+        assert subdomain.fullmatch(e["metadata"]["name"]), e["metadata"]["name"]
+        assert subdomain.fullmatch(e["metadata"]["namespace"]), e["metadata"]["namespace"]
+        r = e["regarding"]
+        assert r["kind"] == "Node" or (r["name"] and r["namespace"]), r

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -63,6 +64,18 @@ def _done(resp: Any) -> None:
         resp.data  # noqa: B018
     finally:
         resp.release_conn()
+
+
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def service_ref(service: str) -> tuple[str, str] | None:
+    """(namespace, name) of "ns/name"; None for anything else (a hand-written rule comment
+    may say anything): the Event then regards the Node, and its name stays valid."""
+    ns, slash, name = service.partition("/")
+    if slash and _LABEL.fullmatch(ns) and _LABEL.fullmatch(name):
+        return ns, name
+    return None
 
 
 class KubeReporter:
@@ -170,8 +183,9 @@ class KubeReporter:
         """(namespace, name): stable per node and finding, so a restarted agent finds it."""
         digest = hashlib.sha256("|".join((self.node, key.finding, key.lb_ip, str(key.port),
                                           key.service)).encode()).hexdigest()[:12]
-        if key.service:
-            ns, _, name = key.service.partition("/")
+        ref = service_ref(key.service)
+        if ref:
+            ns, name = ref
             return ns, f"{name[:200]}.{digest}"
         return "default", f"{self.node[:200]}.{digest}"
 
@@ -191,8 +205,9 @@ class KubeReporter:
                 del self.series[key]
         # kubectl describe finds an Event by the uid of what it regards: a Service's own,
         # for a Node its name (the kubelet's convention, which kubectl also matches)
-        if key.service:
-            sns, _, sname = key.service.partition("/")
+        ref = service_ref(key.service)
+        if ref:
+            sns, sname = ref
             regarding = {"apiVersion": "v1", "kind": "Service", "namespace": sns,
                          "name": sname}
             uid = self._service_uid(sns, sname)
