@@ -464,3 +464,23 @@ def test_event_names_are_valid_whatever_the_service_field(api: FakeKubeAPI,
         assert subdomain.fullmatch(e["metadata"]["namespace"]), e["metadata"]["namespace"]
         r = e["regarding"]
         assert r["kind"] == "Node" or (r["name"] and r["namespace"]), r
+
+
+def test_a_healthy_nftables_node_is_false_not_unknown(tmp_path: Path) -> None:
+    """kube-proxy's nftables mode is walked (agent.diagnose's nft paths): a healthy node in
+    that mode is False / NPD OK. The condition took only iptables and IPVS as known modes
+    and said "kube-proxy's mode is unknown (nftables)", Unknown, NPD exit 2, on every
+    healthy nftables node. The bundle: kube-proxy's real nftables rules (tests/data/
+    realworld/k8s-nftables-overall-rules-lb-etp-local-sourceranges) and a node address."""
+    real = DATA / "realworld" / "k8s-nftables-overall-rules-lb-etp-local-sourceranges"
+    (tmp_path / "nft.txt").write_text((real / "nft-transaction.txt").read_text())
+    (tmp_path / "addr.txt").write_text(
+        "2: eth0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 state UP\n"
+        "    inet 192.168.0.2/24 brd 192.168.0.255 scope global eth0\n")
+    v = verdict_of(tmp_path)
+    assert (v.status, v.kube_proxy_mode) == ("healthy", "nftables")
+    c = condition_of(v)
+    assert (c.status, c.reason) == ("False", "NoLoadBalancerLoopback"), c
+    assert "kube-proxy nftables" in c.message
+    rc, lines = npd(tmp_path)
+    assert rc == 0 and lines[0].startswith("NoLoadBalancerLoopback: "), (rc, lines)
