@@ -218,8 +218,10 @@ class CheckRun:
             raise PluginError(f"kubectl get pod {self.name}: not JSON ({e})") from e
 
     def create(self, pod: dict[str, Any]) -> None:
-        self.k.checked(self.ns, "create", "-f", "-", stdin=json.dumps(pod))
+        # before the call: interrupted or timed out while kubectl waits for the answer,
+        # the pod may exist already (the delete tolerates one that does not)
         self.created = True
+        self.k.checked(self.ns, "create", "-f", "-", stdin=json.dumps(pod))
 
     def wait_started(self, timeout: float) -> None:
         """Until the container runs or has run; a hopeless wait fails at once."""

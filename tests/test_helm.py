@@ -140,6 +140,12 @@ def test_tls_and_kube_token_render_the_components(tmp_path: Path) -> None:
                 overlay(tmp_path, ["tls", "kube-token"]))
 
 
+def test_kube_report_renders_the_component(tmp_path: Path) -> None:
+    """The same flag and the same RBAC as daemonset/kube-report/: what the code calls
+    (patch nodes/status; create/patch events.k8s.io Events) and no more."""
+    assert_same(template("agent.kubeReport.enabled=true"), overlay(tmp_path, ["kube-report"]))
+
+
 def test_monitoring_renders_the_component(tmp_path: Path) -> None:
     assert_same(template("monitoring.enabled=true"), overlay(tmp_path, ["monitoring"]))
 
@@ -172,7 +178,6 @@ def test_kube_report_adds_the_flag_and_its_rbac_only(monkeypatch: pytest.MonkeyP
     assert [w[0] for w in write_rules(off)] == ["loopback-agent-collector-tokenreview"]
     added = [w for w in write_rules(on) if w[0] == "loopback-agent-report"]
     assert sorted((g, tuple(res), tuple(v)) for _, g, res, v in added) == [
-        ("", ("events",), ("create", "patch")),
         ("", ("nodes/status",), ("patch",)),
         ("events.k8s.io", ("events",), ("create", "patch"))]
     binding = one(on, "ClusterRoleBinding", "loopback-agent-report")

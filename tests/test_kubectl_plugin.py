@@ -42,6 +42,12 @@ verb = words[0] if words else ""
 if verb == "create":
     record["stdin"] = sys.stdin.read()
     (state / "pod.json").write_text(record["stdin"])
+    if os.environ.get("FAKE_CREATE_SLEEP"):  # the API server has it; the answer is slow
+        with open(state / "calls.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        (state / "create-sent").write_text("")
+        time.sleep(float(os.environ["FAKE_CREATE_SLEEP"]))
+        sys.exit(0)
 with open(state / "calls.jsonl", "a") as f:
     f.write(json.dumps(record) + "\n")
 scenario = os.environ.get("FAKE_SCENARIO", "ok")
@@ -274,6 +280,28 @@ def test_interrupted_run_deletes_the_pod(fake: Path, sig: signal.Signals) -> Non
     assert time.monotonic() - started < 15  # the fake's 30 s log stream was not waited out
     assert verbs(fake)[-1] == "delete", verbs(fake)
     assert "deleting pod" in err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_while_creating_deletes_the_pod(fake: Path, sig: signal.Signals) -> None:
+    """Interrupted while `kubectl create` waits for its answer (a slow API server, Ctrl-C
+    at that moment): the pod may exist already, so it is deleted (--ignore-not-found if
+    it does not). It was left running on the node until its activeDeadlineSeconds (15 min)
+    and then left as a Failed pod: the plugin deleted only pods whose create had
+    answered."""
+    p = subprocess.Popen([sys.executable, "-m", "agent.kubectl_plugin", "check", "node-1",
+                          "--poll", "0.05"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=plugin_env(fake, FAKE_CREATE_SLEEP="30"))
+    deadline = time.monotonic() + 30
+    while not (fake / "state" / "create-sent").exists():
+        assert time.monotonic() < deadline and p.poll() is None, p.communicate()
+        time.sleep(0.05)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == plugin.EXIT_INTERRUPTED, err
+    assert verbs(fake) == ["create", "delete"], (verbs(fake), err)
+    name = json.loads((fake / "state" / "pod.json").read_text())["metadata"]["name"]
+    assert calls(fake)[-1]["argv"][-4:] == ["pod", name, "--ignore-not-found", "--wait=false"]
 
 
 def test_usage_errors_start_no_pod(fake: Path) -> None:

@@ -229,6 +229,26 @@ def test_collector_last_seen_per_node_bounded(tke_verdict: Verdict, db_url: str,
     assert ("loopback_collector_node_series_dropped", {}, 0.0) in samples(everything)
 
 
+def test_collector_last_seen_keeps_silent_nodes_before_removed_ones(
+        tke_verdict: Verdict, db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The collector keeps every node's last verdict, so on an autoscaled cluster the
+    nodes removed long ago pile up, and they are the longest silent. Once they fill the
+    cap, a node silent for an hour (the one LoopbackAgentNodeSilent is for: 30 min to a
+    day) was left out and the alert could not fire. Nodes silent for more than the alert's
+    day come after the others."""
+    import time
+
+    now = time.time()
+    removed = [(f"gone-{i}", now - 86400 * (3 + i)) for i in range(3)]
+    text = collector_exposition(db_url, tke_verdict.to_dict(),
+                                [*removed, ("silent", now - 3600), ("fine", now - 60)],
+                                monkeypatch, max_node_series=2)
+    seen = {lb["node"] for n, lb, v in samples(text)
+            if n == "loopback_collector_node_last_seen_timestamp_seconds"}
+    assert seen == {"silent", "fine"}
+    assert ("loopback_collector_node_series_dropped", {}, 3.0) in samples(text)
+
+
 # -- the monitoring component ---------------------------------------------------------------
 
 
@@ -534,6 +554,13 @@ def test_dashboard_and_rules_on_a_real_prometheus(tke_verdict: Verdict, tmp_path
                  dashboard_queries(json.loads(DASHBOARD.read_text()))
                  if not prom_query(base, expr)]
         assert not empty, f"dashboard queries without data: {empty}"
+        # "Top LB IPs at risk" lists the LB IPs at risk, not those with an informational
+        # note (10.0.1.101: pod-to-lb-masqueraded, i.e. safe)
+        (top,) = [p for p in json.loads(DASHBOARD.read_text())["panels"]
+                  if p["title"].startswith("Top LB IPs at risk")]
+        rows = prom_query(base, top["targets"][0]["expr"])
+        assert {(r["metric"]["lb_ip"], r["metric"]["severity"]) for r in rows} == \
+            {("10.0.1.100", "critical")}
         # the collector's last-seen series carries the verdict's node, not the target's
         seen = prom_query(base, "loopback_collector_node_last_seen_timestamp_seconds")
         assert [s["metric"]["node"] for s in seen] == ["node-a"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from importlib import resources
 from typing import Any
 
@@ -27,6 +28,9 @@ __all__ = ["MAX_BATCH", "MAX_BODY", "BadRequest", "Collector", "serve"]
 
 # loopback_collector_node_last_seen_timestamp_seconds: one series per node, at most this many
 MAX_NODE_SERIES = 10_000
+# silent this long: taken as removed from the cluster (the LoopbackAgentNodeSilent alert's
+# upper bound, daemonset/monitoring/prometheusrule.yaml); exported only after the others
+NODE_GONE_AFTER = 86400.0
 
 
 class Collector:
@@ -72,7 +76,8 @@ class Collector:
 
     def metrics(self) -> bytes:
         counts = {"healthy": 0, "at-risk": 0, "loopback": 0, **self.store.status_counts()}
-        seen = self.store.last_seen(self.max_node_series)
+        seen = self.store.last_seen(self.max_node_series,
+                                    gone_before=time.time() - NODE_GONE_AFTER)
         with self._metrics_lock:  # one scrape's set of series at a time
             for s, n in counts.items():
                 self.nodes.labels(s).set(n)

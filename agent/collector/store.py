@@ -220,13 +220,16 @@ class Store:
     def node_total(self) -> int:
         return int(self._rows("SELECT COUNT(*) FROM nodes")[0][0])
 
-    def last_seen(self, limit: int) -> list[tuple[str, float]]:
+    def last_seen(self, limit: int, gone_before: float = 0.0) -> list[tuple[str, float]]:
         """(node, when its newest verdict was received), the longest silent first: the
-        ones an alert wants when only ``limit`` of them can be exported."""
+        ones an alert wants when only ``limit`` of them can be exported. Nodes silent
+        since before ``gone_before`` (taken as removed: every node is kept) come last, or
+        on a cluster whose nodes come and go they would fill the cap."""
         return [(str(n), float(t)) for n, t in self._rows(
             "SELECT node, received FROM (SELECT n.node AS node, v.received AS received "
             "FROM nodes n JOIN verdicts v ON v.id = n.verdict_id) s "
-            f"ORDER BY received, {self._order_node} LIMIT ?", (limit,))]
+            "ORDER BY CASE WHEN received < ? THEN 1 ELSE 0 END, "
+            f"received, {self._order_node} LIMIT ?", (gone_before, limit))]
 
     def nodes(self, limit: int, offset: int = 0) -> list[dict[str, Any]]:
         """Latest summary per node, worst first."""

@@ -15,9 +15,9 @@ HEALTHY_REASON = "NoLoadBalancerLoopback"
 UNKNOWN_REASON = "LoopbackUndetermined"
 MESSAGE_MAX = 256  # a condition message is read in `kubectl describe node`: keep it short
 # Findings that say the agent could not tell, not that the node is at risk.
-UNDECIDED = frozenset({"lb-ips-unknown", "pod-to-lb-undetermined"})
+UNDECIDED = frozenset({"lb-ips-unknown", "pod-to-lb-undetermined", "diagnosis-incomplete"})
 RANK = {"critical": 0, "warning": 1, "info": 2}
-KNOWN_MODES = ("iptables", "ipvs")
+KNOWN_MODES = ("iptables", "ipvs", "nftables")  # the modes the diagnosis walks
 
 
 @dataclass(frozen=True)
