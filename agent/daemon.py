@@ -178,7 +178,7 @@ class Daemon:
         snap = collect_live(ProbeContext(node_name=self.cfg.node_name,
                                          use_kube_api=self.cfg.use_kube_api,
                                          kubeconfig=self.cfg.kubeconfig,
-                                         cache=self.reads))
+                                         cache=self.reads, background=True))
         if self.cfg.kube_json:
             snap = self._with_kube_json(snap, self.cfg.kube_json)
         # the same snapshot as last cycle (its parts reused: ReadCache): the same facts,

@@ -30,6 +30,9 @@ class ProbeContext:
     # the daemon's reads of the previous cycle: a source whose change marker is the same
     # is not read again (None: read everything, e.g. a one-off `check`)
     cache: ReadCache | None = field(default=None, compare=False)
+    # long reads (the rules dump) at the lowest CPU and I/O priority: the daemon's, not
+    # a `check` someone waits for
+    background: bool = False
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ Read-only rules:
 Time: a dump's cost grows with the node (iptables-nft-save 1.8.9 sorts the chains with a
 first-element-pivot quicksort: quadratic when the kernel hands them over in name order,
 20 s of CPU for 47k chains). So each backend's dump gets a budget sized on what it holds
-(``read_budget``, from counts the kernel gives without a dump), runs at the lowest CPU and
-I/O priority, and when it overruns the Unknown says which dump, after how long, sized on
+(``read_budget``, from counts the kernel gives without a dump), in the daemon at the lowest
+CPU and I/O priority, and when it overruns the Unknown says which dump, after how long, sized on
 what. Then KUBE-SERVICES and the built-in chains are read alone (`iptables-nft -t nat -S
 CHAIN` reads one chain: 0.2 s for 20k rules), an excerpt that still gives kube-proxy's
 mode and the LB IPs. The daemon re-reads only when ``markers.netfilter_marker`` moved.
@@ -157,17 +157,19 @@ class Overrun:
     backend: str
     command: str
     budget: Budget
+    background: bool = False
 
     def __str__(self) -> str:
         return (f"{self.command} ({self.backend} backend) was stopped after "
-                f"{self.budget.seconds:.0f} s, its time budget for "
-                f"{self.budget.sized_on} (at lowest CPU priority: a busy node slows it)")
+                f"{self.budget.seconds:.3g} s, its time budget for {self.budget.sized_on}"
+                + (" (at the lowest CPU priority: a busy node slows it)"
+                   if self.background else ""))
 
 
-def dump_backends(timeout: float = BUDGET_FLOOR,
+def dump_backends(timeout: float = BUDGET_FLOOR, background: bool = False,
                   ) -> tuple[list[Dump], list[str], dict[str, str], list[Overrun]]:
     """Dump every backend that may hold rules, each within its ``read_budget`` (at least
-    ``timeout``), at the lowest CPU and I/O priority.
+    ``timeout``); ``background``: at the lowest CPU and I/O priority.
 
     Returns (dumps, errors, backend -> save command found, overruns). A backend with no
     tables at all is not run (see the module docstring for why that matters).
@@ -185,9 +187,9 @@ def dump_backends(timeout: float = BUDGET_FLOOR,
         budget = read_budget(backend, timeout)
         start = time.monotonic()
         try:
-            text = run_command([commands[backend]], budget.seconds, background=True)
+            text = run_command([commands[backend]], budget.seconds, background=background)
         except CommandTimeout:
-            overrun = Overrun(backend, commands[backend], budget)
+            overrun = Overrun(backend, commands[backend], budget, background)
             overruns.append(overrun)
             errors.append(str(overrun))
             continue
@@ -211,10 +213,15 @@ class Selection:
     overruns: list[Overrun]
 
 
-def _select(timeout: float) -> Selection:
-    dumps, errors, commands, overruns = dump_backends(timeout)
+def _select(timeout: float, background: bool = False) -> Selection:
+    dumps, errors, commands, overruns = dump_backends(timeout, background)
     if dumps:
-        return Selection(choose(dumps), errors, True, overruns)
+        best = choose(dumps)
+        if not overruns or kube_score(best.text)[:2] != (0, 0):
+            return Selection(best, errors, True, overruns)
+        # the backend too big to dump in time is kube-proxy's, not the one read without
+        # a KUBE- chain (an empty nft next to a legacy node): say what overran
+        return Selection(None, errors, True, overruns)
     if not commands or errors:
         return Selection(None, errors, bool(commands), overruns)
     # Binaries exist but neither backend holds a table (no legacy tables, nf_tables
@@ -241,11 +248,13 @@ def select_backend(timeout: float = BUDGET_FLOOR) -> tuple[str, str] | None:
 # Chains read one by one when the whole dump overran: where kube-proxy's mode and the
 # LB IPs show (KUBE-SERVICES's "loadbalancer IP" rules) and the built-in chains that
 # lead there. Each `iptables-nft -t nat -S CHAIN` fetches that chain only.
+EXCERPT_TIMEOUT = 10.0  # seconds for each chain (20k rules take 0.2 s)
 EXCERPT_CHAINS = ("PREROUTING", "OUTPUT", "POSTROUTING", "KUBE-SERVICES", "KUBE-NODEPORTS",
                   "KUBE-POSTROUTING", "KUBE-MARK-MASQ")
 
 
-def read_excerpt(backend: str, timeout: float) -> tuple[Netfilter | None, list[str]]:
+def read_excerpt(backend: str, timeout: float,
+                 background: bool = False) -> tuple[Netfilter | None, list[str]]:
     """The nat chains of EXCERPT_CHAINS, read one at a time (nft only: there a chain is
     fetched alone, and the listing takes no xtables lock; legacy's whole dump is fast).
     Only chains the nat table holds are asked for, so nothing is created."""
@@ -256,7 +265,7 @@ def read_excerpt(backend: str, timeout: float) -> tuple[Netfilter | None, list[s
     for chain in EXCERPT_CHAINS:
         cmd = ["iptables-nft", "-t", "nat", "-S", chain]
         try:
-            text = run_command(cmd, timeout, background=True)
+            text = run_command(cmd, timeout, background=background)
         except CommandError as exc:
             if "No chain/target/match by that name" not in str(exc):
                 problems.append(str(exc))
@@ -275,12 +284,13 @@ def collect(ctx: ProbeContext) -> ProbeResult:
 def _collect(ctx: ProbeContext) -> ProbeResult:
     # At least 10 s: a dump of a node with thousands of Services takes seconds, and
     # ctx.timeout is sized for single API requests; read_budget scales it to the node.
-    sel = _select(max(ctx.timeout, BUDGET_FLOOR))
+    sel = _select(max(ctx.timeout, BUDGET_FLOOR), ctx.background)
     dump, errors, have_binary = sel.dump, sel.errors, sel.have_binary
     if dump is None:
         reason = NO_BINARY if not have_binary else "; ".join(errors)
         for overrun in sel.overruns:
-            excerpt, problems = read_excerpt(overrun.backend, max(ctx.timeout, BUDGET_FLOOR))
+            excerpt, problems = read_excerpt(overrun.backend, max(ctx.timeout, EXCERPT_TIMEOUT),
+                                             ctx.background)
             if excerpt is not None:
                 chains = ", ".join(c.name for t in excerpt.tables for c in t.chains)
                 reason += (f"; read instead, one chain at a time: nat {chains} (an "
