@@ -147,7 +147,8 @@ def format_member(set_type: str, data: dict[str, Any], protos: dict[int, str]) -
 def sets_from_messages(messages: Iterable[Any]) -> tuple[IpSet, ...]:
     """An IPSET_CMD_LIST dump -> sorted IpSets.
 
-    A big set arrives split over several messages with the same name; they merge.
+    A big set arrives split over several messages with the same name, only the first
+    with the set's type; they merge.
     """
     protos = _proto_names()
     types: dict[str, str] = {}
@@ -155,7 +156,10 @@ def sets_from_messages(messages: Iterable[Any]) -> tuple[IpSet, ...]:
     for msg in messages:
         top = _attrs(msg)
         name = top.get("IPSET_ATTR_SETNAME")
-        set_type = top.get("IPSET_ATTR_TYPENAME")
+        # only a set's first message carries its header (type, family...): the kernel's
+        # continuations of a big set name the set and hold members (a 10k-member set
+        # came back with 1,005 when they were skipped)
+        set_type = top.get("IPSET_ATTR_TYPENAME") or types.get(name or "")
         if name is None or set_type is None:
             continue
         types[name] = set_type
