@@ -256,8 +256,9 @@ EXCERPT_CHAINS = ("PREROUTING", "OUTPUT", "POSTROUTING", "KUBE-SERVICES", "KUBE-
 def read_excerpt(backend: str, timeout: float,
                  background: bool = False) -> tuple[Netfilter | None, list[str]]:
     """The nat chains of EXCERPT_CHAINS, read one at a time (nft only: there a chain is
-    fetched alone, and the listing takes no xtables lock; legacy's whole dump is fast).
-    Only chains the nat table holds are asked for, so nothing is created."""
+    fetched alone, and the listing opens no xtables lock (traced); legacy's whole dump is
+    fast). Only when nft holds an ip nat table; a listing creates nothing (traced in an
+    empty namespace, and tests/test_live_read_netns.py: the generation id stays)."""
     if backend != "nft" or "nat" not in markers.nft_table_uses():
         return None, []
     into = RulesText()
