@@ -185,7 +185,7 @@ class Daemon:
         # and without a capture the same verdict, made again only in its time
         last = self._last if self._last is not None and self._last[0] == snap else None
         self._last = None  # changed: the old facts go before the new ones are made
-        prepared = last[1] if last else prepare(snap)  # the capture and diagnosis share it
+        prepared = last[1] if last and last[1] else prepare(snap)  # capture and diagnosis
         t1 = time.monotonic()
         capture = None
         if self.cfg.capture:
@@ -199,7 +199,8 @@ class Daemon:
         else:
             v = diagnose(snap, node_name(self.cfg.node_name, snap, dict(os.environ)),
                          capture=capture, prepared=prepared)
-        self._last = (snap, prepared, v)
+        # the facts are kept for the next capture only: without one they are memory
+        self._last = (snap, prepared if self.cfg.capture else None, v)
         t3 = time.monotonic()
         for phase, secs in (("probes", t1 - t0), ("capture", t2 - t1), ("diagnose", t3 - t2)):
             self.metrics.probe_seconds.labels(phase).set(secs)
