@@ -185,14 +185,17 @@ class Daemon:
         # and without a capture the same verdict, made again only in its time
         last = self._last if self._last is not None and self._last[0] == snap else None
         self._last = None  # changed: the old facts go before the new ones are made
-        prepared = last[1] if last and last[1] else prepare(snap)  # capture and diagnosis
+        # the capture and the diagnosis share the facts; no capture: the verdict is reused
+        prepared = last[1] if last else None
+        if prepared is None and not (last and not self.cfg.capture):
+            prepared = prepare(snap)
         t1 = time.monotonic()
         capture = None
-        if self.cfg.capture:
+        if self.cfg.capture and prepared is not None:
             capture = watch_node(prepared, self.cfg.interval,
                                  port_range=self.cfg.nodeport_range, stop=self.stop)
         t2 = time.monotonic()
-        if last and capture is None and last[2].capture is None:
+        if last and capture is None and last[2].capture is None:  # the same verdict
             now = dt.datetime.now(dt.timezone.utc)
             v = dataclasses.replace(last[2], time=now.isoformat(timespec="seconds")
                                     .replace("+00:00", "Z"))
