@@ -249,3 +249,32 @@ def test_big_ipsets_are_read_whole() -> None:
         saved = {s.name: list(s.members) for s in parse_ipset_save(ns.run("ipset", "save").stdout)}
     assert len(got["KUBE-CLUSTER-IP"]) == 6000 and len(got["KUBE-NODE-PORT-TCP"]) == 3000
     assert got == saved
+
+
+@pytest.mark.parametrize("backend", ["nft", "legacy"])
+def test_the_daemon_sees_a_change_made_between_its_cycles(backend: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """End to end: `run` reuses its reads while nothing changes, and the verdict after a
+    new LoadBalancer rule names the new address."""
+    with node(backend) as (ns, _):
+        agent = ns.popen([PY, "-m", "agent", "run", "--no-capture", "--no-kube-api",
+                          "--listen", "", "--interval", "1", "--spool", str(tmp_path)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            assert agent.stdout is not None
+
+            def lb_ips() -> set[str]:
+                line = agent.stdout.readline()  # type: ignore[union-attr]
+                assert line, agent.stderr.read() if agent.stderr else "agent died"
+                return {r["ip"] for r in json.loads(line)["lb_ips"]}
+
+            assert lb_ips() == {"10.0.32.1", "10.0.32.2"}  # the rule and the ipset
+            assert lb_ips() == {"10.0.32.1", "10.0.32.2"}  # the rule and the ipset
+            ns.run(f"iptables-{backend}", "-t", "nat", "-A", "KUBE-SERVICES", "-d",
+                   "10.0.32.9/32", "-p", "tcp", "-m", "comment", "--comment",
+                   "ns/new:http loadbalancer IP", "-m", "tcp", "--dport", "80", "-j",
+                   "KUBE-EXT-ABC")
+            seen = [lb_ips() for _ in range(2)]  # a cycle may have been under way
+            assert seen[-1] == {"10.0.32.1", "10.0.32.2", "10.0.32.9"}, seen
+        finally:
+            agent.terminate()
+            agent.wait(timeout=30)
