@@ -48,6 +48,18 @@ n = sum(len(c.rules) for t in nf.tables for c in t.chains) if nf else 0
 print(n, nf.partial if nf else None, [u.reason for u in r.unknowns], file=sys.stderr)
 """
 
+# `check` with a budget the dump cannot meet (10 s flat): what a node too big for its
+# budget gets, the chain-by-chain excerpt
+OVERRUN_CHECK = """
+import sys
+from agent.probes import nat_rules
+nat_rules.NFT_SECONDS_PER_CHAIN = nat_rules.NFT_SECONDS_PER_CHAIN_SQUARED = 0
+nat_rules.LEGACY_SECONDS_PER_RULE = 0
+nat_rules.BUDGET_FLOOR = float(sys.argv[1])
+from agent.cli import main
+raise SystemExit(main(["check", "--json", "--no-kube-api"]))
+"""
+
 MARKER = """
 import time
 from agent.probes import markers
@@ -131,6 +143,15 @@ def bench_backend(backend: str, n: int, tmp: Path, chain_sample: int) -> list[tu
         live = timed(ns, [PY, "-m", "agent", "check", "--json", "--no-kube-api"],
                      out=live_out)
         rows.append(("live check --json --no-kube-api", *live[:3], "verdict", None))
+        if backend == "nft":
+            over_out = tmp / f"{backend}-overrun.json"
+            m = timed(ns, [PY, "-c", OVERRUN_CHECK, "2"], out=over_out)
+            v = json.loads(over_out.read_text())
+            rows.append(("live check, dump stopped at 2 s (excerpt)", *m[:3],
+                         f"mode {v['kube_proxy_mode']}, {len(v['lb_ips'])} LB IPs, "
+                         f"{len(v['findings'])} findings", None))
+            why = next(u["reason"] for u in v["unknowns"] if u["source"] == "nat rules")
+            print(f"{backend}: overrun check says: {why}", file=sys.stderr)
         # the reference: the same namespace's baseline dump with its addresses and routes
         ref = tmp / f"{backend}-ref"
         ref.mkdir()
