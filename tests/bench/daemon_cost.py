@@ -1,7 +1,8 @@
 """`make bench`: the daemon's cost on an unchanged node of 10k LoadBalancer services
 (issue 14 item 2): `loopback-agent run --no-capture` in a throwaway network namespace
-holding the synthetic iptables-mode state (iptables-nft-restore), measured for --seconds
-after its first verdict and extrapolated per hour. Target: < 2 % of a core, < 150 MiB RSS.
+holding the synthetic iptables-mode state (iptables-nft-restore; --backend legacy), measured
+for --seconds after its first verdict and extrapolated per hour. Target: < 2 % of a core,
+< 150 MiB RSS.
 
 Baseline, measured in the same run: the CPU of the daemon's first cycle (a full read and
 diagnosis, what every cycle cost before the change markers), times the cycles of an hour.
@@ -58,6 +59,7 @@ def main() -> int:
     ap.add_argument("--services", type=int, default=10_000)
     ap.add_argument("--seconds", type=float, default=300.0)
     ap.add_argument("--interval", type=float, default=30.0)
+    ap.add_argument("--backend", choices=("nft", "legacy"), default="nft")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="lb-daemon-") as tmpdir, \
             netns.netns("lbd") as ns:
@@ -66,8 +68,8 @@ def main() -> int:
         rules.write_text(synthetic(args.services, "iptables")["iptables-save.txt"])
         node_like_synthetic(ns)
         with rules.open() as f:
-            subprocess.run(["ip", "netns", "exec", ns.name, "iptables-nft-restore"], stdin=f,
-                           check=True)
+            subprocess.run(["ip", "netns", "exec", ns.name, f"iptables-{args.backend}-restore"],
+                           stdin=f, check=True)
         proc = ns.popen([sys.executable, "-m", "agent", "run", "--spool", str(tmp / "spool"),
                          "--interval", str(args.interval), "--listen", "", "--no-kube-api",
                          "--no-capture"], stdout=subprocess.PIPE,
@@ -85,8 +87,8 @@ def main() -> int:
             c1, t1 = cpu_seconds(proc.pid), time.monotonic()
             rss, hwm = status_mib(proc.pid, "VmRSS"), status_mib(proc.pid, "VmHWM")
             # a change: one more rule in KUBE-SERVICES; the next cycle must read again
-            ns.run("iptables-nft", "-t", "nat", "-A", "KUBE-SERVICES", "-d", "10.255.0.1/32",
-                   "-p", "tcp", "--dport", "81", "-j", "RETURN")
+            ns.run(f"iptables-{args.backend}", "-t", "nat", "-A", "KUBE-SERVICES", "-d",
+                   "10.255.0.1/32", "-p", "tcp", "--dport", "81", "-j", "RETURN")
             c2 = cpu_seconds(proc.pid)
             # the next cycle reads again (the daemon waits between cycles); one more
             # in case a cycle was under way when the rule went in
@@ -99,7 +101,8 @@ def main() -> int:
     share = (c1 - c0) / (t1 - t0) * 100
     per_hour = share / 100 * 3600
     base_share = min(100.0, first_cpu / args.interval * 100)
-    print(f"\ndaemon on an unchanged node of {args.services} LB services (iptables-nft), "
+    print(f"\ndaemon on an unchanged node of {args.services} LB services "
+          f"(iptables-{args.backend}), "
           f"interval {args.interval:.0f}s, {cycles} cycles over {t1 - t0:.0f}s after the "
           f"first verdict ({first_wall:.0f}s, {first_cpu:.1f}s CPU):")
     print(f"  CPU {c1 - c0:.2f}s = {share:.3f} % of a core = {per_hour:.0f} CPU s per hour; "
