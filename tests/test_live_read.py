@@ -3,6 +3,8 @@ in test_live_read_netns.py run them against real rules and ipsets)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from agent.probes import markers, nat_rules
@@ -127,3 +129,16 @@ def test_ipvs_digest_ignores_connection_counts(tmp_path, monkeypatch) -> None:  
     assert markers.ipvs_digest() != a  # another endpoint
     proc.unlink()
     assert markers.ipvs_digest() is None  # ip_vs not loaded
+
+
+def test_a_background_read_runs_at_the_lowest_priorities() -> None:
+    import shutil
+
+    from agent.probes.base import run_command
+    if not (shutil.which("nice") and shutil.which("ionice")):
+        pytest.skip("needs nice (coreutils) and ionice (util-linux)")
+    script = "cut -d' ' -f19 /proc/$$/stat; ionice -p $$"
+    assert run_command(["sh", "-c", script], 10, background=True).split("\n")[:2] == [
+        "19", "best-effort: prio 7"]
+    own = run_command(["sh", "-c", script], 10).split("\n")[0]
+    assert own == str(os.getpriority(os.PRIO_PROCESS, 0))  # a `check`: as it is

@@ -109,6 +109,7 @@ def cached(ctx: ProbeContext, source: str, marker: Callable[[], object],
         return collect()
     return ctx.cache.read(source, marker, collect)
 
+
 # Fields a probe may fill: everything in the snapshot except bookkeeping.
 _FILLABLE = frozenset(NodeSnapshot.__dataclass_fields__) - {"node", "origin", "unknowns",
                                                             "schema"}
