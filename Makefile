@@ -64,6 +64,8 @@ bench: deps venv
 	$(PY) tests/bench/collector_load.py
 	$(PY) tests/bench/agent_idle.py
 	$(PY) tests/bench/api_requests.py
+	$(PY) tests/bench/live_read.py
+	$(PY) tests/bench/daemon_cost.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

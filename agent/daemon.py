@@ -10,6 +10,8 @@ verdict, ship what the grace period allows, leave the rest in the spool, exit 0.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import json
 import os
 import signal
@@ -29,7 +31,7 @@ from agent.daemon_http import BoundedHTTPServer, QuietHandler
 from agent.diagnose import diagnose, node_name, prepare
 from agent.diagnose.model import Verdict
 from agent.probes import collect_live, kube_api
-from agent.probes.base import ProbeContext
+from agent.probes.base import ProbeContext, ReadCache
 from agent.ship.sender import Backoff, Sender, drain
 from agent.ship.spool import Spool
 from agent.snapshot import NodeSnapshot
@@ -184,6 +186,8 @@ class Daemon:
         self.sender = (Sender(cfg.collector, token_file=cfg.token_file, ca_file=cfg.ca_file)
                        if cfg.collector else None)
         self.backoff = Backoff()
+        self.reads = ReadCache()  # unchanged rules/ipsets/IPVS are not re-read each cycle
+        self._last: tuple[NodeSnapshot, Any, Verdict] | None = None  # snapshot, prepared, v
         self.next_ship = 0.0
         self.last_cycle_end = time.monotonic()
         self._server: BoundedHTTPServer | None = None
@@ -243,22 +247,38 @@ class Daemon:
         snap = collect_live(ProbeContext(node_name=self.cfg.node_name,
                                          use_kube_api=self.cfg.use_kube_api,
                                          kubeconfig=self.cfg.kubeconfig,
-                                         kube_cache=self.kube))
+                                         kube_cache=self.kube,
+                                         cache=self.reads, background=True))
         if self.cfg.kube_json:
             snap = self._with_kube_json(snap, self.cfg.kube_json)
-        prepared = prepare(snap)  # once: the capture and the diagnosis share it
+        # the same snapshot as last cycle (its parts reused: ReadCache): the same facts,
+        # and without a capture the same verdict, made again only in its time
+        last = self._last if self._last is not None and self._last[0] == snap else None
+        self._last = None  # changed: the old facts go before the new ones are made
+        # the capture and the diagnosis share the facts; no capture: the verdict is reused
+        prepared = last[1] if last else None
+        if prepared is None and not (last and not self.cfg.capture):
+            prepared = prepare(snap)
         t1 = time.monotonic()
         capture = None
-        if self.cfg.capture:
+        if self.cfg.capture and prepared is not None:
             capture = watch_node(prepared, self.cfg.interval,
                                  port_range=self.cfg.nodeport_range, stop=self.wake)
         if self.kube is not None and self.kube.version() != kube_seen:
             # changed during the capture (which it ended): diagnose what the API says now
             snap = self._refresh_kube(snap)
             prepared = prepare(snap)
+            last = None  # not the snapshot the last verdict was made of
         t2 = time.monotonic()
-        v = diagnose(snap, node_name(self.cfg.node_name, snap, dict(os.environ)),
-                     capture=capture, prepared=prepared)
+        if last and capture is None and last[2].capture is None:  # the same verdict
+            now = dt.datetime.now(dt.timezone.utc)
+            v = dataclasses.replace(last[2], time=now.isoformat(timespec="seconds")
+                                    .replace("+00:00", "Z"))
+        else:
+            v = diagnose(snap, node_name(self.cfg.node_name, snap, dict(os.environ)),
+                         capture=capture, prepared=prepared)
+        # the facts are kept for the next capture only: without one they are memory
+        self._last = (snap, prepared if self.cfg.capture else None, v)
         t3 = time.monotonic()
         for phase, secs in (("probes", t1 - t0), ("capture", t2 - t1), ("diagnose", t3 - t2)):
             self.metrics.probe_seconds.labels(phase).set(secs)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.snapshot import NodeSnapshot, Unknown
@@ -29,6 +30,12 @@ class ProbeContext:
     # A running agent.kubewatch.KubeInformer (the daemon's): the kube_api probe reads its
     # memory instead of asking the API server every cycle.
     kube_cache: object | None = None
+    # the daemon's reads of the previous cycle: a source whose change marker is the same
+    # is not read again (None: read everything, e.g. a one-off `check`)
+    cache: ReadCache | None = field(default=None, compare=False)
+    # long reads (the rules dump) at the lowest CPU and I/O priority: the daemon's, not
+    # a `check` someone waits for
+    background: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,56 @@ class Probe:
 
 
 REGISTRY: list[Probe] = []
+
+
+class ReadCache:
+    """The last read of each expensive source, keyed by its change marker.
+
+    ``read(source, marker, collect)`` takes the marker *before* reading, so a change made
+    during a read shows as a new marker next time. A read that failed (value None) is not
+    kept: the next cycle tries again; one that said what it could not read (unknowns,
+    e.g. a dump that overran its budget) is reused at most ``retry_after`` times. A
+    marker that cannot be taken (it raises) means "read it". Not thread-safe: one daemon
+    cycle at a time uses it.
+    """
+
+    def __init__(self, retry_after: int = 10) -> None:
+        self.retry_after = retry_after
+        self._last: dict[str, tuple[object, ProbeResult, float]] = {}
+        self.reused: dict[str, int] = {}  # source -> reads saved (metrics, logs, tests)
+        self.read_count: dict[str, int] = {}  # source -> reads done
+        self.marker_seconds: dict[str, float] = {}  # source -> last marker's cost
+
+    def read(self, source: str, marker: Callable[[], object],
+             collect: Callable[[], ProbeResult]) -> ProbeResult:
+        start = time.monotonic()
+        try:
+            key: object = marker()
+        except Exception:  # an unreadable marker: read the source, keep nothing
+            key = None
+        self.marker_seconds[source] = time.monotonic() - start
+        last = self._last.get(source)
+        if key is not None and last is not None and last[0] == key and last[2] > 0:
+            self._last[source] = (key, last[1], last[2] - 1)
+            self.reused[source] = self.reused.get(source, 0) + 1
+            return last[1]
+        result = collect()
+        self.read_count[source] = self.read_count.get(source, 0) + 1
+        if key is not None and result.value is not None:
+            uses = float("inf") if not result.unknowns else float(self.retry_after)
+            self._last[source] = (key, result, uses)
+        else:
+            self._last.pop(source, None)
+        return result
+
+
+def cached(ctx: ProbeContext, source: str, marker: Callable[[], object],
+           collect: Callable[[], ProbeResult]) -> ProbeResult:
+    """``collect()``, or the previous cycle's result when ``marker()`` has not moved."""
+    if ctx.cache is None:
+        return collect()
+    return ctx.cache.read(source, marker, collect)
+
 
 # Fields a probe may fill: everything in the snapshot except bookkeeping.
 _FILLABLE = frozenset(NodeSnapshot.__dataclass_fields__) - {"node", "origin", "unknowns",
@@ -91,11 +148,33 @@ class CommandError(RuntimeError):
     """A command that could not run or exited non-zero; ``str()`` is fit for a report."""
 
 
-def run_command(args: Sequence[str], timeout: float) -> str:
+class CommandTimeout(CommandError):
+    """The command was stopped when its time was up (``seconds``)."""
+
+    def __init__(self, message: str, seconds: float) -> None:
+        super().__init__(message)
+        self.seconds = seconds
+
+
+def low_priority(args: Sequence[str]) -> list[str]:
+    """``args`` run at the lowest CPU priority (nice 19) and the lowest best-effort I/O
+    priority (ionice -c2 -n7), from its first instruction: a wrapper, not a
+    setpriority() after the fork (that would race) nor a preexec_fn (unsafe with the
+    daemon's threads). Without nice/ionice (coreutils, util-linux) it runs as it is."""
+    prefix: list[str] = []
+    if shutil.which("nice"):
+        prefix += ["nice", "-n", "19"]
+    if shutil.which("ionice"):
+        prefix += ["ionice", "-c", "2", "-n", "7"]
+    return [*prefix, *args]
+
+
+def run_command(args: Sequence[str], timeout: float, background: bool = False) -> str:
     """Run a read-only command, return its stdout exactly as printed.
 
     Raises CommandError (missing binary, timeout, non-zero exit with its stderr) so
     callers can turn it into an Unknown or a "skipped" line, never a traceback.
+    ``background``: a long read, run at the lowest CPU and I/O priority.
     """
     exe = shutil.which(args[0])
     if exe is None:
@@ -103,11 +182,15 @@ def run_command(args: Sequence[str], timeout: float) -> str:
     # LC_ALL=C: the tools we call print numbers and keywords the parsers expect only
     # in the C locale.
     env = {**os.environ, "LC_ALL": "C"}
+    argv = [exe, *args[1:]]
+    if background:
+        argv = low_priority(argv)
     try:
-        proc = subprocess.run([exe, *args[1:]], capture_output=True, text=True,
+        proc = subprocess.run(argv, capture_output=True, text=True,
                               timeout=timeout, env=env, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        raise CommandError(f"{' '.join(args)}: timed out after {timeout:g}s") from None
+        raise CommandTimeout(f"{' '.join(args)}: timed out after {timeout:g}s",
+                             timeout) from None
     except OSError as exc:
         raise CommandError(f"{' '.join(args)}: {exc}") from None
     if proc.returncode != 0:

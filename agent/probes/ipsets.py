@@ -18,10 +18,12 @@ from agent.probes.base import (
     Probe,
     ProbeContext,
     ProbeResult,
+    cached,
     kernel_module_present,
     register,
     run_command,
 )
+from agent.probes.markers import ipset_digest
 from agent.snapshot import IpSet, Unknown
 
 SOURCE = "ipsets"
@@ -145,7 +147,8 @@ def format_member(set_type: str, data: dict[str, Any], protos: dict[int, str]) -
 def sets_from_messages(messages: Iterable[Any]) -> tuple[IpSet, ...]:
     """An IPSET_CMD_LIST dump -> sorted IpSets.
 
-    A big set arrives split over several messages with the same name; they merge.
+    A big set arrives split over several messages with the same name, only the first
+    with the set's type; they merge.
     """
     protos = _proto_names()
     types: dict[str, str] = {}
@@ -153,7 +156,10 @@ def sets_from_messages(messages: Iterable[Any]) -> tuple[IpSet, ...]:
     for msg in messages:
         top = _attrs(msg)
         name = top.get("IPSET_ATTR_SETNAME")
-        set_type = top.get("IPSET_ATTR_TYPENAME")
+        # only a set's first message carries its header (type, family...): the kernel's
+        # continuations of a big set name the set and hold members (a 10k-member set
+        # came back with 1,005 when they were skipped)
+        set_type = top.get("IPSET_ATTR_TYPENAME") or types.get(name or "")
         if name is None or set_type is None:
             continue
         types[name] = set_type
@@ -220,6 +226,12 @@ def _via_netlink() -> tuple[IpSet, ...]:
 
 
 def collect(ctx: ProbeContext) -> ProbeResult:
+    # the daemon re-reads (and re-parses: 1-2 s for IPVS mode's 60k members at 10k
+    # services) only when the raw dump's digest moved
+    return cached(ctx, SOURCE, ipset_digest, lambda: _collect(ctx))
+
+
+def _collect(ctx: ProbeContext) -> ProbeResult:
     if not kernel_module_present("ip_set"):
         # No ip_set in the kernel means no sets; asking nfnetlink anyway would make
         # the kernel modprobe ip_set.

@@ -13,7 +13,8 @@ import socket
 from collections.abc import Iterable
 from typing import Any
 
-from agent.probes.base import Probe, ProbeContext, ProbeResult, register, unavailable
+from agent.probes.base import Probe, ProbeContext, ProbeResult, cached, register, unavailable
+from agent.probes.markers import ipvs_digest
 from agent.snapshot import IpvsRealServer, IpvsVirtualServer
 
 SOURCE = "ipvs"
@@ -108,6 +109,12 @@ def read_ipvs() -> tuple[IpvsVirtualServer, ...]:
 
 
 def collect(ctx: ProbeContext) -> ProbeResult:
+    # a dump asks for each service's real servers (one request per service): re-read
+    # only when /proc/net/ip_vs (without its connection counters) changed
+    return cached(ctx, SOURCE, ipvs_digest, lambda: _collect(ctx))
+
+
+def _collect(ctx: ProbeContext) -> ProbeResult:
     if not ipvs_available():
         return unavailable(SOURCE, NOT_LOADED)
     return ProbeResult(read_ipvs())

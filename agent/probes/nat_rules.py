@@ -13,22 +13,35 @@ Read-only rules:
   subsystem makes the kernel modprobe it);
 - no `-w`: iptables 1.8.9's *-save commands reject it ("invalid option -- 'w'"),
   and they do not take the xtables lock anyway (a dump is a read).
+
+Time: a dump's cost grows with the node (iptables-nft-save 1.8.9 sorts the chains with a
+first-element-pivot quicksort: quadratic when the kernel hands them over in name order,
+20 s of CPU for 47k chains). So each backend's dump gets a budget sized on what it holds
+(``read_budget``, from counts the kernel gives without a dump), in the daemon at the lowest
+CPU and I/O priority, and when it overruns the Unknown says which dump, after how long, sized on
+what. Then KUBE-SERVICES and the built-in chains are read alone (`iptables-nft -t nat -S
+CHAIN` reads one chain: 0.2 s for 20k rules), an excerpt that still gives kube-proxy's
+mode and the LB IPs. The daemon re-reads only when ``markers.netfilter_marker`` moved.
 """
 
 from __future__ import annotations
 
 import re
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import InputError
-from agent.netfilter.rules_text import parse_iptables_save
+from agent.netfilter.rules_text import RulesText, parse_iptables_save, read_rules_text, settle
+from agent.probes import markers
 from agent.probes.base import (
     CommandError,
+    CommandTimeout,
     Probe,
     ProbeContext,
     ProbeResult,
+    cached,
     kernel_module_present,
     register,
     run_command,
@@ -48,6 +61,42 @@ class Dump:
     backend: str  # "legacy" | "nft"
     command: str  # the command that printed ``text``
     text: str
+    seconds: float = 0.0  # how long it took
+
+
+# A dump's budget: FLOOR + SLACK x the time expected for the node's size, at most CEILING.
+# Expected, from tests/bench/live_read.py on 2 shared cores (iptables 1.8.9):
+# iptables-nft-save ~1e-8 s x chains^2 (its sort) + 2e-4 s per chain; legacy 2e-6 s a rule.
+BUDGET_FLOOR = 10.0
+BUDGET_SLACK = 3.0
+BUDGET_CEILING = 900.0
+NFT_SECONDS_PER_CHAIN_SQUARED = 1e-8
+NFT_SECONDS_PER_CHAIN = 2e-4
+LEGACY_SECONDS_PER_RULE = 5e-6
+
+
+@dataclass(frozen=True)
+class Budget:
+    seconds: float
+    sized_on: str  # "47,412 chains and sets in the nft ip tables"
+
+
+def read_budget(backend: str, floor: float = BUDGET_FLOOR) -> Budget:
+    """How long a dump of ``backend`` may take here, from counts read without a dump
+    (nft: each ip table's use count; legacy: IPT_SO_GET_INFO's entries)."""
+    try:
+        if backend == "nft":
+            uses = markers.nft_table_uses()
+            n = sum(uses.values())
+            expected = NFT_SECONDS_PER_CHAIN_SQUARED * n * n + NFT_SECONDS_PER_CHAIN * n
+            what = f"{n:,} chains and sets in the nft ip tables"
+        else:
+            n = sum(markers.legacy_info(t).entries for t in markers.legacy_table_names())
+            expected = LEGACY_SECONDS_PER_RULE * n
+            what = f"{n:,} rules in the legacy tables"
+    except (OSError, ValueError):
+        return Budget(floor, "the default (the tables' sizes could not be read)")
+    return Budget(min(BUDGET_CEILING, floor + BUDGET_SLACK * expected), what)
 
 
 class NatDumpError(RuntimeError):
@@ -101,28 +150,54 @@ def kube_score(text: str) -> tuple[int, int, int]:
     return hint, kube_nat, rules
 
 
-def dump_backends(timeout: float = 10.0) -> tuple[list[Dump], list[str], dict[str, str]]:
-    """Dump every backend that may hold rules.
+@dataclass(frozen=True)
+class Overrun:
+    """A dump stopped at its budget."""
 
-    Returns (dumps, errors, backend -> save command found). A backend with no tables
-    at all is not run (see the module docstring for why that matters).
+    backend: str
+    command: str
+    budget: Budget
+    background: bool = False
+
+    def __str__(self) -> str:
+        return (f"{self.command} ({self.backend} backend) was stopped after "
+                f"{self.budget.seconds:.3g} s, its time budget for {self.budget.sized_on}"
+                + (" (at the lowest CPU priority: a busy node slows it)"
+                   if self.background else ""))
+
+
+def dump_backends(timeout: float = BUDGET_FLOOR, background: bool = False,
+                  ) -> tuple[list[Dump], list[str], dict[str, str], list[Overrun]]:
+    """Dump every backend that may hold rules, each within its ``read_budget`` (at least
+    ``timeout``); ``background``: at the lowest CPU and I/O priority.
+
+    Returns (dumps, errors, backend -> save command found, overruns). A backend with no
+    tables at all is not run (see the module docstring for why that matters).
     """
     commands = _commands(timeout)
     dumps: list[Dump] = []
     errors: list[str] = []
+    overruns: list[Overrun] = []
     wanted = []
     if "legacy" in commands and legacy_tables_present():
         wanted.append("legacy")
     if "nft" in commands and kernel_module_present("nf_tables"):
         wanted.append("nft")
     for backend in wanted:
+        budget = read_budget(backend, timeout)
+        start = time.monotonic()
         try:
-            text = run_command([commands[backend]], timeout)
+            text = run_command([commands[backend]], budget.seconds, background=background)
+        except CommandTimeout:
+            overrun = Overrun(backend, commands[backend], budget, background)
+            overruns.append(overrun)
+            errors.append(str(overrun))
+            continue
         except CommandError as exc:
             errors.append(str(exc))
             continue
-        dumps.append(Dump(backend, commands[backend], text))
-    return dumps, errors, commands
+        dumps.append(Dump(backend, commands[backend], text, time.monotonic() - start))
+    return dumps, errors, commands, overruns
 
 
 def choose(dumps: list[Dump]) -> Dump:
@@ -130,25 +205,39 @@ def choose(dumps: list[Dump]) -> Dump:
     return max(dumps, key=lambda d: (*kube_score(d.text), d.backend == "nft"))
 
 
-def _select(timeout: float) -> tuple[Dump | None, list[str], bool]:
-    dumps, errors, commands = dump_backends(timeout)
+@dataclass(frozen=True)
+class Selection:
+    dump: Dump | None
+    errors: list[str]
+    have_binary: bool
+    overruns: list[Overrun]
+
+
+def _select(timeout: float, background: bool = False) -> Selection:
+    dumps, errors, commands, overruns = dump_backends(timeout, background)
     if dumps:
-        return choose(dumps), errors, True
+        best = choose(dumps)
+        if not overruns or kube_score(best.text)[:2] != (0, 0):
+            return Selection(best, errors, True, overruns)
+        # the backend too big to dump in time is kube-proxy's, not the one read without
+        # a KUBE- chain (an empty nft next to a legacy node): say what overran
+        return Selection(None, errors, True, overruns)
     if not commands or errors:
-        return None, errors, bool(commands)
+        return Selection(None, errors, bool(commands), overruns)
     # Binaries exist but neither backend holds a table (no legacy tables, nf_tables
     # absent): an empty dump is the truth, and it is what iptables-save prints there.
     backend = "nft" if "nft" in commands else "legacy"
-    return Dump(backend, commands[backend], ""), [], True
+    return Selection(Dump(backend, commands[backend], ""), [], True, [])
 
 
-def select_backend(timeout: float = 10.0) -> tuple[str, str] | None:
+def select_backend(timeout: float = BUDGET_FLOOR) -> tuple[str, str] | None:
     """(backend, raw dump text exactly as printed) of kube-proxy's backend.
 
     None when no iptables-save binary exists; raises NatDumpError when every dump
     failed. The bundle writer uses this so iptables-save.txt is what the probe read.
     """
-    dump, errors, _ = _select(timeout)
+    sel = _select(timeout)
+    dump, errors = sel.dump, sel.errors
     if dump is None:
         if errors:
             raise NatDumpError("; ".join(errors))
@@ -156,12 +245,59 @@ def select_backend(timeout: float = 10.0) -> tuple[str, str] | None:
     return dump.backend, dump.text
 
 
+# Chains read one by one when the whole dump overran: where kube-proxy's mode and the
+# LB IPs show (KUBE-SERVICES's "loadbalancer IP" rules) and the built-in chains that
+# lead there. Each `iptables-nft -t nat -S CHAIN` fetches that chain only.
+EXCERPT_TIMEOUT = 10.0  # seconds for each chain (20k rules take 0.2 s)
+EXCERPT_CHAINS = ("PREROUTING", "OUTPUT", "POSTROUTING", "KUBE-SERVICES", "KUBE-NODEPORTS",
+                  "KUBE-POSTROUTING", "KUBE-MARK-MASQ")
+
+
+def read_excerpt(backend: str, timeout: float,
+                 background: bool = False) -> tuple[Netfilter | None, list[str]]:
+    """The nat chains of EXCERPT_CHAINS, read one at a time (nft only: there a chain is
+    fetched alone, and the listing opens no xtables lock (traced); legacy's whole dump is
+    fast). Only when nft holds an ip nat table; a listing creates nothing (traced in an
+    empty namespace, and tests/test_live_read_netns.py: the generation id stays)."""
+    if backend != "nft" or "nat" not in markers.nft_table_uses():
+        return None, []
+    into = RulesText()
+    problems: list[str] = []
+    for chain in EXCERPT_CHAINS:
+        cmd = ["iptables-nft", "-t", "nat", "-S", chain]
+        try:
+            text = run_command(cmd, timeout, background=background)
+        except CommandError as exc:
+            if "No chain/target/match by that name" not in str(exc):
+                problems.append(str(exc))
+            continue
+        read_rules_text(text, " ".join(cmd), into, table="nat")
+    if not into.rules and not into.chains:
+        return None, problems
+    nf = settle(into)
+    return Netfilter(backend, nf.tables, partial=True), problems
+
+
 def collect(ctx: ProbeContext) -> ProbeResult:
+    return cached(ctx, SOURCE, markers.netfilter_marker, lambda: _collect(ctx))
+
+
+def _collect(ctx: ProbeContext) -> ProbeResult:
     # At least 10 s: a dump of a node with thousands of Services takes seconds, and
-    # ctx.timeout is sized for single API requests.
-    dump, errors, have_binary = _select(max(ctx.timeout, 10.0))
+    # ctx.timeout is sized for single API requests; read_budget scales it to the node.
+    sel = _select(max(ctx.timeout, BUDGET_FLOOR), ctx.background)
+    dump, errors, have_binary = sel.dump, sel.errors, sel.have_binary
     if dump is None:
         reason = NO_BINARY if not have_binary else "; ".join(errors)
+        for overrun in sel.overruns:
+            excerpt, problems = read_excerpt(overrun.backend, max(ctx.timeout, EXCERPT_TIMEOUT),
+                                             ctx.background)
+            if excerpt is not None:
+                chains = ", ".join(c.name for t in excerpt.tables for c in t.chains)
+                reason += (f"; read instead, one chain at a time: nat {chains} (an "
+                           "excerpt: chains it does not show are undecided, not empty)")
+                reason += "".join(f"; {p}" for p in problems)
+                return ProbeResult(excerpt, (Unknown(SOURCE, reason),))
         return ProbeResult(None, (Unknown(SOURCE, reason),))
     # A failure of the other backend is worth saying even when one dump worked.
     unknowns = tuple(Unknown(SOURCE, f"other backend unreadable: {e}") for e in errors)

@@ -1,0 +1,253 @@
+"""Cheap change markers for the expensive sources: has anything changed since the last read?
+
+A node with 10k LoadBalancer services holds some 150-230k nat rules; reading them with
+iptables-nft-save takes 20-30 s of CPU. The daemon reads them every interval, so it asks
+these markers first and reuses the previous read when its marker is the same:
+
+- nftables: the ruleset generation id (NFT_MSG_GETGEN), which the kernel bumps on every
+  committed transaction of the network namespace (any table, any family). Exact: no
+  commit, no change; reads (iptables -S, -C, nft list) and counters do not bump it.
+- legacy iptables: each table's blob (IPT_SO_GET_ENTRIES on a raw socket), hashed with
+  every rule's packet/byte counters left out. IPT_SO_GET_INFO's entry count and size
+  alone miss a rewrite of the same size (an endpoint's address changed in a DNAT rule).
+- ipsets: the IPSET_CMD_LIST dump's bytes (headers and members), hashed. A set whose
+  entries carry counters or timeouts changes on every dump: it is always re-read.
+- IPVS: /proc/net/ip_vs (services, schedulers, flags, real servers and weights) without
+  the connection counters.
+
+Read-only like every probe: a marker is None ("unknown, read everything") whenever asking
+could load a module or create a table (see ``base.kernel_module_present`` and
+``nat_rules``'s docstring), and on any error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import hashlib
+import os
+import re
+import socket
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.probes.base import kernel_module_present
+
+NETLINK_NETFILTER = 12
+NLM_F_REQUEST, NLM_F_ACK, NLM_F_DUMP = 0x1, 0x4, 0x300
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+NFNL_SUBSYS_IPSET, NFNL_SUBSYS_NFTABLES = 6, 10
+NFT_MSG_GETTABLE, NFT_MSG_GETGEN = 1, 16
+NFTA_TABLE_NAME, NFTA_TABLE_USE = 1, 3
+NFTA_GEN_ID = 1
+IPSET_CMD_LIST, IPSET_ATTR_PROTOCOL, IPSET_PROTOCOL = 7, 1, 6
+NFPROTO_IPV4 = 2
+_NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED / NLA_F_NET_BYTEORDER
+
+IPT_SO_GET_INFO, IPT_SO_GET_ENTRIES = 64, 65
+_IPT_GETINFO = struct.Struct("32sI5I5III")  # name, valid_hooks, hook_entry, underflow, n, size
+_IPT_GET_ENTRIES_HEAD = 40  # char name[32]; unsigned int size; (8-aligned entrytable)
+_IPT_ENTRY_NEXT_OFFSET = 90  # struct ipt_entry: ipt_ip (84), nfcache, target_offset
+_IPT_ENTRY_COUNTERS = 96  # struct xt_counters {u64 pcnt, bcnt} at 96..112
+LEGACY_MAX_BLOB = 512 << 20  # a table larger than this is not hashed (re-read instead)
+
+PROC_IP_VS = Path("/proc/net/ip_vs")
+IP_TABLES_NAMES = Path("/proc/net/ip_tables_names")
+# a real server line's connection counters (ActiveConn InActConn) change with traffic
+_IPVS_CONNS = re.compile(rb"^(  -> \S+\s+\S+\s+\S+)\s+\d+\s+\d+[ \t]*$", re.M)
+
+
+class MarkerError(OSError):
+    """A marker could not be read (the caller re-reads the source)."""
+
+
+# --- nfnetlink ----------------------------------------------------------------------
+
+
+def _attrs(payload: bytes, start: int) -> dict[int, bytes]:
+    """Top-level netlink attributes from ``start`` (type without flags -> value)."""
+    out = {}
+    i = start
+    while i + 4 <= len(payload):
+        length, kind = struct.unpack_from("=HH", payload, i)
+        if length < 4:
+            break
+        out[kind & _NLA_TYPE_MASK] = payload[i + 4:i + length]
+        i += (length + 3) & ~3
+    return out
+
+
+def _nfnl_request(subsys: int, cmd: int, flags: int, family: int = 0,
+                  attrs: bytes = b"", timeout: float = 5.0) -> list[bytes]:
+    """Send one nfnetlink request; the payloads (after nlmsghdr) of its answers.
+
+    The socket is opened only by callers that checked the subsystem's module is there:
+    opening NETLINK_NETFILTER or asking a missing subsystem makes the kernel modprobe.
+    """
+    seq = 1
+    body = struct.pack("!BBH", family, 0, 0) + attrs  # nfgenmsg: family, version, res_id
+    msg = struct.pack("=IHHII", 16 + len(body), (subsys << 8) | cmd,
+                      NLM_F_REQUEST | flags, seq, 0) + body
+    out: list[bytes] = []
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER) as sock:
+        sock.settimeout(timeout)
+        sock.bind((0, 0))
+        sock.send(msg)
+        done = False
+        while not done:
+            data = sock.recv(1 << 20)
+            if not data:
+                raise MarkerError("netlink: connection closed")
+            i = 0
+            while i + 16 <= len(data):
+                length, kind, _, mseq, _ = struct.unpack_from("=IHHII", data, i)
+                if length < 16:
+                    raise MarkerError("netlink: malformed message")
+                if mseq == seq:
+                    if kind == NLMSG_ERROR:
+                        err = -struct.unpack_from("=i", data, i + 16)[0]
+                        if err:
+                            raise MarkerError(err, os.strerror(err))
+                        done = True
+                    elif kind == NLMSG_DONE:
+                        done = True
+                    else:
+                        out.append(data[i + 16:i + length])
+                        if not flags & NLM_F_DUMP:
+                            done = True
+                i += (length + 3) & ~3
+    return out
+
+
+def nft_generation() -> int | None:
+    """The nftables ruleset generation id of this network namespace (None: no nf_tables)."""
+    if not kernel_module_present("nf_tables"):
+        return None
+    for payload in _nfnl_request(NFNL_SUBSYS_NFTABLES, NFT_MSG_GETGEN, 0):
+        gen = _attrs(payload, 4).get(NFTA_GEN_ID)
+        if gen is not None and len(gen) == 4:
+            return int(struct.unpack("!I", gen)[0])
+    raise MarkerError("NFT_MSG_GETGEN: no generation id in the answer")
+
+
+def nft_table_uses(family: int = NFPROTO_IPV4) -> dict[str, int]:
+    """Table name -> its use count (its chains and sets) for ``family``; {} without
+    nf_tables. Sizes a read's time budget without listing a rule."""
+    if not kernel_module_present("nf_tables"):
+        return {}
+    out = {}
+    for payload in _nfnl_request(NFNL_SUBSYS_NFTABLES, NFT_MSG_GETTABLE, NLM_F_DUMP, family):
+        a = _attrs(payload, 4)
+        name, use = a.get(NFTA_TABLE_NAME), a.get(NFTA_TABLE_USE)
+        if name is not None and use is not None and len(use) == 4:
+            out[name.rstrip(b"\0").decode(errors="replace")] = struct.unpack("!I", use)[0]
+    return out
+
+
+def ipset_digest() -> str | None:
+    """A digest of every ipset (headers and members) in this namespace; None without
+    ip_set (no sets: nothing to mark)."""
+    if not kernel_module_present("ip_set"):
+        return None
+    # IPSET_ATTR_PROTOCOL (u8), padded to 4
+    attr = struct.pack("=HHB3x", 5, IPSET_ATTR_PROTOCOL, IPSET_PROTOCOL)
+    h = hashlib.blake2b(digest_size=16)
+    for payload in _nfnl_request(NFNL_SUBSYS_IPSET, IPSET_CMD_LIST, NLM_F_DUMP,
+                                 NFPROTO_IPV4, attr):
+        h.update(struct.pack("=I", len(payload)))
+        h.update(payload)
+    return h.hexdigest()
+
+
+# --- legacy iptables (x_tables) -------------------------------------------------------
+
+_libc: ctypes.CDLL | None = None
+
+
+def _getsockopt(fd: int, opt: int, buf: ctypes.Array[ctypes.c_char]) -> None:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    size = ctypes.c_uint(len(buf))
+    if _libc.getsockopt(fd, socket.IPPROTO_IP, opt, buf, ctypes.byref(size)) != 0:
+        err = ctypes.get_errno()
+        raise MarkerError(err, os.strerror(err))
+
+
+def legacy_table_names() -> tuple[str, ...]:
+    """The legacy tables this namespace holds (/proc/net/ip_tables_names)."""
+    try:
+        return tuple(sorted(IP_TABLES_NAMES.read_text().split()))
+    except OSError:
+        return ()
+
+
+@dataclass(frozen=True)
+class LegacyInfo:
+    table: str
+    entries: int  # rules, including each chain's policy/ERROR entries
+    size: int  # bytes of the table's blob
+
+
+def legacy_info(table: str) -> LegacyInfo:
+    """IPT_SO_GET_INFO of a table listed in /proc/net/ip_tables_names (asking for any
+    other name would load iptable_NAME or create the table in this namespace)."""
+    if table not in legacy_table_names():
+        raise MarkerError(f"no legacy table {table!r} here")
+    buf = ctypes.create_string_buffer(table.encode()[:31], _IPT_GETINFO.size)
+    with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW) as sock:
+        _getsockopt(sock.fileno(), IPT_SO_GET_INFO, buf)
+    fields = _IPT_GETINFO.unpack(buf.raw)
+    return LegacyInfo(table, fields[-2], fields[-1])
+
+
+def legacy_digest(table: str) -> str:
+    """The table's rules (IPT_SO_GET_ENTRIES) hashed without their counters."""
+    info = legacy_info(table)
+    if info.size > LEGACY_MAX_BLOB:
+        raise MarkerError(f"legacy table {table} is {info.size} bytes")
+    buf = ctypes.create_string_buffer(_IPT_GET_ENTRIES_HEAD + info.size)
+    struct.pack_into("32sI", buf, 0, table.encode()[:31], info.size)
+    with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW) as sock:
+        # EAGAIN-like races (the table replaced between the two calls: another size)
+        # come back as EINVAL; the caller re-reads the rules then.
+        _getsockopt(sock.fileno(), IPT_SO_GET_ENTRIES, buf)
+    mv = memoryview(buf).cast("B")[_IPT_GET_ENTRIES_HEAD:]
+    h = hashlib.blake2b(digest_size=16)
+    h.update(struct.pack("=II", info.entries, info.size))
+    off = 0
+    unpack = struct.Struct("=H").unpack_from
+    update = h.update
+    while off < info.size:
+        nxt = unpack(mv, off + _IPT_ENTRY_NEXT_OFFSET)[0]
+        if nxt < _IPT_ENTRY_COUNTERS + 16 or off + nxt > info.size:
+            raise MarkerError(f"legacy table {table}: malformed entry at {off}")
+        update(mv[off:off + _IPT_ENTRY_COUNTERS])
+        update(mv[off + _IPT_ENTRY_COUNTERS + 16:off + nxt])
+        off += nxt
+    return h.hexdigest()
+
+
+# --- IPVS -----------------------------------------------------------------------------
+
+
+def ipvs_digest() -> str | None:
+    """/proc/net/ip_vs hashed without connection counters; None when ip_vs is not loaded
+    (its file exists in every namespace once it is)."""
+    try:
+        with PROC_IP_VS.open("rb") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None
+    return hashlib.blake2b(_IPVS_CONNS.sub(rb"\1", text), digest_size=16).hexdigest()
+
+
+# --- what the nat rules probe depends on ----------------------------------------------
+
+
+def netfilter_marker() -> tuple[object, ...]:
+    """Everything the nat rules probe's answer depends on: the nft generation and each
+    legacy table's digest. Raises MarkerError when a part cannot be read."""
+    legacy = tuple((t, legacy_digest(t)) for t in legacy_table_names())
+    return ("nft", nft_generation(), "legacy", legacy)

@@ -1,0 +1,123 @@
+"""`make bench`: the daemon's cost on an unchanged node of 10k LoadBalancer services
+(issue 14 item 2): `loopback-agent run --no-capture` in a throwaway network namespace
+holding the synthetic iptables-mode state (iptables-nft-restore; --backend legacy), measured
+for --seconds after its first verdict and extrapolated per hour. Target: < 2 % of a core,
+< 150 MiB RSS.
+
+Baseline, measured in the same run: the CPU of the daemon's first cycle (a full read and
+diagnosis, what every cycle cost before the change markers), times the cycles of an hour.
+CPU counts the daemon and its reaped children (iptables-nft-save), from /proc. At the end
+a rule is added in the namespace: the next cycle must read again (its CPU shows it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import selectors
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from lab import netns
+from lab.kube_proxy_rules import synthetic
+from tests.bench.live_read import node_like_synthetic
+
+TICK = os.sysconf("SC_CLK_TCK")
+TARGET_CPU_PERCENT = 2.0
+TARGET_RSS_MIB = 150.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime + cutime + cstime: the process and its waited-for children."""
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in f[11:15]) / TICK
+
+
+def status_mib(pid: int, key: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def next_line(proc: subprocess.Popen[str], timeout: float) -> str:
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)  # type: ignore[arg-type]
+    if not sel.select(timeout):
+        raise TimeoutError(f"no verdict within {timeout:.0f}s")
+    return proc.stdout.readline()  # type: ignore[union-attr]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--services", type=int, default=10_000)
+    ap.add_argument("--seconds", type=float, default=300.0)
+    ap.add_argument("--interval", type=float, default=30.0)
+    ap.add_argument("--backend", choices=("nft", "legacy"), default="nft")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="lb-daemon-") as tmpdir, \
+            netns.netns("lbd") as ns:
+        tmp = Path(tmpdir)
+        rules = tmp / "iptables-save.txt"
+        rules.write_text(synthetic(args.services, "iptables")["iptables-save.txt"])
+        node_like_synthetic(ns)
+        with rules.open() as f:
+            subprocess.run(["ip", "netns", "exec", ns.name, f"iptables-{args.backend}-restore"],
+                           stdin=f, check=True)
+        proc = ns.popen([sys.executable, "-m", "agent", "run", "--spool", str(tmp / "spool"),
+                         "--interval", str(args.interval), "--listen", "", "--no-kube-api",
+                         "--no-capture"], stdout=subprocess.PIPE,
+                        stderr=open(tmp / "stderr", "w"))  # noqa: SIM115
+        try:
+            start = time.monotonic()
+            next_line(proc, 900)  # the first verdict: a full read and diagnosis
+            first_wall = time.monotonic() - start
+            first_cpu = cpu_seconds(proc.pid)
+            c0, t0 = first_cpu, time.monotonic()
+            cycles = 0
+            while time.monotonic() - t0 < args.seconds:
+                next_line(proc, args.interval + 120)
+                cycles += 1
+            c1, t1 = cpu_seconds(proc.pid), time.monotonic()
+            rss, hwm = status_mib(proc.pid, "VmRSS"), status_mib(proc.pid, "VmHWM")
+            # a change: one more rule in KUBE-SERVICES; the next cycle must read again
+            ns.run(f"iptables-{args.backend}", "-t", "nat", "-A", "KUBE-SERVICES", "-d",
+                   "10.255.0.1/32", "-p", "tcp", "--dport", "81", "-j", "RETURN")
+            c2 = cpu_seconds(proc.pid)
+            # the next cycle reads again (the daemon waits between cycles); one more
+            # in case a cycle was under way when the rule went in
+            next_line(proc, args.interval + 900)
+            next_line(proc, args.interval + 900)
+            changed_cpu = cpu_seconds(proc.pid) - c2 - (c1 - c0) / max(cycles, 1)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    share = (c1 - c0) / (t1 - t0) * 100
+    per_hour = share / 100 * 3600
+    base_share = min(100.0, first_cpu / args.interval * 100)
+    print(f"\ndaemon on an unchanged node of {args.services} LB services "
+          f"(iptables-{args.backend}), "
+          f"interval {args.interval:.0f}s, {cycles} cycles over {t1 - t0:.0f}s after the "
+          f"first verdict ({first_wall:.0f}s, {first_cpu:.1f}s CPU):")
+    print(f"  CPU {c1 - c0:.2f}s = {share:.3f} % of a core = {per_hour:.0f} CPU s per hour; "
+          f"RSS {rss:.0f} MiB (peak {hwm:.0f} MiB, the first read)")
+    print(f"  baseline, a full read every cycle (the first cycle's CPU x {3600 / args.interval:.0f}"
+          f" cycles an hour): {base_share:.1f} % of a core = "
+          f"{min(3600.0, first_cpu * 3600 / args.interval):.0f} CPU s per hour "
+          f"(x{base_share / max(share, 1e-6):.0f})")
+    print(f"  after one rule was added: {changed_cpu:.1f}s CPU for the cycle that read it (again: "
+          f"{'yes' if changed_cpu > 0.3 * first_cpu else 'NO'})")
+    ok = share < TARGET_CPU_PERCENT and rss < TARGET_RSS_MIB and changed_cpu > 0.3 * first_cpu
+    print(f"target: < {TARGET_CPU_PERCENT:.0f} % of a core, < {TARGET_RSS_MIB:.0f} MiB RSS, "
+          f"a change read again: {'OK' if ok else 'MISSED'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

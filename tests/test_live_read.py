@@ -1,0 +1,144 @@
+"""The daemon's read cache and the nat dump's budget, without a namespace (the netns tests
+in test_live_read_netns.py run them against real rules and ipsets)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from agent.probes import markers, nat_rules
+from agent.probes.base import ProbeContext, ProbeResult, ReadCache, cached
+from agent.snapshot import Unknown
+
+
+class Source:
+    """A marker and a reader whose answers the test sets."""
+
+    def __init__(self) -> None:
+        self.mark: object = 1
+        self.value: object = "v1"
+        self.unknowns: tuple[Unknown, ...] = ()
+        self.reads = 0
+
+    def marker(self) -> object:
+        if isinstance(self.mark, Exception):
+            raise self.mark
+        return self.mark
+
+    def collect(self) -> ProbeResult:
+        self.reads += 1
+        return ProbeResult(self.value, self.unknowns)
+
+
+def test_an_unchanged_marker_reuses_the_last_read() -> None:
+    cache, src = ReadCache(), Source()
+    ctx = ProbeContext(cache=cache)
+    first = cached(ctx, "s", src.marker, src.collect)
+    assert cached(ctx, "s", src.marker, src.collect) is first
+    assert (src.reads, cache.read_count["s"], cache.reused["s"]) == (1, 1, 1)
+    src.mark, src.value = 2, "v2"
+    assert cached(ctx, "s", src.marker, src.collect).value == "v2"
+    assert src.reads == 2
+
+
+def test_without_a_cache_every_call_reads() -> None:
+    src = Source()
+    for _ in range(3):
+        cached(ProbeContext(), "s", src.marker, src.collect)
+    assert src.reads == 3
+
+
+def test_failures_are_not_kept_and_a_broken_marker_means_read() -> None:
+    cache, src = ReadCache(), Source()
+    src.value = None  # the source could not be read: try again next time
+    cache.read("s", src.marker, src.collect)
+    cache.read("s", src.marker, src.collect)
+    assert src.reads == 2
+    src.value = "v"
+    src.mark = OSError("netlink: EPERM")
+    cache.read("s", src.marker, src.collect)
+    cache.read("s", src.marker, src.collect)
+    assert src.reads == 4 and "s" not in cache.reused
+
+
+def test_a_result_with_unknowns_is_reused_a_bounded_number_of_times() -> None:
+    # e.g. a dump that overran its budget: reusing it saves its cost, but a node that was
+    # only busy gets another try after retry_after cycles
+    cache, src = ReadCache(retry_after=2), Source()
+    src.unknowns = (Unknown("nat rules", "stopped after 106 s"),)
+    for _ in range(7):
+        cache.read("s", src.marker, src.collect)
+    assert src.reads == 3  # read, reused twice, read, reused twice, read
+
+
+def test_budget_scales_with_the_nft_chains(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(markers, "nft_table_uses", lambda: {"nat": 47_412, "filter": 10})
+    b = nat_rules.read_budget("nft")
+    # 1e-8 x 47422^2 + 2e-4 x 47422 = 31.97 s expected, x3 + 10
+    assert b.seconds == pytest.approx(10 + 3 * (1e-8 * 47_422 ** 2 + 2e-4 * 47_422))
+    assert b.sized_on == "47,422 chains and sets in the nft ip tables"
+    monkeypatch.setattr(markers, "nft_table_uses", lambda: {"nat": 10})
+    assert nat_rules.read_budget("nft").seconds == pytest.approx(10 + 3 * 2e-3, abs=1e-3)
+    monkeypatch.setattr(markers, "nft_table_uses", lambda: {"nat": 10_000_000})
+    assert nat_rules.read_budget("nft").seconds == nat_rules.BUDGET_CEILING
+
+
+def test_budget_scales_with_the_legacy_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(markers, "legacy_table_names", lambda: ("filter", "nat"))
+    monkeypatch.setattr(markers, "legacy_info", lambda t: markers.LegacyInfo(
+        t, {"nat": 239_571, "filter": 10_099}[t], 0))
+    b = nat_rules.read_budget("legacy", floor=5.0)
+    assert b.seconds == pytest.approx(5 + 3 * 5e-6 * 249_670)
+    assert b.sized_on == "249,670 rules in the legacy tables"
+
+
+def test_budget_without_counts_is_the_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail() -> dict[str, int]:
+        raise markers.MarkerError("EPERM")
+    monkeypatch.setattr(markers, "nft_table_uses", fail)
+    assert nat_rules.read_budget("nft", floor=12) == nat_rules.Budget(
+        12, "the default (the tables' sizes could not be read)")
+
+
+def test_overrun_says_which_dump_how_long_and_sized_on_what() -> None:
+    o = nat_rules.Overrun("nft", "iptables-nft-save", nat_rules.Budget(
+        105.9, "47,422 chains and sets in the nft ip tables"), background=True)
+    assert str(o) == ("iptables-nft-save (nft backend) was stopped after 106 s, its time "
+                      "budget for 47,422 chains and sets in the nft ip tables (at the lowest "
+                      "CPU priority: a busy node slows it)")
+    o = nat_rules.Overrun("legacy", "iptables-legacy-save", nat_rules.Budget(12.5, "x"))
+    assert str(o) == ("iptables-legacy-save (legacy backend) was stopped after 12.5 s, its "
+                      "time budget for x")
+
+
+def test_ipvs_digest_ignores_connection_counts(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    proc = tmp_path / "ip_vs"
+    head = ("IP Virtual Server version 1.2.1 (size=4096)\n"
+            "Prot LocalAddress:Port Scheduler Flags\n"
+            "  -> RemoteAddress:Port Forward Weight ActiveConn InActConn\n"
+            "TCP  0A002001:0050 rr\n")
+    monkeypatch.setattr(markers, "PROC_IP_VS", proc)
+    proc.write_text(head + "  -> AC100102:1F90      Masq    1      0          0         \n")
+    a = markers.ipvs_digest()
+    proc.write_text(head + "  -> AC100102:1F90      Masq    1      7          31        \n")
+    assert markers.ipvs_digest() == a  # traffic
+    proc.write_text(head + "  -> AC100102:1F90      Masq    0      7          31        \n")
+    assert markers.ipvs_digest() != a  # weight 0: a real change
+    proc.write_text(head + "  -> AC100103:1F90      Masq    1      0          0         \n")
+    assert markers.ipvs_digest() != a  # another endpoint
+    proc.unlink()
+    assert markers.ipvs_digest() is None  # ip_vs not loaded
+
+
+def test_a_background_read_runs_at_the_lowest_priorities() -> None:
+    import shutil
+
+    from agent.probes.base import run_command
+    if not (shutil.which("nice") and shutil.which("ionice")):
+        pytest.skip("needs nice (coreutils) and ionice (util-linux)")
+    script = "cut -d' ' -f19 /proc/$$/stat; ionice -p $$"
+    assert run_command(["sh", "-c", script], 10, background=True).split("\n")[:2] == [
+        "19", "best-effort: prio 7"]
+    own = run_command(["sh", "-c", script], 10).split("\n")[0]
+    assert own == str(os.getpriority(os.PRIO_PROCESS, 0))  # a `check`: as it is
