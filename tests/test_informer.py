@@ -280,3 +280,85 @@ def test_daemon_sees_a_service_change_within_seconds(api: FakeKubeAPI,
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+def test_backoff_starts_over_after_a_healthy_spell(tmp_path: Path) -> None:
+    """After an outage grew the backoff to its cap, hours of healthy watching and then one
+    broken connection must retry at the base delay (client-go resets its backoff after a
+    quiet spell), not at the cap: in production that is 30-60 s of old state for nothing."""
+    with FakeKubeAPI(bookmark_every=0.5) as api:
+        api.put("services", service("a", "198.51.100.1"))
+        api.put("nodes", node("n1"))
+        inf = start(api, tmp_path, watch_timeout=30.0, backoff_base=0.2, backoff_cap=1.6)
+        try:
+            time.sleep(0.5)
+            api.outage = "503"
+            time.sleep(4)
+            api.outage = None
+            until(lambda: inf.read()[1] == [], what="the errors to clear")
+            assert max(inf.services.delays) > 0.8  # the outage reached the cap
+            time.sleep(2 * 1.6 + 1.5)  # healthy, longer than twice the cap
+            seen = len(inf.services.delays)
+            api.outage = "refuse"  # every connection dropped at once, mid-stream
+            time.sleep(0.05)
+            api.outage = None
+            until(lambda: len(inf.services.delays) > seen, what="the broken watch")
+            assert inf.services.delays[seen] <= 0.2, list(inf.services.delays)[seen:]
+            api.put("services", service("back", "198.51.100.3"))
+            until(lambda: any(s.name == "back" for s in inf.read()[0][0]), what="resume")
+            assert inf.services.lists == 1
+        finally:
+            inf.stop()
+
+
+def test_forbidden_ingresses_leave_the_rest_working(tmp_path: Path) -> None:
+    """RBAC without ingresses: Services and the Node are watched as usual, the verdict's
+    unknowns say ingresses are forbidden, and the retries, however many, keep bounded
+    memory."""
+    with FakeKubeAPI(bookmark_every=0.5) as api:
+        api.forbidden.add("ingresses")
+        api.put("services", service("a", "198.51.100.1"))
+        api.put("nodes", node("n1"))
+        api.put("ingresses", ingress("web", "203.0.113.9", "a"))
+        kc = kubeconfig(str(tmp_path / "kc"), api.url)
+        inf = kube_api.start_informer(ProbeContext(node_name="n1", kubeconfig=kc),
+                                      watch_timeout=30.0, backoff_base=0.001,
+                                      backoff_cap=0.002)
+        try:
+            assert not inf.wait_synced(1.0)
+            assert inf.services.synced.is_set() and inf.node.synced.is_set()
+            until(lambda: inf.ingresses.failures > 600, timeout=30, what="many 403s")
+            (services, node_info, ingresses), why = inf.read()
+            assert [s.name for s in services] == ["a"] and node_info.name == "n1"
+            assert ingresses is None
+            assert why == [("ingresses", "not listed yet: HTTP 403 Forbidden")]
+            api.put("services", service("b", "198.51.100.2"))
+            until(lambda: len(inf.read()[0][0]) == 2, what="services still watched")
+            assert len(inf.ingresses.delays) <= 100  # not one float per retry, forever
+        finally:
+            inf.stop()
+
+
+@pytest.mark.parametrize("raw", [b"<html>502 Bad Gateway</html>\n", b"[1, 2]\n",
+                                 b'{"type": "ADDED"}\n', b'{"type": "ADDED", "obj\n'])
+def test_garbage_on_a_watch_is_named_and_the_watch_resumes(api: FakeKubeAPI,
+                                                           tmp_path: Path,
+                                                           raw: bytes) -> None:
+    inf = start(api, tmp_path, watch_timeout=30.0, backoff_base=1.0, backoff_cap=2.0)
+    try:
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        with api.lock:
+            ours = [w for w in api.watches if w.resource == "services"]
+            for w in ours:
+                w.raw.append(raw)
+            api.lock.notify_all()
+        until(lambda: inf.services.failures, what="the bad line")
+        (what, why), = inf.read()[1]
+        assert what == "services" and "watch failing (services: watch sent" in why, why
+        api.put("services", service("after", "198.51.100.99"))
+        until(lambda: any(s.name == "after" for s in inf.read()[0][0]), what="resume")
+        assert not api.requests("GET", "services", watch=False, since=t0)  # no LIST
+        assert inf.read()[1] == []
+    finally:
+        inf.stop()

@@ -20,6 +20,7 @@ import json
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -27,24 +28,39 @@ GONE = 410
 PAGE = 500  # objects per LIST page: bounds the memory of one response
 CONNECT_TIMEOUT = 10.0
 READ_MARGIN = 30.0  # a watch's read timeout is its timeoutSeconds plus this
+DELAYS_KEPT = 64  # backoff delays remembered (tests, the bench): a 403 retries forever
 
 
 class JitteredBackoff:
     """Exponential delays with "equal jitter": half the step fixed, half random.
 
     The fixed half bounds how many requests one agent makes during an outage; the random
-    half spreads agents that failed at the same moment so they do not retry together."""
+    half spreads agents that failed at the same moment so they do not retry together.
+    A failure that comes ``reset_after`` (default twice the cap) after the last wait
+    ended starts over from ``base``, as client-go's backoff manager does: a watch that
+    served for hours and then broke is no outage (without this, only a LIST or a watch
+    ending on its own timeout reset it, so one broken stream after an old outage waited
+    the cap)."""
 
     def __init__(self, base: float = 1.0, cap: float = 60.0,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, reset_after: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.base, self.cap = base, cap
         self.rng = rng or random.Random()
+        self.reset_after = 2 * cap if reset_after is None else reset_after
+        self.clock = clock
         self.failures = 0
+        self._waited_until: float | None = None
 
     def next_delay(self) -> float:
+        now = self.clock()
+        if self._waited_until is not None and now - self._waited_until > self.reset_after:
+            self.failures = 0
         step = min(self.cap, self.base * (2 ** min(self.failures, 30)))
         self.failures += 1
-        return step / 2 + self.rng.uniform(0, step / 2)
+        delay = step / 2 + self.rng.uniform(0, step / 2)
+        self._waited_until = now + delay
+        return delay
 
     def reset(self) -> None:
         self.failures = 0
@@ -94,7 +110,7 @@ class Reflector:
         self.error: str | None = None  # the last failure, None once a request worked
         # counters, for metrics, tests and the bench
         self.lists = self.watches = self.relists_after_gone = self.failures = 0
-        self.delays: list[float] = []
+        self.delays: deque[float] = deque(maxlen=DELAYS_KEPT)  # the last ones: bounded
         self._watch: Any = None
         self._listed_at = 0.0
         self._thread: threading.Thread | None = None
@@ -228,11 +244,20 @@ class Reflector:
                                   allow_watch_bookmarks=True, timeout_seconds=timeout,
                                   _request_timeout=(CONNECT_TIMEOUT, timeout + READ_MARGIN),
                                   **self._selector):
+                if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+                    # Watch yields None for a line that is not JSON: the stream is not
+                    # an API server's (a proxy's error page, a cut line); resume from
+                    # the last resourceVersion after a backoff.
+                    raise TypeError("not JSON" if event is None else "no event type")
                 events += 1
                 self.error = None  # the server answers again
                 self._apply(event)
                 if self.stopping.is_set():
                     w.stop()
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            # also raised inside Watch.stream for JSON that is no event ([1], no "object")
+            raise ValueError(f"{self.name}: watch sent a line that is not a watch event "
+                             f"({type(exc).__name__}: {describe(exc)})") from None
         finally:
             self._watch = None
         self.error = None
