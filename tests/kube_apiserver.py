@@ -21,7 +21,7 @@ streams, its Watch) is what talks to it.
   the same port).
 - ``forbidden``: resources answered 403 Forbidden (as RBAC without the verb would).
 - ``inject(raw)``: write ``raw`` bytes as they are into every open watch stream (garbage,
-  half a JSON line), then carry on.
+  half a JSON line), then carry on. ``hang_watches()``: open watches go silent, not closed.
 - ``log``: every request reaching the server (time, method, path, query, status).
 """
 
@@ -87,6 +87,7 @@ class _Watch:
     expire: threading.Event = field(default_factory=threading.Event)
     cut: threading.Event = field(default_factory=threading.Event)
     raw: list[bytes] = field(default_factory=list)  # bytes to send as they are
+    hang: threading.Event = field(default_factory=threading.Event)
 
 
 class FakeKubeAPI:
@@ -233,6 +234,14 @@ class FakeKubeAPI:
         with self.lock:
             for w in self.watches:
                 w.raw.append(raw)
+            self.lock.notify_all()
+
+    def hang_watches(self) -> None:
+        """Every open watch stops sending (no bookmark, no end) but stays open, as a
+        stuck server or a proxy holding the connection would; ``close`` ends them."""
+        with self.lock:
+            for w in self.watches:
+                w.hang.set()
             self.lock.notify_all()
 
     def cut_watches(self) -> None:
@@ -543,6 +552,8 @@ class _Handler(BaseHTTPRequestHandler):
                 for data in raw:
                     self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                     self.wfile.flush()
+                if w.hang.is_set():
+                    w.cut.wait()
                 if w.cut.is_set() or api.outage is not None:
                     return
                 if w.expire.is_set():

@@ -362,3 +362,27 @@ def test_garbage_on_a_watch_is_named_and_the_watch_resumes(api: FakeKubeAPI,
         assert inf.read()[1] == []
     finally:
         inf.stop()
+
+
+def test_a_silent_watch_ends_by_its_read_timeout(api: FakeKubeAPI, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """An API server (or proxy) that stops sending mid-stream without closing: the watch's
+    read timeout (its timeoutSeconds + READ_MARGIN) ends it, the verdict says the state
+    may be old, and the watch resumes from its resourceVersion (no LIST)."""
+    from agent.kubewatch import reflector
+
+    monkeypatch.setattr(reflector, "READ_MARGIN", 1.0)  # production: 30 s
+    inf = start(api, tmp_path, watch_timeout=2.0)
+    try:
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        api.hang_watches()
+        until(lambda: inf.services.failures, timeout=15, what="the read timeout")
+        took = time.monotonic() - t0
+        assert took <= 2.0 * 2 + 1.0 + 1.0, took  # timeoutSeconds <= 4 s, + margin
+        assert any("timed out" in why for _, why in inf.read()[1])
+        api.put("services", service("after", "198.51.100.99"))
+        until(lambda: any(s.name == "after" for s in inf.read()[0][0]), what="resume")
+        assert inf.services.lists == 1
+    finally:
+        inf.stop()
