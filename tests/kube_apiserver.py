@@ -107,6 +107,8 @@ class FakeKubeAPI:
         self.stream_bytes = 0  # bytes sent on watch streams
         self.conns: set[socket.socket] = set()  # open client connections (keep-alive too)
         self.forbidden: set[str] = set()  # resources answered 403
+        # called (without the lock) after a LIST page with a continue token was sent
+        self.after_page: Any = None
         self._outage: str | None = None
         self._httpd = self._bind(0)
         self.port = self._httpd.server_address[1]
@@ -495,6 +497,8 @@ class _Handler(BaseHTTPRequestHandler):
             o.pop("apiVersion", None)
         self._send(200, {"kind": f"{kind}List", "apiVersion": API_VERSION[
             RESOURCES[resource][0]], "metadata": meta, "items": items})
+        if "continue" in meta and api.after_page is not None:
+            api.after_page(resource)
 
     def _watch(self, resource: str, ns: str | None, q: dict[str, str]) -> None:
         api = self.server_api

@@ -386,3 +386,35 @@ def test_a_silent_watch_ends_by_its_read_timeout(api: FakeKubeAPI, tmp_path: Pat
         assert inf.services.lists == 1
     finally:
         inf.stop()
+
+
+def test_an_expired_continue_token_starts_the_list_over(api: FakeKubeAPI, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """LIST pages of 7 (31 Services: 5 pages); the history is compacted after the second
+    page, so the third gets 410 Expired: the reflector lists again from the first page
+    (not from the stale token), and ends with every Service, including one added while
+    the pages went by."""
+    from agent.kubewatch import reflector
+
+    monkeypatch.setattr(reflector, "PAGE", 7)
+    pages: list[str] = []
+
+    def after_page(resource: str) -> None:
+        pages.append(resource)
+        if resource == "services" and len(pages) == 2:
+            api.put("services", service("between", "192.0.2.200"))
+            api.compact()
+
+    api.after_page = after_page
+    t0 = time.monotonic()
+    inf = start(api, tmp_path, watch_timeout=30.0, backoff_base=0.1, backoff_cap=0.2)
+    try:
+        lists = [q for q in api.requests("GET", "services", watch=False, since=t0)]
+        assert [q.status for q in lists] == [200, 200, 410] + [200] * 5, lists
+        assert "continue" not in lists[3].query  # started over
+        names = {s.name for s in inf.read()[0][0]}
+        assert len(names) == 32 and "between" in names
+        assert inf.read()[1] == []
+    finally:
+        inf.stop()
