@@ -108,6 +108,7 @@ class Reflector:
         self.version = 0  # bumped on every change of items/bad
         self.resource_version: str | None = None
         self.error: str | None = None  # the last failure, None once a request worked
+        self.status: int | None = None  # its HTTP status, when the server gave one
         # counters, for metrics, tests and the bench
         self.lists = self.watches = self.relists_after_gone = self.failures = 0
         self.delays: deque[float] = deque(maxlen=DELAYS_KEPT)  # the last ones: bounded
@@ -167,6 +168,8 @@ class Reflector:
     def _failed(self, exc: BaseException) -> None:
         self.failures += 1
         self.error = describe(exc)
+        status = getattr(exc, "status", None)
+        self.status = status if isinstance(status, int) else None
         delay = self.backoff.next_delay()
         self.delays.append(delay)
         self.stopping.wait(delay)
