@@ -4,6 +4,7 @@ server speaking the API's list+watch (tests/kube_apiserver.py): how many request
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -422,3 +423,41 @@ def test_an_expired_continue_token_starts_the_list_over(api: FakeKubeAPI, tmp_pa
         assert inf.read()[1] == []
     finally:
         inf.stop()
+
+
+def test_daemon_coalesces_a_storm_of_changes(api: FakeKubeAPI, tmp_path: Path) -> None:
+    """A Service changed every 50 ms for 11 s: the daemon diagnoses at most once per
+    kube_change_gap (5 s), not once per change, and the last verdict has the last change."""
+    import threading
+
+    kc = kubeconfig(str(tmp_path / "kc"), api.url)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent", "run", "--no-capture", "--interval", "60",
+         "--listen", "", "--spool", str(tmp_path / "spool"), "--kubeconfig", kc,
+         "--node-name", "n1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    seen: list[tuple[float, set[str]]] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            seen.append((time.monotonic(), {r["ip"] for r in json.loads(line)["lb_ips"]}))
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        until(lambda: seen, timeout=30, what="the first verdict")
+        t0, k = time.monotonic(), 0
+        while time.monotonic() - t0 < 11:
+            k += 1
+            api.put("services", service("churn", f"192.0.2.{k % 250 + 1}", node_port=31000))
+            time.sleep(0.05)
+        last = f"192.0.2.{k % 250 + 1}"
+        until(lambda: last in seen[-1][1], timeout=15, what="the last change")
+        during = [t for t, _ in seen[1:]]
+        assert k > 150 and 2 <= len(during) <= 4, (k, len(during))
+        gaps = [b - a for a, b in itertools.pairwise(during)]
+        assert all(g > 4.5 for g in gaps), gaps
+    finally:
+        proc.terminate()
+        proc.wait(20)
