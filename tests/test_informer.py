@@ -461,3 +461,52 @@ def test_daemon_coalesces_a_storm_of_changes(api: FakeKubeAPI, tmp_path: Path) -
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+_DEAD_PEER = r"""
+import json, sys, time
+from agent.probes import kube_api
+from agent.probes.base import ProbeContext
+kube_api.KEEPALIVE = (1, 1, 2)  # idle, interval, probes (production: client-go's 30, 15, 9)
+inf = kube_api.start_informer(ProbeContext(node_name="n1", kubeconfig=sys.argv[1]),
+                              watch_timeout=30.0)
+assert inf.wait_synced(10)
+time.sleep(1)
+print("synced", flush=True)
+sys.stdin.readline()  # the peer is dead from here on
+t0 = time.monotonic()
+while not inf.services.failures and time.monotonic() - t0 < 20:
+    time.sleep(0.05)
+print(json.dumps({"after": time.monotonic() - t0, "error": inf.services.error}), flush=True)
+"""
+
+
+@pytest.mark.netns
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces")
+def test_a_dead_peer_is_found_by_tcp_keepalive(tmp_path: Path) -> None:
+    """The API server's host vanishes (its packets stop: iptables DROP in a namespace made
+    here): nothing closes the watch, and its read timeout is timeoutSeconds + 30 s (5-10
+    minutes in production). TCP keepalive, as client-go dials, finds the dead peer in
+    idle + interval * probes (here 1 + 1 * 2 s), so the verdict says the state may be old."""
+    from lab.netns import netns
+
+    with netns("lbki") as ns, FakeKubeAPI(bookmark_every=0.5, netns=ns.name) as api:
+        api.put("services", service("a", "198.51.100.1"))
+        api.put("nodes", node("n1"))
+        kc = kubeconfig(str(tmp_path / "kc"), api.url)
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        proc = ns.popen([sys.executable, "-c", _DEAD_PEER, kc], stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        try:
+            assert proc.stdout is not None and proc.stdin is not None
+            assert proc.stdout.readline() == "synced\n"
+            ns.run("iptables", "-w", "-A", "INPUT", "-p", "tcp", "--sport", str(api.port),
+                   "-j", "DROP")
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            got = json.loads(proc.stdout.readline())
+            assert got["error"] is not None and got["after"] < 8, got
+        finally:
+            proc.kill()
+            proc.wait(10)
