@@ -510,3 +510,29 @@ def test_a_dead_peer_is_found_by_tcp_keepalive(tmp_path: Path) -> None:
         finally:
             proc.kill()
             proc.wait(10)
+
+
+def test_an_endless_watch_line_is_cut_at_a_bound(api: FakeKubeAPI, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """32 MiB without a newline on a watch: the client's line splitter would keep it all
+    (then fail on it as not JSON); the reflector stops reading at MAX_LINE (1 MiB here),
+    says so, and resumes the watch."""
+    from agent.kubewatch import reflector
+
+    monkeypatch.setattr(reflector, "MAX_LINE", 1 << 20, raising=False)
+    inf = start(api, tmp_path, watch_timeout=30.0, backoff_base=0.2, backoff_cap=0.4)
+    try:
+        time.sleep(0.5)
+        with api.lock:
+            for w in api.watches:
+                if w.resource == "services":
+                    w.raw.append(b"x" * (32 << 20) + b"\n")
+            api.lock.notify_all()
+        until(lambda: inf.services.failures, timeout=30, what="the long line")
+        assert "a line longer than 1048576 bytes" in (inf.services.error or ""), \
+            inf.services.error
+        api.put("services", service("after", "198.51.100.99"))
+        until(lambda: any(s.name == "after" for s in inf.read()[0][0]), what="resume")
+        assert inf.services.lists == 1
+    finally:
+        inf.stop()

@@ -28,6 +28,7 @@ GONE = 410
 PAGE = 500  # objects per LIST page: bounds the memory of one response
 CONNECT_TIMEOUT = 10.0
 READ_MARGIN = 30.0  # a watch's read timeout is its timeoutSeconds plus this
+MAX_LINE = 16 << 20  # bytes of one watch event: the API server's objects are < 3 MiB
 DELAYS_KEPT = 64  # backoff delays remembered (tests, the bench): a 403 retries forever
 
 
@@ -80,6 +81,29 @@ def describe(exc: BaseException) -> str:
         return f"HTTP {status} {getattr(exc, 'reason', '') or ''}".strip()[:300]
     text = str(exc).strip() or type(exc).__name__
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+class _BoundedLines:
+    """A watch response whose stream refuses a line longer than MAX_LINE: the client's
+    line splitter buffers until a newline, however much comes before it."""
+
+    def __init__(self, resp: Any) -> None:
+        self._resp = resp
+
+    def __getattr__(self, attr: str) -> Any:  # status, data, close, connection...
+        return getattr(self._resp, attr)
+
+    def stream(self, amt: int | None = None, decode_content: bool | None = None) -> Any:
+        # Watch asks for whole chunks (amt=None): one chunk can be any size. Pieces of
+        # 64 KiB let the count stop a huge one early.
+        pending = 0  # bytes since the last newline
+        for seg in self._resp.stream(amt=min(amt or 1 << 16, 1 << 16),
+                                     decode_content=decode_content):
+            nl = seg.rfind(b"\n") if isinstance(seg, bytes) else -1
+            pending = len(seg) - nl - 1 if nl >= 0 else pending + len(seg)
+            if pending > MAX_LINE:
+                raise ValueError(f"a line longer than {MAX_LINE} bytes")
+            yield seg
 
 
 class Reflector:
@@ -237,7 +261,7 @@ class Reflector:
         list_call = self._list_call
 
         def call(**kw: Any) -> Any:  # no return type for Watch to find: raw dict events
-            return list_call(**kw)
+            return _BoundedLines(list_call(**kw))
 
         self.watches += 1
         started = time.monotonic()
