@@ -19,6 +19,9 @@ streams, its Watch) is what talks to it.
 - ``outage``: None, "503" (every request answered 503, open watches cut) or "refuse" (the
   listening socket is closed: connections are refused; ``outage = None`` reopens it on
   the same port).
+- ``forbidden``: resources answered 403 Forbidden (as RBAC without the verb would).
+- ``inject(raw)``: write ``raw`` bytes as they are into every open watch stream (garbage,
+  half a JSON line), then carry on. ``hang_watches()``: open watches go silent, not closed.
 - ``log``: every request reaching the server (time, method, path, query, status).
 """
 
@@ -83,6 +86,8 @@ class _Watch:
     resource: str
     expire: threading.Event = field(default_factory=threading.Event)
     cut: threading.Event = field(default_factory=threading.Event)
+    raw: list[bytes] = field(default_factory=list)  # bytes to send as they are
+    hang: threading.Event = field(default_factory=threading.Event)
 
 
 class FakeKubeAPI:
@@ -101,6 +106,9 @@ class FakeKubeAPI:
         self.watches: list[_Watch] = []
         self.stream_bytes = 0  # bytes sent on watch streams
         self.conns: set[socket.socket] = set()  # open client connections (keep-alive too)
+        self.forbidden: set[str] = set()  # resources answered 403
+        # called (without the lock) after a LIST page with a continue token was sent
+        self.after_page: Any = None
         self._outage: str | None = None
         self._httpd = self._bind(0)
         self.port = self._httpd.server_address[1]
@@ -221,6 +229,21 @@ class FakeKubeAPI:
             self.compact()
             for w in self.watches:
                 w.expire.set()
+            self.lock.notify_all()
+
+    def inject(self, raw: bytes) -> None:
+        """Send ``raw`` as it is (no JSON encoding, no newline added) on every open watch."""
+        with self.lock:
+            for w in self.watches:
+                w.raw.append(raw)
+            self.lock.notify_all()
+
+    def hang_watches(self) -> None:
+        """Every open watch stops sending (no bookmark, no end) but stays open, as a
+        stuck server or a proxy holding the connection would; ``close`` ends them."""
+        with self.lock:
+            for w in self.watches:
+                w.hang.set()
             self.lock.notify_all()
 
     def cut_watches(self) -> None:
@@ -427,6 +450,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         resource, ns, name, _ = route
         api = self.server_api
+        if resource in api.forbidden:
+            self._send(403, _status(403, "Forbidden", f'{resource} is forbidden: User '
+                                    f'"system:serviceaccount:x:y" cannot list resource'))
+            return
         if name is not None:
             obj = api.get(resource, name, ns or "")
             code = 200 if obj else 404
@@ -470,6 +497,8 @@ class _Handler(BaseHTTPRequestHandler):
             o.pop("apiVersion", None)
         self._send(200, {"kind": f"{kind}List", "apiVersion": API_VERSION[
             RESOURCES[resource][0]], "metadata": meta, "items": items})
+        if "continue" in meta and api.after_page is not None:
+            api.after_page(resource)
 
     def _watch(self, resource: str, ns: str | None, q: dict[str, str]) -> None:
         api = self.server_api
@@ -515,13 +544,20 @@ class _Handler(BaseHTTPRequestHandler):
                 with api.lock:
                     pending = [c for c in api.history
                                if c.rv > since and c.resource == resource]
-                    if not pending and not w.expire.is_set() and not w.cut.is_set():
+                    if not pending and not w.expire.is_set() and not w.cut.is_set() \
+                            and not w.raw:
                         wait = min(end, last_bookmark + api.bookmark_every) - time.monotonic()
                         if wait > 0:
                             api.lock.wait(min(wait, 0.5))
                         pending = [c for c in api.history
                                    if c.rv > since and c.resource == resource]
                     current = api.rv
+                    raw, w.raw = w.raw, []
+                for data in raw:
+                    self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                    self.wfile.flush()
+                if w.hang.is_set():
+                    w.cut.wait()
                 if w.cut.is_set() or api.outage is not None:
                     return
                 if w.expire.is_set():

@@ -1023,3 +1023,20 @@ def test_established_bulk_traffic_on_a_nodeport_never_reaches_the_agent(lab: Lab
     # SYN in and SYN-ACK out on eth0; nothing else of the connection
     assert result["kernel_packets"] == result["packets_seen"] == 2, result
     assert counts(result) == {port: {ANSWERED: {SRC_OTHER: 1}}}
+
+
+@pytest.mark.netns
+@needs_root
+def test_pod_behind_the_bridge_and_the_node_itself_to_a_nodeport(lab: Lab) -> None:
+    """Real packets the direction-aware filter must keep: a pod's SYN crosses its veth
+    (a bridge port: PACKET_OTHERHOST, the frame is for cni0's MAC) and then cni0
+    (PACKET_HOST), the node's SYN-ACK leaves through cni0 and the veth (OUTGOING); the
+    node's own connection to its NodePort is seen on lo twice (OUTGOING and HOST). Each
+    is one answered handshake, none taken for a loop."""
+    cap = Capture(lab.node, seconds=3.0, handshake_timeout=1.0, classes={POD: SRC_POD})
+    assert connect(lab.pod, POD, OPEN, dst="172.16.1.1") == "connected"
+    assert connect(lab.pod, POD, OPEN, dst=NODE) == "connected"
+    assert connect(lab.node, NODE, OPEN, dst=NODE) == "connected"
+    result = cap.result()
+    assert result["problems"] == [] and result["kernel_drops"] == 0
+    assert counts(result) == {OPEN: {ANSWERED: {SRC_POD: 2, SRC_OTHER: 1}}}, counts(result)

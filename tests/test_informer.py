@@ -4,6 +4,7 @@ server speaking the API's list+watch (tests/kube_apiserver.py): how many request
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -280,3 +281,258 @@ def test_daemon_sees_a_service_change_within_seconds(api: FakeKubeAPI,
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+def test_backoff_starts_over_after_a_healthy_spell(tmp_path: Path) -> None:
+    """After an outage grew the backoff to its cap, hours of healthy watching and then one
+    broken connection must retry at the base delay (client-go resets its backoff after a
+    quiet spell), not at the cap: in production that is 30-60 s of old state for nothing."""
+    with FakeKubeAPI(bookmark_every=0.5) as api:
+        api.put("services", service("a", "198.51.100.1"))
+        api.put("nodes", node("n1"))
+        inf = start(api, tmp_path, watch_timeout=30.0, backoff_base=0.2, backoff_cap=1.6)
+        try:
+            time.sleep(0.5)
+            api.outage = "503"
+            time.sleep(4)
+            api.outage = None
+            until(lambda: inf.read()[1] == [], what="the errors to clear")
+            assert max(inf.services.delays) > 0.8  # the outage reached the cap
+            time.sleep(2 * 1.6 + 1.5)  # healthy, longer than twice the cap
+            seen = len(inf.services.delays)
+            api.outage = "refuse"  # every connection dropped at once, mid-stream
+            time.sleep(0.05)
+            api.outage = None
+            until(lambda: len(inf.services.delays) > seen, what="the broken watch")
+            assert inf.services.delays[seen] <= 0.2, list(inf.services.delays)[seen:]
+            api.put("services", service("back", "198.51.100.3"))
+            until(lambda: any(s.name == "back" for s in inf.read()[0][0]), what="resume")
+            assert inf.services.lists == 1
+        finally:
+            inf.stop()
+
+
+def test_forbidden_ingresses_leave_the_rest_working(tmp_path: Path) -> None:
+    """RBAC without ingresses: Services and the Node are watched as usual, the verdict's
+    unknowns say ingresses are forbidden, and the retries, however many, keep bounded
+    memory."""
+    with FakeKubeAPI(bookmark_every=0.5) as api:
+        api.forbidden.add("ingresses")
+        api.put("services", service("a", "198.51.100.1"))
+        api.put("nodes", node("n1"))
+        api.put("ingresses", ingress("web", "203.0.113.9", "a"))
+        kc = kubeconfig(str(tmp_path / "kc"), api.url)
+        inf = kube_api.start_informer(ProbeContext(node_name="n1", kubeconfig=kc),
+                                      watch_timeout=30.0, backoff_base=0.001,
+                                      backoff_cap=0.002)
+        try:
+            # the daemon waits for the first LISTs before its first verdict: not for one
+            # that is refused (was the whole 10 s: first verdict 13.2 s, 1.5 s allowed)
+            t0 = time.monotonic()
+            assert not inf.wait_synced(10.0)
+            assert time.monotonic() - t0 < 3, time.monotonic() - t0
+            assert inf.services.synced.is_set() and inf.node.synced.is_set()
+            until(lambda: inf.ingresses.failures > 200, timeout=30, what="many 403s")
+            (services, node_info, ingresses), why = inf.read()
+            assert [s.name for s in services] == ["a"] and node_info.name == "n1"
+            assert ingresses is None
+            assert why == [("ingresses", "not listed yet: HTTP 403 Forbidden")]
+            api.put("services", service("b", "198.51.100.2"))
+            until(lambda: len(inf.read()[0][0]) == 2, what="services still watched")
+            assert len(inf.ingresses.delays) <= 100  # not one float per retry, forever
+        finally:
+            inf.stop()
+
+
+@pytest.mark.parametrize("raw", [b"<html>502 Bad Gateway</html>\n", b"[1, 2]\n",
+                                 b'{"type": "ADDED"}\n', b'{"type": "ADDED", "obj\n'])
+def test_garbage_on_a_watch_is_named_and_the_watch_resumes(api: FakeKubeAPI,
+                                                           tmp_path: Path,
+                                                           raw: bytes) -> None:
+    inf = start(api, tmp_path, watch_timeout=30.0, backoff_base=1.0, backoff_cap=2.0)
+    try:
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        with api.lock:
+            ours = [w for w in api.watches if w.resource == "services"]
+            for w in ours:
+                w.raw.append(raw)
+            api.lock.notify_all()
+        until(lambda: inf.services.failures, what="the bad line")
+        (what, why), = inf.read()[1]
+        assert what == "services" and "watch failing (services: watch sent" in why, why
+        api.put("services", service("after", "198.51.100.99"))
+        until(lambda: any(s.name == "after" for s in inf.read()[0][0]), what="resume")
+        assert not api.requests("GET", "services", watch=False, since=t0)  # no LIST
+        assert inf.read()[1] == []
+    finally:
+        inf.stop()
+
+
+def test_a_silent_watch_ends_by_its_read_timeout(api: FakeKubeAPI, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """An API server (or proxy) that stops sending mid-stream without closing: the watch's
+    read timeout (its timeoutSeconds + READ_MARGIN) ends it, the verdict says the state
+    may be old, and the watch resumes from its resourceVersion (no LIST)."""
+    from agent.kubewatch import reflector
+
+    monkeypatch.setattr(reflector, "READ_MARGIN", 1.0)  # production: 30 s
+    inf = start(api, tmp_path, watch_timeout=2.0)
+    try:
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        api.hang_watches()
+        until(lambda: inf.services.failures, timeout=15, what="the read timeout")
+        took = time.monotonic() - t0
+        assert took <= 2.0 * 2 + 1.0 + 1.0, took  # timeoutSeconds <= 4 s, + margin
+        assert any("timed out" in why for _, why in inf.read()[1])
+        api.put("services", service("after", "198.51.100.99"))
+        until(lambda: any(s.name == "after" for s in inf.read()[0][0]), what="resume")
+        assert inf.services.lists == 1
+    finally:
+        inf.stop()
+
+
+def test_an_expired_continue_token_starts_the_list_over(api: FakeKubeAPI, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """LIST pages of 7 (31 Services: 5 pages); the history is compacted after the second
+    page, so the third gets 410 Expired: the reflector lists again from the first page
+    (not from the stale token), and ends with every Service, including one added while
+    the pages went by."""
+    from agent.kubewatch import reflector
+
+    monkeypatch.setattr(reflector, "PAGE", 7)
+    pages: list[str] = []
+
+    def after_page(resource: str) -> None:
+        pages.append(resource)
+        if resource == "services" and len(pages) == 2:
+            api.put("services", service("between", "192.0.2.200"))
+            api.compact()
+
+    api.after_page = after_page
+    t0 = time.monotonic()
+    inf = start(api, tmp_path, watch_timeout=30.0, backoff_base=0.1, backoff_cap=0.2)
+    try:
+        lists = [q for q in api.requests("GET", "services", watch=False, since=t0)]
+        assert [q.status for q in lists] == [200, 200, 410] + [200] * 5, lists
+        assert "continue" not in lists[3].query  # started over
+        names = {s.name for s in inf.read()[0][0]}
+        assert len(names) == 32 and "between" in names
+        assert inf.read()[1] == []
+    finally:
+        inf.stop()
+
+
+def test_daemon_coalesces_a_storm_of_changes(api: FakeKubeAPI, tmp_path: Path) -> None:
+    """A Service changed every 50 ms for 11 s: the daemon diagnoses at most once per
+    kube_change_gap (5 s), not once per change, and the last verdict has the last change."""
+    import threading
+
+    kc = kubeconfig(str(tmp_path / "kc"), api.url)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent", "run", "--no-capture", "--interval", "60",
+         "--listen", "", "--spool", str(tmp_path / "spool"), "--kubeconfig", kc,
+         "--node-name", "n1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    seen: list[tuple[float, set[str]]] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            seen.append((time.monotonic(), {r["ip"] for r in json.loads(line)["lb_ips"]}))
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        until(lambda: seen, timeout=30, what="the first verdict")
+        t0, k = time.monotonic(), 0
+        while time.monotonic() - t0 < 11:
+            k += 1
+            api.put("services", service("churn", f"192.0.2.{k % 250 + 1}", node_port=31000))
+            time.sleep(0.05)
+        last = f"192.0.2.{k % 250 + 1}"
+        until(lambda: last in seen[-1][1], timeout=15, what="the last change")
+        during = [t for t, _ in seen[1:]]
+        assert k > 150 and 2 <= len(during) <= 4, (k, len(during))
+        gaps = [b - a for a, b in itertools.pairwise(during)]
+        assert all(g > 4.5 for g in gaps), gaps
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+_DEAD_PEER = r"""
+import json, sys, time
+from agent.probes import kube_api
+from agent.probes.base import ProbeContext
+kube_api.KEEPALIVE = (1, 1, 2)  # idle, interval, probes (production: client-go's 30, 15, 9)
+inf = kube_api.start_informer(ProbeContext(node_name="n1", kubeconfig=sys.argv[1]),
+                              watch_timeout=30.0)
+assert inf.wait_synced(10)
+time.sleep(1)
+print("synced", flush=True)
+sys.stdin.readline()  # the peer is dead from here on
+t0 = time.monotonic()
+while not inf.services.failures and time.monotonic() - t0 < 20:
+    time.sleep(0.05)
+print(json.dumps({"after": time.monotonic() - t0, "error": inf.services.error}), flush=True)
+"""
+
+
+@pytest.mark.netns
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces")
+def test_a_dead_peer_is_found_by_tcp_keepalive(tmp_path: Path) -> None:
+    """The API server's host vanishes (its packets stop: iptables DROP in a namespace made
+    here): nothing closes the watch, and its read timeout is timeoutSeconds + 30 s (5-10
+    minutes in production). TCP keepalive, as client-go dials, finds the dead peer in
+    idle + interval * probes (here 1 + 1 * 2 s), so the verdict says the state may be old."""
+    from lab.netns import netns
+
+    with netns("lbki") as ns, FakeKubeAPI(bookmark_every=0.5, netns=ns.name) as api:
+        api.put("services", service("a", "198.51.100.1"))
+        api.put("nodes", node("n1"))
+        kc = kubeconfig(str(tmp_path / "kc"), api.url)
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        proc = ns.popen([sys.executable, "-c", _DEAD_PEER, kc], stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        try:
+            assert proc.stdout is not None and proc.stdin is not None
+            assert proc.stdout.readline() == "synced\n"
+            ns.run("iptables", "-w", "-A", "INPUT", "-p", "tcp", "--sport", str(api.port),
+                   "-j", "DROP")
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            got = json.loads(proc.stdout.readline())
+            assert got["error"] is not None and got["after"] < 8, got
+        finally:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_an_endless_watch_line_is_cut_at_a_bound(api: FakeKubeAPI, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """32 MiB without a newline on a watch: the client's line splitter would keep it all
+    (then fail on it as not JSON); the reflector stops reading at MAX_LINE (1 MiB here),
+    says so, and resumes the watch."""
+    from agent.kubewatch import reflector
+
+    monkeypatch.setattr(reflector, "MAX_LINE", 1 << 20, raising=False)
+    inf = start(api, tmp_path, watch_timeout=30.0, backoff_base=0.2, backoff_cap=0.4)
+    try:
+        time.sleep(0.5)
+        with api.lock:
+            for w in api.watches:
+                if w.resource == "services":
+                    w.raw.append(b"x" * (32 << 20) + b"\n")
+            api.lock.notify_all()
+        until(lambda: inf.services.failures, timeout=30, what="the long line")
+        assert "a line longer than 1048576 bytes" in (inf.services.error or ""), \
+            inf.services.error
+        api.put("services", service("after", "198.51.100.99"))
+        until(lambda: any(s.name == "after" for s in inf.read()[0][0]), what="resume")
+        assert inf.services.lists == 1
+    finally:
+        inf.stop()

@@ -17,6 +17,7 @@ from agent.parse.kube import parse_ingresses, parse_node, parse_services
 from agent.snapshot import Ingress, NodeInfo, Service
 
 SOURCE = "kubernetes API"
+REFUSED = (401, 403, 404)  # statuses a retry within seconds does not mend
 
 
 def _one(parse: Callable[[dict[str, Any], str], Any], kind: str
@@ -82,11 +83,21 @@ class KubeInformer:
                      for r in self.reflectors)
 
     def wait_synced(self, timeout: float) -> bool:
-        """Wait (at most ``timeout`` in all) until every reflector has listed once."""
+        """Wait (at most ``timeout`` in all) until every reflector has listed once, or
+        was refused in a way no retry within seconds mends (401/403: RBAC, 404: no such
+        API): a node whose RBAC leaves out ingresses must not wait the whole timeout for
+        its first verdict. True when all listed."""
         import time
 
         end = time.monotonic() + timeout
-        return all(r.synced.wait(max(0.0, end - time.monotonic())) for r in self.reflectors)
+        while True:
+            waiting = [r for r in self.reflectors if not r.synced.is_set()]
+            if not waiting:
+                return True
+            left = end - time.monotonic()
+            if left <= 0 or all(r.status in REFUSED for r in waiting):
+                return False
+            waiting[0].synced.wait(min(left, 0.05))
 
     def read(self) -> tuple[tuple[Any, ...], list[tuple[str, str]]]:
         """(services, node_info, ingresses) as the kube_api probe fills them, and the

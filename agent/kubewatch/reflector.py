@@ -20,6 +20,7 @@ import json
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -27,24 +28,40 @@ GONE = 410
 PAGE = 500  # objects per LIST page: bounds the memory of one response
 CONNECT_TIMEOUT = 10.0
 READ_MARGIN = 30.0  # a watch's read timeout is its timeoutSeconds plus this
+MAX_LINE = 16 << 20  # bytes of one watch event: the API server's objects are < 3 MiB
+DELAYS_KEPT = 64  # backoff delays remembered (tests, the bench): a 403 retries forever
 
 
 class JitteredBackoff:
     """Exponential delays with "equal jitter": half the step fixed, half random.
 
     The fixed half bounds how many requests one agent makes during an outage; the random
-    half spreads agents that failed at the same moment so they do not retry together."""
+    half spreads agents that failed at the same moment so they do not retry together.
+    A failure that comes ``reset_after`` (default twice the cap) after the last wait
+    ended starts over from ``base``, as client-go's backoff manager does: a watch that
+    served for hours and then broke is no outage (without this, only a LIST or a watch
+    ending on its own timeout reset it, so one broken stream after an old outage waited
+    the cap)."""
 
     def __init__(self, base: float = 1.0, cap: float = 60.0,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, reset_after: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.base, self.cap = base, cap
         self.rng = rng or random.Random()
+        self.reset_after = 2 * cap if reset_after is None else reset_after
+        self.clock = clock
         self.failures = 0
+        self._waited_until: float | None = None
 
     def next_delay(self) -> float:
+        now = self.clock()
+        if self._waited_until is not None and now - self._waited_until > self.reset_after:
+            self.failures = 0
         step = min(self.cap, self.base * (2 ** min(self.failures, 30)))
         self.failures += 1
-        return step / 2 + self.rng.uniform(0, step / 2)
+        delay = step / 2 + self.rng.uniform(0, step / 2)
+        self._waited_until = now + delay
+        return delay
 
     def reset(self) -> None:
         self.failures = 0
@@ -64,6 +81,29 @@ def describe(exc: BaseException) -> str:
         return f"HTTP {status} {getattr(exc, 'reason', '') or ''}".strip()[:300]
     text = str(exc).strip() or type(exc).__name__
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+class _BoundedLines:
+    """A watch response whose stream refuses a line longer than MAX_LINE: the client's
+    line splitter buffers until a newline, however much comes before it."""
+
+    def __init__(self, resp: Any) -> None:
+        self._resp = resp
+
+    def __getattr__(self, attr: str) -> Any:  # status, data, close, connection...
+        return getattr(self._resp, attr)
+
+    def stream(self, amt: int | None = None, decode_content: bool | None = None) -> Any:
+        # Watch asks for whole chunks (amt=None): one chunk can be any size. Pieces of
+        # 64 KiB let the count stop a huge one early.
+        pending = 0  # bytes since the last newline
+        for seg in self._resp.stream(amt=min(amt or 1 << 16, 1 << 16),
+                                     decode_content=decode_content):
+            nl = seg.rfind(b"\n") if isinstance(seg, bytes) else -1
+            pending = len(seg) - nl - 1 if nl >= 0 else pending + len(seg)
+            if pending > MAX_LINE:
+                raise ValueError(f"a line longer than {MAX_LINE} bytes")
+            yield seg
 
 
 class Reflector:
@@ -92,9 +132,10 @@ class Reflector:
         self.version = 0  # bumped on every change of items/bad
         self.resource_version: str | None = None
         self.error: str | None = None  # the last failure, None once a request worked
+        self.status: int | None = None  # its HTTP status, when the server gave one
         # counters, for metrics, tests and the bench
         self.lists = self.watches = self.relists_after_gone = self.failures = 0
-        self.delays: list[float] = []
+        self.delays: deque[float] = deque(maxlen=DELAYS_KEPT)  # the last ones: bounded
         self._watch: Any = None
         self._listed_at = 0.0
         self._thread: threading.Thread | None = None
@@ -151,6 +192,8 @@ class Reflector:
     def _failed(self, exc: BaseException) -> None:
         self.failures += 1
         self.error = describe(exc)
+        status = getattr(exc, "status", None)
+        self.status = status if isinstance(status, int) else None
         delay = self.backoff.next_delay()
         self.delays.append(delay)
         self.stopping.wait(delay)
@@ -218,7 +261,7 @@ class Reflector:
         list_call = self._list_call
 
         def call(**kw: Any) -> Any:  # no return type for Watch to find: raw dict events
-            return list_call(**kw)
+            return _BoundedLines(list_call(**kw))
 
         self.watches += 1
         started = time.monotonic()
@@ -228,11 +271,20 @@ class Reflector:
                                   allow_watch_bookmarks=True, timeout_seconds=timeout,
                                   _request_timeout=(CONNECT_TIMEOUT, timeout + READ_MARGIN),
                                   **self._selector):
+                if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+                    # Watch yields None for a line that is not JSON: the stream is not
+                    # an API server's (a proxy's error page, a cut line); resume from
+                    # the last resourceVersion after a backoff.
+                    raise TypeError("not JSON" if event is None else "no event type")
                 events += 1
                 self.error = None  # the server answers again
                 self._apply(event)
                 if self.stopping.is_set():
                     w.stop()
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            # also raised inside Watch.stream for JSON that is no event ([1], no "object")
+            raise ValueError(f"{self.name}: watch sent a line that is not a watch event "
+                             f"({type(exc).__name__}: {describe(exc)})") from None
         finally:
             self._watch = None
         self.error = None

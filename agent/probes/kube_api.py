@@ -27,6 +27,9 @@ FIELDS = ("services", "node_info", "ingresses")
 DISABLED = "disabled (--no-kube-api)"
 NOT_INSTALLED = "python package 'kubernetes' not installed"
 NOT_CONFIGURED = "not configured: no in-cluster service account and no kubeconfig"
+# TCP keepalive (idle s, interval s, probes): client-go's 30 s dialer keepalive with Go's
+# 15 s x 9 probes, so a dead peer is found in 165 s at most
+KEEPALIVE = (30, 15, 9)
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,26 @@ def _client(client: Any, cfg: Any) -> Any:
     # urllib3 retries a failed connect 3 times by default: with a dead API server that
     # multiplies the timeout; one attempt per request keeps the probe within bounds.
     cfg.retries = 0
+    # A watch to an API server whose host died (or a partition) is never closed: without
+    # keepalive only its read timeout (timeoutSeconds + 30 s: 5-10 min) ends it, all
+    # that time with old Services and no word of it. client-go dials with keepalive.
+    cfg.socket_options = keepalive_options(*KEEPALIVE)
     return client.ApiClient(cfg)
+
+
+def keepalive_options(idle: int, interval: int, probes: int) -> list[tuple[int, int, int]]:
+    """urllib3 socket options: its defaults (TCP_NODELAY) plus TCP keepalive."""
+    import socket
+
+    from urllib3.connection import HTTPConnection
+
+    opts = list(HTTPConnection.default_socket_options)
+    opts.append((socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1))
+    for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval),
+                        ("TCP_KEEPCNT", probes)):
+        if hasattr(socket, name):  # Linux has all three
+            opts.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    return opts
 
 
 def _describe_error(exc: Exception) -> str:
