@@ -347,6 +347,12 @@ class NftWalker:
             return "int", p.mark
         if sel == "ct state":
             return "word", "new"
+        if sel == "meta nfproto":
+            return "word", "ipv4"  # the walk follows IPv4 packets
+        if sel.startswith(("ip6 ", "icmpv6 ")):
+            # an IPv6 header field (inet tables: firewalld's): nft adds `meta nfproto
+            # ipv6` before it, so an IPv4 packet never matches, negated or not
+            return "other-family", None
         if sel == "ct status":
             return "word", "dnat" if p.dnat_to else ""
         if sel.startswith("fib ") and sel.endswith(" type"):
@@ -371,6 +377,8 @@ class NftWalker:
         if len(sels) != 1:
             return None  # a concatenation compared to a literal: not written by kube-proxy
         kind, actual = self._value(sels[0], p)
+        if kind == "other-family":
+            return False
         if mask is not None:
             if not isinstance(actual, int):
                 return None
@@ -408,6 +416,8 @@ class NftWalker:
             return [(v, f"any branch: {n} of a random choice, this one {k[0] if k else '?'}")
                     for k, v in elements if v] or [(None, "")]
         values = [self._value(s, p) for s in sels]
+        if any(k == "other-family" for k, _ in values):
+            return [(None, "")]  # an IPv6 key: never an IPv4 packet's
         if isinstance(ref, list):
             elements = ref
             index = None
@@ -575,7 +585,9 @@ def _mark(op: tuple, mark: int) -> int:
 # -- compiling a rule's tokens into ops --------------------------------------------------
 
 _SELECTOR_HEADS = {
-    "ip": ("daddr", "saddr", "protocol"), "meta": ("l4proto", "mark", "iifname", "oifname",
+    "ip": ("daddr", "saddr", "protocol"), "ip6": ("daddr", "saddr", "nexthdr", "version",
+                                                  "hoplimit", "flowlabel", "dscp"),
+    "icmpv6": ("type", "code"), "meta": ("l4proto", "mark", "iifname", "oifname",
                                                     "nfproto", "protocol"),
     "th": ("dport", "sport"), "tcp": ("dport", "sport"), "udp": ("dport", "sport"),
     "sctp": ("dport", "sport"), "ct": ("state", "status", "mark", "direction"),

@@ -1,0 +1,58 @@
+"""Adversarial node states for kube-proxy's nftables mode (tests/data/constructed/nft-*,
+labelled constructed in its README): shapes kube-proxy or its neighbours write that the
+walk once got wrong. Each is checked offline here; tests/test_nft_netns.py proves the
+kernel's answer for the ones it names.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from agent.netfilter.nft_text import read_nft_text
+from agent.netfilter.nft_walk import NftPacket, NftWalker
+from tests.test_nft import OVERALL, ids_by_ip, verdict_of
+
+CONSTRUCTED = Path(__file__).parent / "data" / "constructed"
+
+SVC_9 = json.dumps({"kind": "List", "items": [{
+    "kind": "Service", "metadata": {"namespace": "ns9", "name": "new"},
+    "spec": {"type": "LoadBalancer", "clusterIP": "172.30.0.99",
+             "ports": [{"port": 80, "protocol": "TCP", "nodePort": 3009}]},
+    "status": {"loadBalancer": {"ingress": [{"ip": "9.9.9.9"}]}}}]})
+ADDR = ("2: eth0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 state UP\n"
+        "    inet 192.168.0.2/24 brd 192.168.0.255 scope global eth0\n"
+        "3: cni0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 state UP\n"
+        "    inet 10.0.1.1/24 brd 10.0.1.255 scope global cni0\n")
+ROUTES = ("default via 192.168.0.1 dev eth0\n"
+          "10.0.1.0/24 dev cni0 proto kernel scope link src 10.0.1.1\n"
+          "192.168.0.0/24 dev eth0 proto kernel scope link src 192.168.0.2\n")
+
+
+class _View:
+    def addr_type(self, addr: str) -> str | None:
+        return "LOCAL" if addr == "192.168.0.2" else "UNICAST"
+
+
+def test_ip6_rules_of_an_inet_table_never_match_an_ipv4_packet() -> None:
+    """firewalld's `table inet firewalld` holds ip6-only rules (`ip6 daddr {...} reject`,
+    `meta nfproto ipv6 ...`); nft gives each an implicit `meta nfproto ipv6`, so an IPv4
+    packet never matches them. The walk said "not evaluated" and every LB IP kube-proxy
+    does not DNAT came out undetermined on such a node."""
+    fw = (CONSTRUCTED / "nft-inet-firewalld-ip6-rules" / "nft-firewalld.txt").read_text()
+    v = verdict_of(("nft.txt", (OVERALL / "nft-transaction.txt").read_text()),
+                   ("nft-firewalld.txt", fw), ("services.json", SVC_9),
+                   ("addr.txt", ADDR), ("routes.txt", ROUTES))
+    assert ids_by_ip(v)["9.9.9.9"] == {"pod-to-lb-not-masqueraded"}, ids_by_ip(v)
+    rs = read_nft_text(fw, "fw")
+    w = NftWalker(rs, _View())
+    pkt = NftPacket(src="10.0.1.5", dst="9.9.9.9", in_iface="cni0", out_iface="eth0")
+    [r] = w.walk_hook("forward", pkt)
+    assert r.verdict == "ACCEPT", r
+    # negated ip6 matches are false too (the implicit nfproto dependency), and nfproto
+    # itself is ipv4
+    rs2 = read_nft_text("table inet t {\n chain f {\n  type filter hook forward priority 0;\n"
+                        "  ip6 saddr != ::1 drop\n  meta nfproto ipv4 accept\n  drop\n }\n}\n",
+                        "t")
+    [r2] = NftWalker(rs2, _View()).walk_hook("forward", pkt)
+    assert r2.verdict == "ACCEPT" and "meta nfproto ipv4 accept" in r2.steps[-1].text, r2
