@@ -56,3 +56,22 @@ def test_ip6_rules_of_an_inet_table_never_match_an_ipv4_packet() -> None:
                         "t")
     [r2] = NftWalker(rs2, _View()).walk_hook("forward", pkt)
     assert r2.verdict == "ACCEPT" and "meta nfproto ipv4 accept" in r2.steps[-1].text, r2
+
+
+def test_source_ranges_nft_lists_as_an_address_range() -> None:
+    """loadBalancerSourceRanges 203.0.113.0/25 and 203.0.113.128/26: kube-proxy writes
+    `ip saddr != { 203.0.113.0/25, 203.0.113.128/26 } drop`, nft merges them and lists
+    `{ 203.0.113.0-203.0.113.191 }` (nft 1.0.6 output, in the case's file). The walk read
+    no address ranges: the pod's packet to 5.6.7.8 forked on an 'assumed' match and came
+    out undetermined; the kernel drops it (pod 10.0.1.5 is out of both ranges)."""
+    listing = (CONSTRUCTED / "nft-sourceranges-merged-to-a-range" /
+               "nft-list-table.txt").read_text()
+    assert "ip saddr != { 203.0.113.0-203.0.113.191 } drop" in listing
+    v = verdict_of(("nft-list-table.txt", listing))
+    assert ids_by_ip(v)["5.6.7.8"] == {"pod-to-lb-dropped"}, ids_by_ip(v)
+    w = NftWalker(read_nft_text(listing, "l"), _View())
+    for src, want in (("203.0.113.150", {"DNAT"}), ("203.0.113.200", {"DROP"}),
+                      ("10.0.1.5", {"DROP"})):
+        got = {r.verdict for r in w.walk_hook("prerouting", NftPacket(
+            src=src, dst="5.6.7.8", in_iface="eth0"))}
+        assert got == want, (src, got)

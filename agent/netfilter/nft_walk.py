@@ -520,22 +520,29 @@ def _one(kind: str, actual: object, pattern: object) -> bool | None:
     if actual is None:
         return None
     if kind == "addr":
+        try:
+            version, lo, hi = _span(pat)
+        except ValueError:
+            return None
         if isinstance(actual, tuple):  # a pod whose address lies in a known prefix
             within = actual[1]
             if within is None:
                 return None
             try:
-                net = _net(pat)
                 pod = ipaddress.ip_network(within, strict=False)
             except ValueError:
                 return None
-            if pod.subnet_of(net) if pod.version == net.version else False:  # type: ignore[arg-type]
+            if pod.version != version:
+                return False
+            first, last = int(pod.network_address), int(pod.broadcast_address)
+            if lo <= first and last <= hi:
                 return True
-            return None if net.overlaps(pod) else False
+            return None if first <= hi and lo <= last else False
         try:
-            return ipaddress.ip_address(actual) in _net(pat)  # type: ignore[arg-type]
+            a = ipaddress.ip_address(actual)  # type: ignore[arg-type]
         except ValueError:
             return None
+        return a.version == version and lo <= int(a) <= hi
     if kind == "int":
         try:
             if "-" in pat.lstrip("-"):
@@ -565,10 +572,16 @@ def _any_of(kind: str, actual: object, patterns: list) -> bool | None:
 
 
 @functools.lru_cache(maxsize=4096)
-def _net(pat: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+def _span(pat: str) -> tuple[int, int, int]:
+    """(IP version, first, last) of an address, a prefix or a range: nft lists an
+    interval set's merged prefixes as a range ("203.0.113.0-203.0.113.191")."""
     if "-" in pat:
-        raise ValueError("a range")
-    return ipaddress.ip_network(pat, strict=False)
+        a, b = (ipaddress.ip_address(x.strip()) for x in pat.split("-", 1))
+        if a.version != b.version or int(a) > int(b):
+            raise ValueError(f"not a range: {pat}")
+        return a.version, int(a), int(b)
+    net = ipaddress.ip_network(pat, strict=False)
+    return net.version, int(net.network_address), int(net.broadcast_address)
 
 
 def _mark(op: tuple, mark: int) -> int:
