@@ -75,3 +75,24 @@ def test_source_ranges_nft_lists_as_an_address_range() -> None:
         got = {r.verdict for r in w.walk_hook("prerouting", NftPacket(
             src=src, dst="5.6.7.8", in_iface="eth0"))}
         assert got == want, (src, got)
+
+
+def test_a_concatenation_matched_against_a_set() -> None:
+    """The LoadBalancerSourceRanges shape of kube-proxy's first nftables code (as
+    knftables' tests keep it): `ip daddr . meta l4proto . th dport . ip saddr
+    @firewall-allow return`, then `drop`, behind `ip daddr . meta l4proto . th dport
+    @firewall jump firewall-allow-check`. The walk answered 'assumed' for any
+    concatenation compared to a set, so every packet forked into dropped and not."""
+    text = (CONSTRUCTED / "nft-concat-set-firewall-allow" / "nft-transaction.txt").read_text()
+    w = NftWalker(read_nft_text(text, "t"), _View())
+    for src, dst, want in (("203.0.113.2", "5.6.7.8", "ACCEPT"),
+                           ("203.0.113.130", "5.6.7.8", "DROP"),
+                           ("10.0.1.5", "5.6.7.8", "DROP"),
+                           ("203.0.113.130", "1.2.3.4", "ACCEPT")):
+        got = [(r.verdict, r.assumed) for r in w.walk_hook("prerouting", NftPacket(
+            src=src, dst=dst, in_iface="eth0"))]
+        assert got == [(want, False)], (src, dst, got)
+    # a pod inside the cluster CIDR, its exact address unknown: decided by the prefix
+    pod = NftPacket(src="10.0.0.1", dst="5.6.7.8", src_known=False, src_within="10.0.0.0/8",
+                    src_is_pod=True)
+    assert [r.verdict for r in w.walk_hook("prerouting", pod)] == ["DROP"]

@@ -375,7 +375,7 @@ class NftWalker:
     def _match(self, t: NftTable, op: tuple, p: NftPacket) -> bool | None:
         _, sels, negate, value, mask, _what = op
         if len(sels) != 1:
-            return None  # a concatenation compared to a literal: not written by kube-proxy
+            return self._match_concat(t, sels, negate, value, mask, p)
         kind, actual = self._value(sels[0], p)
         if kind == "other-family":
             return False
@@ -403,6 +403,41 @@ class NftWalker:
         if r is None:
             return None
         return (not r) if negate else r
+
+    def _match_concat(self, t: NftTable, sels: tuple, negate: bool, value: object,
+                      mask: int | None, p: NftPacket) -> bool | None:
+        """`a . b . c @set` (kube-proxy's first LoadBalancerSourceRanges rules) or `a . b
+        { x . y, ... }`: true when one element matches every part."""
+        values = [self._value(sel, p) for sel in sels]
+        if any(k == "other-family" for k, _ in values):
+            return False
+        if mask is not None:
+            return None
+        if isinstance(value, str) and value.startswith("@"):
+            s = t.set(value[1:])
+            if s is None:
+                return None
+            if s.dynamic:
+                return "either"  # type: ignore[return-value]
+            elements = [parts for parts, _ in s.elements]
+        elif isinstance(value, tuple):
+            elements = [parts for parts, _, _ in split_elements(value)]
+        else:
+            return None  # a concatenated literal: not written by kube-proxy
+        r: bool | None = False
+        for parts in elements:
+            if len(parts) != len(values):
+                continue
+            rs = [_one(k, v, part) for (k, v), part in zip(values, parts, strict=True)]
+            if all(x is True for x in rs):
+                r = True
+                break
+            if all(x is not False for x in rs):
+                r = None
+        if r is None:
+            return None
+        return (not r) if negate else r
+
 
     def _vmap(self, t: NftTable, op: tuple, p: NftPacket
               ) -> list[tuple[str | None, str]]:
