@@ -46,14 +46,21 @@ def looks_like_nft(text: str) -> bool:
 _TOKEN = re.compile(r'"[^"]*"|"|[{};,]|#.*|[^\s{};,"]+')
 
 
-def tokenize(text: str, source: str = "", line: int | None = None) -> tuple:
+# an element list is one statement: bounded by the element count (each element a few
+# tokens: key parts, dots, ':' and a verdict, a comment), not by a rule's bound
+_ELEMENT_TOKENS = 16 * MAX_ELEMENTS
+
+
+def tokenize(text: str, source: str = "", line: int | None = None,
+             limit: int = MAX_TOKENS_PER_RULE) -> tuple:
     """Words, quoted strings (kept quoted), ';' ',' as tokens, brace groups as nested
     tuples; '#' at a word's start begins a comment (`# handle 5` after `nft -a`)."""
     stack: list[list] = [[]]
     for count, m in enumerate(_TOKEN.finditer(text), 1):
         tok = m.group()
-        if count > MAX_TOKENS_PER_RULE:
-            raise NftError(source, line, f"more than {MAX_TOKENS_PER_RULE} tokens in a rule")
+        if count > limit:
+            raise NftError(source, line, f"more than {limit} tokens in a "
+                           + ("rule" if limit == MAX_TOKENS_PER_RULE else "statement"))
         c = tok[0]
         if c == "#":
             break
@@ -263,15 +270,17 @@ def read_nft_text(text: str, source: str) -> NftRuleset:
     chain: _Chain | None = None
     nset: _Set | None = None
     pending: list[str] = []  # a statement continued over lines (an element list)
-    pending_line = 0
+    pending_line = depth = 0
     for n, raw in enumerate(lines, 1):
         line = raw.strip()
         if pending:
+            # depth kept as lines come: joining at every line was quadratic (a
+            # 10k-service @service-ips is one statement over 10k lines)
             pending.append(line)
-            joined = " ".join(pending)
-            if joined.count("{") > joined.count("}"):
+            depth += line.count("{") - line.count("}")
+            if depth > 0:
                 continue
-            line, pending = joined, []
+            line, pending = " ".join(pending), []
             n_at = pending_line
         else:
             n_at = n
@@ -284,13 +293,15 @@ def read_nft_text(text: str, source: str) -> NftRuleset:
             if line.count("{") > line.count("}") and not re.match(
                     r"^(?:table|chain|set|map|flowtable|ct\s+\w+|counter|quota|limit)\s", line):
                 pending, pending_line = [line], n
+                depth = line.count("{") - line.count("}")
                 continue
         try:
             if nset is not None:
                 if line == "}":
                     nset = None
                     continue
-                toks = tokenize(line, source, n_at)
+                toks = tokenize(line, source, n_at, _ELEMENT_TOKENS
+                                if line.startswith("elements") else MAX_TOKENS_PER_RULE)
                 if toks and toks[0] == "elements":
                     group = next((t for t in toks if isinstance(t, tuple)), ())
                     b.add_elements(nset, group, n_at)
@@ -350,7 +361,8 @@ def _top_level(b: _Builder, line: str, n: int, source: str) -> None:
     caller)."""
     if re.match(r"^table\s", line):
         return
-    toks = tokenize(line, source, n)
+    toks = tokenize(line, source, n, _ELEMENT_TOKENS if re.match(
+        r"^(?:add|create|insert)\s+(?:element|set|map)\s", line) else MAX_TOKENS_PER_RULE)
     if not toks:
         return
     verb = toks[0]
