@@ -125,8 +125,12 @@ class NftWalker:
         for t in self.ruleset.tables:
             if t.family not in ("ip", "inet"):
                 continue
-            if t.family == "ip" and t.name in self.iptables:
-                continue  # iptables-nft's own table: walked by the iptables walker
+            if t.family == "ip" and (t.name in self.iptables or (
+                    self.iptables and _iptables_nft_table(t))):
+                # iptables-nft's own table: its rules are the iptables dump's, walked by
+                # the iptables walker (nat, filter) or, as in the iptables modes, not
+                # (mangle, raw: their xt matches would read as "not evaluated")
+                continue
             for c in t.chains:
                 if c.hook == hook and c.type in ("filter", "nat", "route"):
                     out.append((c.priority or 0, 0, f"nft {t.family} {t.name} {c.name}",
@@ -507,6 +511,15 @@ class NftWalker:
             got = self._maps[-id(s)] = [(parts, v) for parts, v in s.elements  # type: ignore[assignment]
                                         if not all(_exact(x) for x in parts)]
         return got  # type: ignore[return-value]
+
+
+_IPTABLES_CHAINS = frozenset({"PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"})
+
+
+def _iptables_nft_table(t: NftTable) -> bool:
+    """A table iptables-nft made: one of its table names, its built-in chain names."""
+    return t.name in ("filter", "nat", "mangle", "raw", "security") and all(
+        c.name in _IPTABLES_CHAINS for c in t.chains if c.hook is not None)
 
 
 def _dedupe(items: list) -> list:
