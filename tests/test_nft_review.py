@@ -216,3 +216,18 @@ def test_iptables_nft_tables_in_the_json_ruleset_are_the_iptables_dumps() -> Non
                    ("nft-ruleset.json", js), ("iptables-save.txt", ipt),
                    ("services.json", SVC_9), ("addr.txt", ADDR), ("routes.txt", ROUTES))
     assert ids_by_ip(v)["9.9.9.9"] == {"pod-to-lb-not-masqueraded"}, ids_by_ip(v)
+
+
+def test_a_brace_in_a_quoted_comment_does_not_swallow_the_tables_after_it() -> None:
+    """Another table's rule with a `{` in its comment (nft accepts any text there): the
+    reader counted braces in quoted text, took the rule for the start of a statement
+    over many lines and swallowed everything after it, kube-proxy's table too."""
+    other = ('table inet filter {\n\tchain forward {\n\t\ttype filter hook forward priority '
+             'filter; policy accept;\n\t\tip daddr 192.0.2.1 accept comment "allow {legacy"\n'
+             '\t}\n}\n')
+    listing = other + (Path(__file__).parent / "data" / "nft" / "overall-list.txt").read_text()
+    rs = read_nft_text(listing, "paste.txt")
+    assert not rs.notes, rs.notes
+    assert rs.kube_proxy is not None and len(rs.kube_proxy.set("service-ips").elements) == 9
+    assert rs.table("inet", "filter").chain("forward").rules[0].text.endswith(
+        'comment "allow {legacy"')

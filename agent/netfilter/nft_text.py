@@ -277,7 +277,7 @@ def read_nft_text(text: str, source: str) -> NftRuleset:
             # depth kept as lines come: joining at every line was quadratic (a
             # 10k-service @service-ips is one statement over 10k lines)
             pending.append(line)
-            depth += line.count("{") - line.count("}")
+            depth += _braces(line)
             if depth > 0:
                 continue
             line, pending = " ".join(pending), []
@@ -290,10 +290,10 @@ def read_nft_text(text: str, source: str) -> NftRuleset:
                 if not _START.match(raw):
                     continue  # a prompt, the command, prose before the output
                 started = True
-            if line.count("{") > line.count("}") and not re.match(
+            if _braces(line) > 0 and not re.match(
                     r"^(?:table|chain|set|map|flowtable|ct\s+\w+|counter|quota|limit)\s", line):
                 pending, pending_line = [line], n
-                depth = line.count("{") - line.count("}")
+                depth = _braces(line)  # outside quoted text: a comment may hold '{'
                 continue
         try:
             if nset is not None:
