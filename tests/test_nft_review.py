@@ -231,3 +231,15 @@ def test_a_brace_in_a_quoted_comment_does_not_swallow_the_tables_after_it() -> N
     assert rs.kube_proxy is not None and len(rs.kube_proxy.set("service-ips").elements) == 9
     assert rs.table("inet", "filter").chain("forward").rules[0].text.endswith(
         'comment "allow {legacy"')
+
+
+def test_set_elements_with_counters() -> None:
+    """A set with the `counter` flag (nft 1.0.6 lists each element as `198.51.100.0/24
+    counter packets 0 bytes 0`): the counter words were read as part of the address, so
+    no element could be compared and every packet forked on an assumed match."""
+    text = (CONSTRUCTED / "nft-set-elements-with-counters" / "nft-list-ruleset.txt").read_text()
+    w = NftWalker(read_nft_text(text, "t"), _View())
+    for dst, want in (("9.9.9.9", "ACCEPT"), ("203.0.113.7", "DROP"), ("198.51.100.9", "DROP")):
+        got = [(r.verdict, r.assumed) for r in w.walk_hook("forward", NftPacket(
+            src="10.0.1.5", dst=dst, in_iface="cni0", out_iface="eth0"))]
+        assert got == [(want, False)], (dst, got)

@@ -194,6 +194,12 @@ def split_elements(group: tuple) -> list[tuple[tuple[str, ...], str | None, str 
             if tok2 in ("timeout", "expires") and i + 1 < len(current):
                 i += 2
                 continue
+            if tok2 == "counter" and value is None:
+                # a `counter` set's element: "10.0.0.1 counter packets 0 bytes 0"
+                i += 1
+                while i + 1 < len(current) and current[i] in ("packets", "bytes"):
+                    i += 2
+                continue
             if tok2 == ":" and value is None:
                 value = []
             elif value is not None:
