@@ -313,3 +313,20 @@ def test_constructed_cni_nft_masquerade_is_seen_live(tmp_path: Path) -> None:
     offline = json.loads(agent(None, "check", "--from", str(bundle), "--json",
                                "--node-name", "nft-node").stdout)
     assert ids_by_ip(offline) == got
+
+
+def test_constructed_notrack_before_kube_proxy(tmp_path: Path) -> None:
+    """A `notrack` rule at raw priority for 192.168.99.33:80 (kube-proxy serves it, eTP
+    Cluster): the kernel skips NAT for the untracked SYN, it leaves with the pod's
+    address; the agent must say not-masqueraded, not captured."""
+    raw = (CONSTRUCTED / "nft-notrack-before-kube-proxy" / "nft-raw.txt").read_text()
+    with nft_node((CORPUS / CASES[0] / "nft-transaction.txt").read_text()) as ns, \
+            ExitStack() as stack:
+        node, pod, client = ns["node"], ns["pod"], ns["client"]
+        node.run("nft", "-f", "-", input=raw)
+        client.run("ip", "addr", "add", "192.168.99.33/32", "dev", "lo")
+        serve(stack, client, "192.168.99.33")
+        assert connect(pod, "192.168.99.33", 80) == "peer=10.0.1.5 local=192.168.99.33"
+        got = _live_ids(node, tmp_path)
+    assert got["192.168.99.33"] == {"pod-to-lb-not-masqueraded"}, got
+    assert "pod-to-lb-captured" in got["1.2.3.4"], got

@@ -243,3 +243,15 @@ def test_set_elements_with_counters() -> None:
         got = [(r.verdict, r.assumed) for r in w.walk_hook("forward", NftPacket(
             src="10.0.1.5", dst=dst, in_iface="cni0", out_iface="eth0"))]
         assert got == [(want, False)], (dst, got)
+
+
+def test_notrack_before_kube_proxy_means_no_dnat() -> None:
+    """`notrack` at raw priority (tests/data/constructed/nft-notrack-before-kube-proxy):
+    an untracked packet skips every nat chain, kube-proxy's DNAT too; the walk took
+    notrack for a no-op and said captured (a false healthy). The kernel (test_nft_netns)
+    lets the pod's SYN leave with the pod's address."""
+    raw = (CONSTRUCTED / "nft-notrack-before-kube-proxy" / "nft-raw.txt").read_text()
+    v = verdict_of(("nft.txt", (OVERALL / "nft-transaction.txt").read_text()),
+                   ("nft-raw.txt", raw), ("addr.txt", ADDR), ("routes.txt", ROUTES))
+    assert ids_by_ip(v)["192.168.99.33"] == {"pod-to-lb-not-masqueraded"}, ids_by_ip(v)
+    assert "pod-to-lb-captured" in ids_by_ip(v)["1.2.3.4"]

@@ -59,6 +59,7 @@ class NftPacket(NamedTuple):
     src_is_pod: bool = False  # a pod address is never a local address of the node
     dnat_to: str | None = None  # "ip:port" once DNATed
     snat: str | None = None  # "masquerade" | address once source-NATed
+    untracked: bool = False  # `notrack`: conntrack skips it, so every nat chain does
 
     def describe(self) -> str:
         src = self.src if self.src_known else (
@@ -151,7 +152,7 @@ class NftWalker:
             for p, steps, nat in paths:
                 nat_chain = (isinstance(obj, tuple) and obj[1].type == "nat") or \
                     obj == "nat"
-                if nat_chain and (nat or (hook in _DNAT_HOOKS and p.dnat_to) or
+                if nat_chain and (nat or p.untracked or (hook in _DNAT_HOOKS and p.dnat_to) or
                                   (hook not in _DNAT_HOOKS and p.snat)):
                     # a NAT binding made earlier on this hook ends the nat chains
                     nxt.append((p, steps, nat))
@@ -311,6 +312,8 @@ class NftWalker:
                 return out
             elif kind == "mark":
                 q = q._replace(mark=_mark(op, q.mark))
+            elif kind == "notrack":
+                q = q._replace(untracked=True)
             elif kind == "unknown":
                 return [(("UNKNOWN", f"'{op[1]}' in '{rule.text}' is not evaluated by "
                           "this agent"), q, notes)]
@@ -350,7 +353,7 @@ class NftWalker:
         if sel in ("meta mark", "mark"):
             return "int", p.mark
         if sel == "ct state":
-            return "word", "new"
+            return "word", "untracked" if p.untracked else "new"
         if sel == "meta nfproto":
             return "word", "ipv4"  # the walk follows IPv4 packets
         if sel.startswith(("ip6 ", "icmpv6 ")):
@@ -655,8 +658,7 @@ _SELECTOR_HEADS = {
 }
 _SINGLE = frozenset({"mark", "iifname", "oifname", "iif", "oif"})
 _VERDICT_WORDS = frozenset({"accept", "drop", "reject", "return", "continue"})
-_PASSIVE = frozenset({"counter", "log", "notrack", "<passive:log>", "<passive:limit>",
-                      "<passive:notrack>"})
+_PASSIVE = frozenset({"counter", "log", "<passive:log>", "<passive:limit>"})
 _COMPILED: dict[tuple, list] = {}
 
 
@@ -746,6 +748,10 @@ def _compile(toks: tuple) -> list:
         if w in ("update", "add") and i + 2 < n and str(toks[i + 1]).startswith("@"):
             ops.append(("passive",))  # records session affinity: changes nothing now
             i += 3
+            continue
+        if w in ("notrack", "<passive:notrack>"):
+            ops.append(("notrack",))
+            i += 1
             continue
         if w in _PASSIVE or (isinstance(w, str) and w.startswith("<passive")):
             ops.append(("passive",))
