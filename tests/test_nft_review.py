@@ -255,3 +255,16 @@ def test_notrack_before_kube_proxy_means_no_dnat() -> None:
                    ("nft-raw.txt", raw), ("addr.txt", ADDR), ("routes.txt", ROUTES))
     assert ids_by_ip(v)["192.168.99.33"] == {"pod-to-lb-not-masqueraded"}, ids_by_ip(v)
     assert "pod-to-lb-captured" in ids_by_ip(v)["1.2.3.4"]
+
+
+def test_hostile_goto_loops_end_in_unknown_not_an_exception() -> None:
+    """nft refuses chain loops, a hand-edited or corrupted paste need not: `goto` does not
+    grow the return stack, so the depth bound never hit and the walk died in a
+    RecursionError (an 'internal error' finding, or worse where nothing catches it)."""
+    for body in ("chain b {\n goto a\n}\n", "chain b {\n ip saddr 10.0.0.0/8 accept\n goto b\n}\n"):
+        rs = read_nft_text("table ip t {\n" + body + "chain a {\n type filter hook prerouting"
+                           " priority 0; policy accept;\n goto b\n}\n}\n", "t")
+        res = NftWalker(rs, _View()).walk_hook("prerouting", NftPacket(
+            src="10.0.1.5", dst="9.9.9.9", src_known=False))
+        assert res and all(r.verdict in ("UNKNOWN", "ACCEPT") for r in res), res
+        assert any(r.verdict == "UNKNOWN" for r in res)

@@ -26,6 +26,9 @@ from agent.netfilter.walk import HookResult, Packet
 ASSUMED = ": assumed"
 _MAX_RULES_PER_WALK = 200_000
 _MAX_DEPTH = 64
+# nested _run calls along one path (a goto, a return, a forking rule each add one): goto
+# loops never grow the return stack, and Python's own limit is 1000 frames
+_MAX_NESTING = 300
 _MAX_PATHS = 256
 # iptables' tables and their priority on each hook (what iptables-nft registers)
 IPTABLES_PRIORITY = {
@@ -221,6 +224,9 @@ class NftWalker:
         Ends: ACCEPT DROP REJECT DNAT MASQUERADE SNAT UNKNOWN, or FALLOFF (the base chain
         ended: its policy decides)."""
         where = f"nft {t.family} {t.name} {c.name}"
+        if forks > _MAX_NESTING:
+            return [("UNKNOWN", p, steps, f"walk stopped after {_MAX_NESTING} nested gotos, "
+                     "returns or undecided matches (a goto loop?)")]
         while True:
             if i >= len(c.rules):
                 if not stack:
