@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from agent.netfilter.nft_text import read_nft_text
 from agent.netfilter.nft_walk import NftPacket, NftWalker
 from tests.test_nft import OVERALL, ids_by_ip, verdict_of
@@ -268,3 +270,27 @@ def test_hostile_goto_loops_end_in_unknown_not_an_exception() -> None:
             src="10.0.1.5", dst="9.9.9.9", src_known=False))
         assert res and all(r.verdict in ("UNKNOWN", "ACCEPT") for r in res), res
         assert any(r.verdict == "UNKNOWN" for r in res)
+
+
+@pytest.mark.parametrize("name", ["overall-list-handles.txt", "overall-list-numeric.txt"])
+def test_listing_with_handles_or_numeric_gives_the_plain_listings_verdict(name: str) -> None:
+    """`nft -a list ...` puts `# handle N` after every table/chain/set line: the reader
+    matched no table header and read nothing. `nft -n list ...` prints protocols and ct
+    states as numbers (`1.2.3.4 . 6 . 80`, `ct state 0x8`): no map element matched a tcp
+    packet (no DNAT), the firewall jump never ran, and a finding's protocol came out as
+    '6' (a verdict the schema refuses)."""
+    data = Path(__file__).parent / "data" / "nft"
+    plain = verdict_of(("overall-list.txt", (data / "overall-list.txt").read_text()))
+    other = verdict_of((name, (data / name).read_text()))  # schema-validated there
+    assert ids_by_ip(other) == ids_by_ip(plain), (ids_by_ip(other), ids_by_ip(plain))
+    assert other["status"] == plain["status"]
+
+
+def test_ct_state_flag_lists() -> None:
+    """`ct state new,established` (how nft lists iptables-nft's --ctstate NEW,ESTABLISHED
+    and how people write it) holds a new packet: the walk compared the whole list with
+    the packet's one state and said no."""
+    rs = read_nft_text("table ip t {\n chain f {\n  type filter hook forward priority 0;\n"
+                       "  ct state new,established drop\n }\n}\n", "t")
+    pkt = NftPacket(src="10.0.1.5", dst="9.9.9.9", in_iface="cni0", out_iface="eth0")
+    assert [r.verdict for r in NftWalker(rs, _View()).walk_hook("forward", pkt)] == ["DROP"]

@@ -164,11 +164,29 @@ class _Builder:
         for t in self.tables.values():
             chains = tuple(NftChain(c.name, c.type, c.hook, c.priority, c.policy,
                                     tuple(c.rules)) for c in t.chains.values())
-            sets = tuple(NftSet(s.name, s.is_map, s.key_type, tuple(s.elements),
+            sets = tuple(NftSet(s.name, s.is_map, s.key_type,
+                                proto_names(s.key_type, tuple(s.elements)),
                                 tuple(s.comments), s.dynamic, s.source)
                          for s in t.sets.values())
             tables.append(NftTable(t.family, t.name, chains, sets))
         return NftRuleset(tuple(tables), self.source, tuple(self.problems))
+
+
+# `nft -n` prints an inet_proto as its number
+PROTO_NAMES = {"6": "tcp", "17": "udp", "132": "sctp", "1": "icmp", "58": "ipv6-icmp"}
+
+
+def proto_names(key_type: str, elements: tuple) -> tuple:
+    """Elements with numeric protocols named ("1.2.3.4 . 6 . 80" as `nft -n` lists it is
+    "1.2.3.4 . tcp . 80"), so keys compare with a packet's protocol."""
+    kinds = [k.strip() for k in key_type.split(" . ")]
+    protos = [i for i, k in enumerate(kinds) if k in ("inet_proto", "meta l4proto",
+                                                      "ip protocol")]
+    if not protos or not any(p[i].isdigit() for p, _ in elements for i in protos
+                             if i < len(p)):
+        return elements
+    return tuple((tuple(PROTO_NAMES.get(x, x) if i in protos else x
+                        for i, x in enumerate(parts)), v) for parts, v in elements)
 
 
 def split_elements(group: tuple) -> list[tuple[tuple[str, ...], str | None, str | None]]:
@@ -278,7 +296,7 @@ def read_nft_text(text: str, source: str) -> NftRuleset:
     pending: list[str] = []  # a statement continued over lines (an element list)
     pending_line = depth = 0
     for n, raw in enumerate(lines, 1):
-        line = raw.strip()
+        line = _uncomment(raw).strip() if "#" in raw else raw.strip()
         if pending:
             # depth kept as lines come: joining at every line was quadratic (a
             # 10k-service @service-ips is one statement over 10k lines)
@@ -456,6 +474,18 @@ def split_nft(text: str) -> tuple[str | None, str]:
         nft[i] = line
         rest[i] = ""
     return "\n".join(nft), "\n".join(rest)
+
+
+def _uncomment(s: str) -> str:
+    """The line without a '#' comment outside quotes (`nft -a` ends every table, chain,
+    set and rule line with `# handle N`)."""
+    quoted = False
+    for i, c in enumerate(s):
+        if c == '"':
+            quoted = not quoted
+        elif c == "#" and not quoted and (i == 0 or s[i - 1] in " \t"):
+            return s[:i]
+    return s
 
 
 def _braces(s: str) -> int:

@@ -359,7 +359,7 @@ class NftWalker:
         if sel in ("meta mark", "mark"):
             return "int", p.mark
         if sel == "ct state":
-            return "word", "untracked" if p.untracked else "new"
+            return "ctstate", "untracked" if p.untracked else "new"
         if sel == "meta nfproto":
             return "word", "ipv4"  # the walk follows IPv4 packets
         if sel.startswith(("ip6 ", "icmpv6 ")):
@@ -561,6 +561,9 @@ def _exact(x: str) -> bool:
 
 
 _PROTO_NUM = {"6": "tcp", "17": "udp", "132": "sctp", "1": "icmp"}
+_CT_STATE = {"0x1": "invalid", "0x2": "established", "0x4": "related", "0x8": "new",
+             "0x40": "untracked", "0x00000001": "invalid", "0x00000002": "established",
+             "0x00000004": "related", "0x00000008": "new", "0x00000040": "untracked"}
 
 
 def _norm(kind: str, v: object) -> str:
@@ -610,9 +613,13 @@ def _one(kind: str, actual: object, pattern: object) -> bool | None:
             return None
     if kind == "proto":
         return _PROTO_NUM.get(pat, pat) == actual
+    if kind == "ctstate":
+        # `nft -n` prints the state bits: 0x8 is new
+        return any(_CT_STATE.get(x.lower(), x) == actual for x in pat.split(","))
     if pat.endswith("*") and isinstance(actual, str):
         return actual.startswith(pat[:-1])  # iifname "veth*": nft's prefix wildcard
-    return pat == actual or pat in str(actual).split(",")
+    # a flag list ("dnat,snat") holds the packet's one value
+    return pat == actual or str(actual) in pat.split(",")
 
 
 def _any_of(kind: str, actual: object, patterns: list) -> bool | None:
