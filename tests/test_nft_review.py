@@ -294,3 +294,17 @@ def test_ct_state_flag_lists() -> None:
                        "  ct state new,established drop\n }\n}\n", "t")
     pkt = NftPacket(src="10.0.1.5", dst="9.9.9.9", in_iface="cni0", out_iface="eth0")
     assert [r.verdict for r in NftWalker(rs, _View()).walk_hook("forward", pkt)] == ["DROP"]
+
+
+def test_paths_past_the_bound_are_said_not_dropped() -> None:
+    """Undecided matches fork the walk; past 256 paths the walk kept the first 256 and
+    said nothing of the others: here the one path the kernel may take to DROP (all nine
+    marks set) was among those thrown away, and every result said ACCEPT."""
+    rules = "".join(f"  ip saddr 10.0.{k}.0/24 meta mark set meta mark | {1 << k:#x}\n"
+                    for k in range(9))
+    rs = read_nft_text("table ip t {\n chain p {\n  type filter hook prerouting priority 0;\n"
+                       + rules + " }\n chain q {\n  type filter hook prerouting priority 10;\n"
+                       "  meta mark 0x1ff drop\n }\n}\n", "t")
+    res = NftWalker(rs, _View()).walk_hook("prerouting", NftPacket(
+        src="10.0.0.1", dst="9.9.9.9", src_known=False))
+    assert {r.verdict for r in res} & {"DROP", "UNKNOWN"}, {r.verdict for r in res}

@@ -172,6 +172,13 @@ class NftWalker:
                         nxt.append((p2, steps2, verdict))
                     else:
                         nxt.append((p2, steps2, nat))
+            if len(nxt) > _MAX_PATHS:
+                # the rest are paths the kernel may take too: say they were not walked
+                p0, steps0, _ = nxt[_MAX_PATHS]
+                finished.append(NftHookResult(
+                    "UNKNOWN", p0, steps0, f"more than {_MAX_PATHS} paths through the "
+                    f"{hook} hook over what the input does not decide: the others were "
+                    "not walked"))
             paths = nxt[:_MAX_PATHS]
         for p, steps, nat in paths:
             finished.append(NftHookResult(nat or "ACCEPT", p, steps))
