@@ -15,7 +15,7 @@ from agent.diagnose.node_facts import NODE_STAND_IN, OUTSIDE_CLIENT, POD_STAND_I
 from agent.diagnose.paths import ASSUMED, PathFinder, PathOutcome, ServedOutcome
 from agent.netfilter.nft_model import NftRuleset, NftTable
 from agent.netfilter.nft_read import ruleset_of
-from agent.netfilter.nft_walk import NftHookResult, NftPacket, NftWalker
+from agent.netfilter.nft_walk import NftHookResult, NftPacket, NftWalker, iptables_nft_table
 from agent.snapshot import NodeSnapshot
 
 # kube-proxy's chain names: "external-42NFTM6N-ns2/svc2/tcp/p80"
@@ -168,7 +168,8 @@ class NftPathFinder:
                          "priority the kernel's order is registration order, which a dump "
                          "does not show: nft chains are walked first")
         other = [f"{t.family} {t.name}" for t in self.ruleset.tables
-                 if t.name != "kube-proxy" and t.family in ("ip", "inet")]
+                 if t.name != "kube-proxy" and t.family in ("ip", "inet")
+                 and not (walkers and t.family == "ip" and iptables_nft_table(t))]
         if other:
             notes.append("other nftables tables on the same hooks are walked too: "
                          + ", ".join(other[:10]))

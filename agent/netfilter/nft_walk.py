@@ -129,8 +129,7 @@ class NftWalker:
         for t in self.ruleset.tables:
             if t.family not in ("ip", "inet"):
                 continue
-            if t.family == "ip" and (t.name in self.iptables or (
-                    self.iptables and _iptables_nft_table(t))):
+            if t.family == "ip" and self.iptables and iptables_nft_table(t):
                 # iptables-nft's own table: its rules are the iptables dump's, walked by
                 # the iptables walker (nat, filter) or, as in the iptables modes, not
                 # (mangle, raw: their xt matches would read as "not evaluated")
@@ -532,7 +531,7 @@ class NftWalker:
 _IPTABLES_CHAINS = frozenset({"PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"})
 
 
-def _iptables_nft_table(t: NftTable) -> bool:
+def iptables_nft_table(t: NftTable) -> bool:
     """A table iptables-nft made: one of its table names, its built-in chain names."""
     return t.name in ("filter", "nat", "mangle", "raw", "security") and all(
         c.name in _IPTABLES_CHAINS for c in t.chains if c.hook is not None)
