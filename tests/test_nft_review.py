@@ -324,3 +324,25 @@ def test_a_native_table_named_like_an_iptables_one_is_walked() -> None:
                    ("nft-filter.txt", native), ("iptables-save.txt", ipt),
                    ("services.json", SVC_9), ("addr.txt", ADDR), ("routes.txt", ROUTES))
     assert ids_by_ip(v)["9.9.9.9"] == {"pod-to-lb-dropped"}, ids_by_ip(v)
+
+
+def test_an_unreadable_line_never_yields_a_certain_loop() -> None:
+    """One element line of @service-ips garbled (an unterminated quote: a paste cut by a
+    terminal): the reader skips the statement and says so in a note; the walk then
+    found no DNAT for 192.168.99.33 and said pod-to-lb-not-masqueraded, a certain loop built
+    on a map it could not read."""
+    listing = (Path(__file__).parent / "data" / "nft" / "overall-list.txt").read_text()
+    bad = listing.replace("elements = { 1.2.3.4 . tcp . 80 : goto external-42NFTM6N",
+                          'elements = { 1.2.3.4 . tcp . 80 : goto "external-42NFTM6N', 1)
+    assert bad != listing
+    svc = json.dumps({"kind": "List", "items": [{
+        "kind": "Service", "metadata": {"namespace": "ns4", "name": "svc4"},
+        "spec": {"type": "LoadBalancer", "clusterIP": "172.30.0.44",
+                 "ports": [{"name": "p80", "port": 80, "protocol": "TCP"}]},
+        "status": {"loadBalancer": {"ingress": [{"ip": "192.168.99.33"}]}}}]})
+    v = verdict_of(("nft.txt", bad), ("services.json", svc), ("addr.txt", ADDR),
+                   ("routes.txt", ROUTES))
+    assert "pod-to-lb-not-masqueraded" not in ids_by_ip(v)["192.168.99.33"], ids_by_ip(v)
+    f = next(f for f in v["findings"] if f["lb_ip"] == "192.168.99.33"
+             and f["id"] == "pod-to-lb-undetermined")
+    assert "could not be read" in f["summary"] and "nft.txt:" in f["summary"], f["summary"]

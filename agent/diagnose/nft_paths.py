@@ -161,6 +161,7 @@ class NftPathFinder:
         self.walker = NftWalker(self.ruleset, facts, walkers)
         kp = self.ruleset.kube_proxy
         self.cidr = cluster_cidr(kp) if kp else None
+        self.problems = problems
         notes = [f"nft input: {p}" for p in problems[:5]]
         if walkers:
             notes.append("iptables tables (" + ", ".join(sorted(walkers)) + ") are walked "
@@ -196,7 +197,14 @@ class NftPathFinder:
         outcomes: list[PathOutcome] = []
         for res in self.walker.walk_hook("prerouting", pkt):
             outcomes.extend(self._after_prerouting(res, head))
-        return _merge(outcomes)
+        got = _merge(outcomes)
+        if got.kind == "not-masqueraded" and self.problems:
+            # the loop may be built on a rule or map element the reader had to skip
+            why = (f"the walk finds no DNAT and no masquerade, but {len(self.problems)} "
+                   f"nft line(s) could not be read ({self.problems[0]}): what they hold "
+                   "may DNAT or masquerade it")
+            return PathOutcome("unknown", why, (*got.evidence, why))
+        return got
 
     def _after_prerouting(self, res: NftHookResult, head: tuple[str, ...]
                           ) -> list[PathOutcome]:
