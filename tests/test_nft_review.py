@@ -346,3 +346,22 @@ def test_an_unreadable_line_never_yields_a_certain_loop() -> None:
     f = next(f for f in v["findings"] if f["lb_ip"] == "192.168.99.33"
              and f["id"] == "pod-to-lb-undetermined")
     assert "could not be read" in f["summary"] and "nft.txt:" in f["summary"], f["summary"]
+
+
+def test_one_line_blocks_of_a_config_file() -> None:
+    """/etc/nftables.conf style (tests/data/constructed/nft-config-file-one-line-blocks,
+    `nft -f` loads it): `set pods { type ...; elements = { ... } }` on one line was taken
+    for the opening of a block, everything after it swallowed, the CNI-style masquerade
+    in chain post2 lost: pod-to-lb-not-masqueraded, a false loop."""
+    conf = (CONSTRUCTED / "nft-config-file-one-line-blocks" / "nftables.conf").read_text()
+    rs = read_nft_text(conf, "nftables.conf")
+    assert not rs.notes, rs.notes
+    t = rs.table("ip", "nat2")
+    assert t.set("pods").elements == ((("10.0.1.0/24",), None),)
+    assert (t.chain("post").hook, t.chain("post").priority) == ("postrouting", 100)
+    assert [r.text for r in t.chain("post2").rules] == [
+        "ip saddr @pods ip daddr != 10.0.0.0/8 masquerade"]
+    v = verdict_of(("nft.txt", (OVERALL / "nft-transaction.txt").read_text()),
+                   ("nftables.conf", conf), ("services.json", SVC_9), ("addr.txt", ADDR),
+                   ("routes.txt", ROUTES))
+    assert ids_by_ip(v)["9.9.9.9"] == {"pod-to-lb-masqueraded"}, ids_by_ip(v)

@@ -262,6 +262,20 @@ def _set_header(s: _Set, tokens: tuple) -> None:
         stmt = []
 
 
+def _one_line_chain(c: _Chain, group: tuple, source: str, line: int) -> None:
+    """A chain written on one line (config files, not `nft list`): its header statements
+    and its rules, ';'-separated."""
+    _chain_header(c, group, source, line)
+    stmt: list = []
+    for tok in (*group, ";"):
+        if tok != ";":
+            stmt.append(tok)
+            continue
+        if stmt and stmt[0] not in ("type", "policy", "comment", "devices", "device"):
+            c.rules.append(NftRule(tuple(stmt), render(tuple(stmt)), f"{source}:{line}"))
+        stmt = []
+
+
 def _chain_header(c: _Chain, tokens: tuple, source: str, line: int) -> None:
     """`type nat hook prerouting priority dstnat ; policy accept ;`"""
     words = [t for t in tokens if isinstance(t, str)]
@@ -348,12 +362,24 @@ def read_nft_text(text: str, source: str) -> NftRuleset:
                 if line == "}":
                     table = None
                     continue
-                toks = tokenize(line.rstrip("{").strip(), source, n_at)
+                toks = tokenize(line.rstrip("{").strip(), source, n_at, _ELEMENT_TOKENS)
+                group = toks[2] if len(toks) == 3 and isinstance(toks[2], tuple) else None
                 if len(toks) >= 2 and toks[0] == "chain":
-                    chain = b.chain(table, toks[1])
+                    c = b.chain(table, toks[1])
+                    if group is None:
+                        chain = c
+                    else:  # `chain x { type ...; policy ...; rule; }` on one line
+                        _one_line_chain(c, group, source, n_at)
                 elif len(toks) >= 2 and toks[0] in ("set", "map"):
-                    nset = table.sets.setdefault(_unquote(toks[1]), _Set(
+                    s = table.sets.setdefault(_unquote(toks[1]), _Set(
                         _unquote(toks[1]), toks[0] == "map", source=f"{source}:{n_at}"))
+                    if group is None:
+                        nset = s
+                    else:  # `set x { type ...; elements = { ... } }` on one line
+                        _set_header(s, group)
+                        inner = tokenize_elements_in_header(group)
+                        if inner is not None:
+                            b.add_elements(s, inner, n_at)
                 elif toks and toks[0] in ("comment", "flags"):
                     continue
                 elif toks and toks[0] in ("flowtable", "counter", "quota", "ct", "limit",
