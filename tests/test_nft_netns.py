@@ -200,3 +200,133 @@ def test_a_cnis_iptables_rule_beside_kube_proxys_nft_table(cni_masquerade: bool,
     offline = json.loads(agent(None, "check", "--from", str(bundle), "--json",
                                "--node-name", "nft-node").stdout)
     assert ids_by_ip(offline) == ids_by_ip(v)
+
+
+CONSTRUCTED = Path(__file__).parent / "data" / "constructed"
+
+
+def _live_ids(node: Netns, tmp_path: Path, kube: Path | None = None) -> dict[str, set[str]]:
+    args = ["check", "--json", "--no-kube-api", "--node-name", "nft-node"]
+    if kube is not None:
+        args += ["--kube-json", str(kube)]
+    live = agent(node, *args)
+    assert live.stdout, live.stderr
+    return ids_by_ip(json.loads(live.stdout))
+
+
+def test_constructed_firewalld_inet_table_beside_kube_proxy(tmp_path: Path) -> None:
+    """tests/data/constructed/nft-inet-firewalld-ip6-rules: a firewalld-style inet table
+    with ip6-only rules on the forward hook. The kernel lets the pod's IPv4 SYN to an LB
+    IP kube-proxy does not serve leave with the pod's address; the agent must say
+    not-masqueraded, not undetermined."""
+    kube = tmp_path / "kube"
+    kube.mkdir()
+    (kube / "services.json").write_text(json.dumps({"kind": "List", "items": [{
+        "kind": "Service", "metadata": {"namespace": "ns9", "name": "new"},
+        "spec": {"type": "LoadBalancer", "clusterIP": "172.30.0.99",
+                 "ports": [{"port": 80, "protocol": "TCP", "nodePort": 3009}]},
+        "status": {"loadBalancer": {"ingress": [{"ip": "9.9.9.9"}]}}}]}))
+    fw = (CONSTRUCTED / "nft-inet-firewalld-ip6-rules" / "nft-firewalld.txt").read_text()
+    with nft_node((CORPUS / CASES[0] / "nft-transaction.txt").read_text()) as ns, \
+            ExitStack() as stack:
+        node, pod, client = ns["node"], ns["pod"], ns["client"]
+        node.run("nft", "-f", "-", input=fw)
+        client.run("ip", "addr", "add", "9.9.9.9/32", "dev", "lo")
+        serve(stack, client, "9.9.9.9")
+        assert connect(pod, "9.9.9.9", 80) == "peer=10.0.1.5 local=9.9.9.9"
+        got = _live_ids(node, tmp_path, kube)
+    assert got["9.9.9.9"] == {"pod-to-lb-not-masqueraded"}, got
+    assert "pod-to-lb-captured" in got["1.2.3.4"], got
+
+
+@pytest.mark.parametrize("case,kernel,want", [
+    # no local-traffic detector (no cluster CIDR): no "short-circuit pod traffic" rule;
+    # eTP=Local without a local endpoint: the external chain falls through, the packet is
+    # forwarded and service-endpoints-check drops it
+    ("nft-etp-local-no-detector-no-local-endpoint", "timeout", "pod-to-lb-dropped"),
+    # the same with a local endpoint: 'goto local-...' DNATs it, the pod's address kept
+    ("nft-etp-local-no-detector-local-endpoint", "peer=10.0.1.5 local=10.180.0.2",
+     "pod-to-lb-captured"),
+])
+def test_constructed_etp_local_without_a_local_detector(case: str, kernel: str, want: str,
+                                                        tmp_path: Path) -> None:
+    with nft_node((CONSTRUCTED / case / "nft-transaction.txt").read_text()) as ns:
+        assert connect(ns["pod"], "1.2.3.4", 80) == kernel
+        got = _live_ids(ns["node"], tmp_path)
+    assert want in got["1.2.3.4"] and not ({"pod-to-lb-not-masqueraded",
+                                            "pod-to-lb-undetermined"} & got["1.2.3.4"]), got
+
+
+def test_constructed_source_ranges_listed_as_a_range(tmp_path: Path) -> None:
+    """nft lists loadBalancerSourceRanges 203.0.113.0/25 + 203.0.113.128/26 as
+    { 203.0.113.0-203.0.113.191 }; the kernel serves 203.0.113.150, drops 203.0.113.200
+    and the pod; the agent's walk of that listing says the same, without assuming."""
+    listing = (CONSTRUCTED / "nft-sourceranges-merged-to-a-range" / "nft-list-table.txt")
+    with nft_node((CORPUS / CASES[0] / "nft-transaction.txt").read_text()) as ns:
+        node, pod, client = ns["node"], ns["pod"], ns["client"]
+        node.run("nft", "delete", "table", "ip", "kube-proxy")
+        node.run("nft", "-f", str(listing))
+        for a in ("203.0.113.150", "203.0.113.200"):
+            client.run("ip", "addr", "add", f"{a}/32", "dev", "eth0")
+        kernel = {src: connect(client, "5.6.7.8", 80, src)
+                  for src in ("203.0.113.150", "203.0.113.200")}
+        kernel["pod"] = connect(pod, "5.6.7.8", 80)
+        got = _live_ids(node, tmp_path)
+        bundle = tmp_path / "bundle"
+        assert agent(node, "bundle", str(bundle), "--no-kube-api").returncode == 0
+    assert kernel == {"203.0.113.150": "peer=10.99.0.1 local=10.180.0.3",
+                      "203.0.113.200": "timeout", "pod": "timeout"}, kernel
+    assert got["5.6.7.8"] == {"pod-to-lb-dropped"}, got
+    walker = NftPathFinder(prepare(load_bundle(bundle)).facts).walker
+    for src, want in (("203.0.113.150", {("DNAT", False)}), ("203.0.113.200", {("DROP", False)})):
+        res = walker.walk_hook("prerouting", NftPacket(src=src, dst="5.6.7.8", in_iface="eth0"))
+        assert {(r.verdict, r.assumed) for r in res} == want, (src, res)
+
+
+def test_constructed_cni_nft_masquerade_is_seen_live(tmp_path: Path) -> None:
+    """tests/data/constructed/nft-cni-native-nft-masquerade: a CNI that masquerades in an
+    nftables table of its own (flannel's nftables mode writes `table ip flannel-ipv4`),
+    on the postrouting hook beside kube-proxy's. The kernel masquerades the pod's SYN to
+    an LB IP kube-proxy does not serve; the live check read only `ip kube-proxy` and
+    said pod-to-lb-not-masqueraded (a false loop)."""
+    kube = tmp_path / "kube"
+    kube.mkdir()
+    (kube / "services.json").write_text(json.dumps({"kind": "List", "items": [{
+        "kind": "Service", "metadata": {"namespace": "ns9", "name": "new"},
+        "spec": {"type": "LoadBalancer", "clusterIP": "172.30.0.99",
+                 "ports": [{"port": 80, "protocol": "TCP", "nodePort": 3009}]},
+        "status": {"loadBalancer": {"ingress": [{"ip": "9.9.9.9"}]}}}]}))
+    cni = (CONSTRUCTED / "nft-cni-native-nft-masquerade" / "nft-cni.txt").read_text()
+    with nft_node((CORPUS / CASES[0] / "nft-transaction.txt").read_text()) as ns, \
+            ExitStack() as stack:
+        node, pod, client = ns["node"], ns["pod"], ns["client"]
+        node.run("nft", "-f", "-", input=cni)
+        client.run("ip", "addr", "add", "9.9.9.9/32", "dev", "lo")
+        serve(stack, client, "9.9.9.9")
+        assert connect(pod, "9.9.9.9", 80) == "peer=192.168.0.2 local=9.9.9.9"
+        got = _live_ids(node, tmp_path, kube)
+        bundle = tmp_path / "bundle"
+        assert agent(node, "bundle", str(bundle), "--no-kube-api").returncode == 0
+    assert got["9.9.9.9"] == {"pod-to-lb-masqueraded"}, got
+    assert "pod-to-lb-captured" in got["1.2.3.4"], got
+    (bundle / "services.json").write_text((kube / "services.json").read_text())
+    offline = json.loads(agent(None, "check", "--from", str(bundle), "--json",
+                               "--node-name", "nft-node").stdout)
+    assert ids_by_ip(offline) == got
+
+
+def test_constructed_notrack_before_kube_proxy(tmp_path: Path) -> None:
+    """A `notrack` rule at raw priority for 192.168.99.33:80 (kube-proxy serves it, eTP
+    Cluster): the kernel skips NAT for the untracked SYN, it leaves with the pod's
+    address; the agent must say not-masqueraded, not captured."""
+    raw = (CONSTRUCTED / "nft-notrack-before-kube-proxy" / "nft-raw.txt").read_text()
+    with nft_node((CORPUS / CASES[0] / "nft-transaction.txt").read_text()) as ns, \
+            ExitStack() as stack:
+        node, pod, client = ns["node"], ns["pod"], ns["client"]
+        node.run("nft", "-f", "-", input=raw)
+        client.run("ip", "addr", "add", "192.168.99.33/32", "dev", "lo")
+        serve(stack, client, "192.168.99.33")
+        assert connect(pod, "192.168.99.33", 80) == "peer=10.0.1.5 local=192.168.99.33"
+        got = _live_ids(node, tmp_path)
+    assert got["192.168.99.33"] == {"pod-to-lb-not-masqueraded"}, got
+    assert "pod-to-lb-captured" in got["1.2.3.4"], got

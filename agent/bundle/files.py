@@ -9,6 +9,6 @@ SYSCTL = "sysctl.txt"
 SERVICES = "services.json"
 NODE = "node.json"
 INGRESSES = "ingresses.json"
-NFT = "nft-kube-proxy.json"  # `nft -j list table ip kube-proxy` (nftables mode)
+NFT = "nft-kube-proxy.json"  # `nft -j list ruleset` when a kube-proxy table is in it
 
 ALL = (IPTABLES, IPSET, IPVSADM, ROUTE_LOCAL, ADDR, SYSCTL, SERVICES, NODE, INGRESSES, NFT)

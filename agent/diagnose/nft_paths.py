@@ -15,7 +15,7 @@ from agent.diagnose.node_facts import NODE_STAND_IN, OUTSIDE_CLIENT, POD_STAND_I
 from agent.diagnose.paths import ASSUMED, PathFinder, PathOutcome, ServedOutcome
 from agent.netfilter.nft_model import NftRuleset, NftTable
 from agent.netfilter.nft_read import ruleset_of
-from agent.netfilter.nft_walk import NftHookResult, NftPacket, NftWalker
+from agent.netfilter.nft_walk import NftHookResult, NftPacket, NftWalker, iptables_nft_table
 from agent.snapshot import NodeSnapshot
 
 # kube-proxy's chain names: "external-42NFTM6N-ns2/svc2/tcp/p80"
@@ -161,6 +161,7 @@ class NftPathFinder:
         self.walker = NftWalker(self.ruleset, facts, walkers)
         kp = self.ruleset.kube_proxy
         self.cidr = cluster_cidr(kp) if kp else None
+        self.problems = problems
         notes = [f"nft input: {p}" for p in problems[:5]]
         if walkers:
             notes.append("iptables tables (" + ", ".join(sorted(walkers)) + ") are walked "
@@ -168,7 +169,8 @@ class NftPathFinder:
                          "priority the kernel's order is registration order, which a dump "
                          "does not show: nft chains are walked first")
         other = [f"{t.family} {t.name}" for t in self.ruleset.tables
-                 if t.name != "kube-proxy" and t.family in ("ip", "inet")]
+                 if t.name != "kube-proxy" and t.family in ("ip", "inet")
+                 and not (walkers and t.family == "ip" and iptables_nft_table(t))]
         if other:
             notes.append("other nftables tables on the same hooks are walked too: "
                          + ", ".join(other[:10]))
@@ -195,7 +197,14 @@ class NftPathFinder:
         outcomes: list[PathOutcome] = []
         for res in self.walker.walk_hook("prerouting", pkt):
             outcomes.extend(self._after_prerouting(res, head))
-        return _merge(outcomes)
+        got = _merge(outcomes)
+        if got.kind == "not-masqueraded" and self.problems:
+            # the loop may be built on a rule or map element the reader had to skip
+            why = (f"the walk finds no DNAT and no masquerade, but {len(self.problems)} "
+                   f"nft line(s) could not be read ({self.problems[0]}): what they hold "
+                   "may DNAT or masquerade it")
+            return PathOutcome("unknown", why, (*got.evidence, why))
+        return got
 
     def _after_prerouting(self, res: NftHookResult, head: tuple[str, ...]
                           ) -> list[PathOutcome]:

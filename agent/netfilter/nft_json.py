@@ -213,7 +213,9 @@ def _stmt(s: Any, depth: int) -> str:
         return f"{_expr(v.get('key'), d)} set {_expr(v.get('value'), d)}"
     if k == "set":
         return f"{v.get('op')} {v.get('set')} {{ {_expr(v.get('elem'), d)} }}"
-    if k in ("log", "limit", "notrack", "xt"):
+    if k == "notrack":
+        return "notrack"
+    if k in ("log", "limit", "xt"):
         return f"<passive:{k}>" if k != "xt" else "<unknown:xt>"
     if k == "goto_verdict":
         return "<unknown:verdict>"

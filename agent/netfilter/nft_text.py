@@ -46,14 +46,21 @@ def looks_like_nft(text: str) -> bool:
 _TOKEN = re.compile(r'"[^"]*"|"|[{};,]|#.*|[^\s{};,"]+')
 
 
-def tokenize(text: str, source: str = "", line: int | None = None) -> tuple:
+# an element list is one statement: bounded by the element count (each element a few
+# tokens: key parts, dots, ':' and a verdict, a comment), not by a rule's bound
+_ELEMENT_TOKENS = 16 * MAX_ELEMENTS
+
+
+def tokenize(text: str, source: str = "", line: int | None = None,
+             limit: int = MAX_TOKENS_PER_RULE) -> tuple:
     """Words, quoted strings (kept quoted), ';' ',' as tokens, brace groups as nested
     tuples; '#' at a word's start begins a comment (`# handle 5` after `nft -a`)."""
     stack: list[list] = [[]]
     for count, m in enumerate(_TOKEN.finditer(text), 1):
         tok = m.group()
-        if count > MAX_TOKENS_PER_RULE:
-            raise NftError(source, line, f"more than {MAX_TOKENS_PER_RULE} tokens in a rule")
+        if count > limit:
+            raise NftError(source, line, f"more than {limit} tokens in a "
+                           + ("rule" if limit == MAX_TOKENS_PER_RULE else "statement"))
         c = tok[0]
         if c == "#":
             break
@@ -157,11 +164,29 @@ class _Builder:
         for t in self.tables.values():
             chains = tuple(NftChain(c.name, c.type, c.hook, c.priority, c.policy,
                                     tuple(c.rules)) for c in t.chains.values())
-            sets = tuple(NftSet(s.name, s.is_map, s.key_type, tuple(s.elements),
+            sets = tuple(NftSet(s.name, s.is_map, s.key_type,
+                                proto_names(s.key_type, tuple(s.elements)),
                                 tuple(s.comments), s.dynamic, s.source)
                          for s in t.sets.values())
             tables.append(NftTable(t.family, t.name, chains, sets))
         return NftRuleset(tuple(tables), self.source, tuple(self.problems))
+
+
+# `nft -n` prints an inet_proto as its number
+PROTO_NAMES = {"6": "tcp", "17": "udp", "132": "sctp", "1": "icmp", "58": "ipv6-icmp"}
+
+
+def proto_names(key_type: str, elements: tuple) -> tuple:
+    """Elements with numeric protocols named ("1.2.3.4 . 6 . 80" as `nft -n` lists it is
+    "1.2.3.4 . tcp . 80"), so keys compare with a packet's protocol."""
+    kinds = [k.strip() for k in key_type.split(" . ")]
+    protos = [i for i, k in enumerate(kinds) if k in ("inet_proto", "meta l4proto",
+                                                      "ip protocol")]
+    if not protos or not any(p[i].isdigit() for p, _ in elements for i in protos
+                             if i < len(p)):
+        return elements
+    return tuple((tuple(PROTO_NAMES.get(x, x) if i in protos else x
+                        for i, x in enumerate(parts)), v) for parts, v in elements)
 
 
 def split_elements(group: tuple) -> list[tuple[tuple[str, ...], str | None, str | None]]:
@@ -186,6 +211,12 @@ def split_elements(group: tuple) -> list[tuple[tuple[str, ...], str | None, str 
                 continue
             if tok2 in ("timeout", "expires") and i + 1 < len(current):
                 i += 2
+                continue
+            if tok2 == "counter" and value is None:
+                # a `counter` set's element: "10.0.0.1 counter packets 0 bytes 0"
+                i += 1
+                while i + 1 < len(current) and current[i] in ("packets", "bytes"):
+                    i += 2
                 continue
             if tok2 == ":" and value is None:
                 value = []
@@ -231,6 +262,20 @@ def _set_header(s: _Set, tokens: tuple) -> None:
         stmt = []
 
 
+def _one_line_chain(c: _Chain, group: tuple, source: str, line: int) -> None:
+    """A chain written on one line (config files, not `nft list`): its header statements
+    and its rules, ';'-separated."""
+    _chain_header(c, group, source, line)
+    stmt: list = []
+    for tok in (*group, ";"):
+        if tok != ";":
+            stmt.append(tok)
+            continue
+        if stmt and stmt[0] not in ("type", "policy", "comment", "devices", "device"):
+            c.rules.append(NftRule(tuple(stmt), render(tuple(stmt)), f"{source}:{line}"))
+        stmt = []
+
+
 def _chain_header(c: _Chain, tokens: tuple, source: str, line: int) -> None:
     """`type nat hook prerouting priority dstnat ; policy accept ;`"""
     words = [t for t in tokens if isinstance(t, str)]
@@ -263,15 +308,17 @@ def read_nft_text(text: str, source: str) -> NftRuleset:
     chain: _Chain | None = None
     nset: _Set | None = None
     pending: list[str] = []  # a statement continued over lines (an element list)
-    pending_line = 0
+    pending_line = depth = 0
     for n, raw in enumerate(lines, 1):
-        line = raw.strip()
+        line = _uncomment(raw).strip() if "#" in raw else raw.strip()
         if pending:
+            # depth kept as lines come: joining at every line was quadratic (a
+            # 10k-service @service-ips is one statement over 10k lines)
             pending.append(line)
-            joined = " ".join(pending)
-            if joined.count("{") > joined.count("}"):
+            depth += _braces(line)
+            if depth > 0:
                 continue
-            line, pending = joined, []
+            line, pending = " ".join(pending), []
             n_at = pending_line
         else:
             n_at = n
@@ -281,16 +328,18 @@ def read_nft_text(text: str, source: str) -> NftRuleset:
                 if not _START.match(raw):
                     continue  # a prompt, the command, prose before the output
                 started = True
-            if line.count("{") > line.count("}") and not re.match(
+            if _braces(line) > 0 and not re.match(
                     r"^(?:table|chain|set|map|flowtable|ct\s+\w+|counter|quota|limit)\s", line):
                 pending, pending_line = [line], n
+                depth = _braces(line)  # outside quoted text: a comment may hold '{'
                 continue
         try:
             if nset is not None:
                 if line == "}":
                     nset = None
                     continue
-                toks = tokenize(line, source, n_at)
+                toks = tokenize(line, source, n_at, _ELEMENT_TOKENS
+                                if line.startswith("elements") else MAX_TOKENS_PER_RULE)
                 if toks and toks[0] == "elements":
                     group = next((t for t in toks if isinstance(t, tuple)), ())
                     b.add_elements(nset, group, n_at)
@@ -313,12 +362,24 @@ def read_nft_text(text: str, source: str) -> NftRuleset:
                 if line == "}":
                     table = None
                     continue
-                toks = tokenize(line.rstrip("{").strip(), source, n_at)
+                toks = tokenize(line.rstrip("{").strip(), source, n_at, _ELEMENT_TOKENS)
+                group = toks[2] if len(toks) == 3 and isinstance(toks[2], tuple) else None
                 if len(toks) >= 2 and toks[0] == "chain":
-                    chain = b.chain(table, toks[1])
+                    c = b.chain(table, toks[1])
+                    if group is None:
+                        chain = c
+                    else:  # `chain x { type ...; policy ...; rule; }` on one line
+                        _one_line_chain(c, group, source, n_at)
                 elif len(toks) >= 2 and toks[0] in ("set", "map"):
-                    nset = table.sets.setdefault(_unquote(toks[1]), _Set(
+                    s = table.sets.setdefault(_unquote(toks[1]), _Set(
                         _unquote(toks[1]), toks[0] == "map", source=f"{source}:{n_at}"))
+                    if group is None:
+                        nset = s
+                    else:  # `set x { type ...; elements = { ... } }` on one line
+                        _set_header(s, group)
+                        inner = tokenize_elements_in_header(group)
+                        if inner is not None:
+                            b.add_elements(s, inner, n_at)
                 elif toks and toks[0] in ("comment", "flags"):
                     continue
                 elif toks and toks[0] in ("flowtable", "counter", "quota", "ct", "limit",
@@ -350,7 +411,8 @@ def _top_level(b: _Builder, line: str, n: int, source: str) -> None:
     caller)."""
     if re.match(r"^table\s", line):
         return
-    toks = tokenize(line, source, n)
+    toks = tokenize(line, source, n, _ELEMENT_TOKENS if re.match(
+        r"^(?:add|create|insert)\s+(?:element|set|map)\s", line) else MAX_TOKENS_PER_RULE)
     if not toks:
         return
     verb = toks[0]
@@ -438,6 +500,18 @@ def split_nft(text: str) -> tuple[str | None, str]:
         nft[i] = line
         rest[i] = ""
     return "\n".join(nft), "\n".join(rest)
+
+
+def _uncomment(s: str) -> str:
+    """The line without a '#' comment outside quotes (`nft -a` ends every table, chain,
+    set and rule line with `# handle N`)."""
+    quoted = False
+    for i, c in enumerate(s):
+        if c == '"':
+            quoted = not quoted
+        elif c == "#" and not quoted and (i == 0 or s[i - 1] in " \t"):
+            return s[:i]
+    return s
 
 
 def _braces(s: str) -> int:

@@ -26,6 +26,9 @@ from agent.netfilter.walk import HookResult, Packet
 ASSUMED = ": assumed"
 _MAX_RULES_PER_WALK = 200_000
 _MAX_DEPTH = 64
+# nested _run calls along one path (a goto, a return, a forking rule each add one): goto
+# loops never grow the return stack, and Python's own limit is 1000 frames
+_MAX_NESTING = 300
 _MAX_PATHS = 256
 # iptables' tables and their priority on each hook (what iptables-nft registers)
 IPTABLES_PRIORITY = {
@@ -59,6 +62,7 @@ class NftPacket(NamedTuple):
     src_is_pod: bool = False  # a pod address is never a local address of the node
     dnat_to: str | None = None  # "ip:port" once DNATed
     snat: str | None = None  # "masquerade" | address once source-NATed
+    untracked: bool = False  # `notrack`: conntrack skips it, so every nat chain does
 
     def describe(self) -> str:
         src = self.src if self.src_known else (
@@ -125,8 +129,11 @@ class NftWalker:
         for t in self.ruleset.tables:
             if t.family not in ("ip", "inet"):
                 continue
-            if t.family == "ip" and t.name in self.iptables:
-                continue  # iptables-nft's own table: walked by the iptables walker
+            if t.family == "ip" and self.iptables and iptables_nft_table(t):
+                # iptables-nft's own table: its rules are the iptables dump's, walked by
+                # the iptables walker (nat, filter) or, as in the iptables modes, not
+                # (mangle, raw: their xt matches would read as "not evaluated")
+                continue
             for c in t.chains:
                 if c.hook == hook and c.type in ("filter", "nat", "route"):
                     out.append((c.priority or 0, 0, f"nft {t.family} {t.name} {c.name}",
@@ -147,7 +154,7 @@ class NftWalker:
             for p, steps, nat in paths:
                 nat_chain = (isinstance(obj, tuple) and obj[1].type == "nat") or \
                     obj == "nat"
-                if nat_chain and (nat or (hook in _DNAT_HOOKS and p.dnat_to) or
+                if nat_chain and (nat or p.untracked or (hook in _DNAT_HOOKS and p.dnat_to) or
                                   (hook not in _DNAT_HOOKS and p.snat)):
                     # a NAT binding made earlier on this hook ends the nat chains
                     nxt.append((p, steps, nat))
@@ -164,6 +171,13 @@ class NftWalker:
                         nxt.append((p2, steps2, verdict))
                     else:
                         nxt.append((p2, steps2, nat))
+            if len(nxt) > _MAX_PATHS:
+                # the rest are paths the kernel may take too: say they were not walked
+                p0, steps0, _ = nxt[_MAX_PATHS]
+                finished.append(NftHookResult(
+                    "UNKNOWN", p0, steps0, f"more than {_MAX_PATHS} paths through the "
+                    f"{hook} hook over what the input does not decide: the others were "
+                    "not walked"))
             paths = nxt[:_MAX_PATHS]
         for p, steps, nat in paths:
             finished.append(NftHookResult(nat or "ACCEPT", p, steps))
@@ -216,6 +230,9 @@ class NftWalker:
         Ends: ACCEPT DROP REJECT DNAT MASQUERADE SNAT UNKNOWN, or FALLOFF (the base chain
         ended: its policy decides)."""
         where = f"nft {t.family} {t.name} {c.name}"
+        if forks > _MAX_NESTING:
+            return [("UNKNOWN", p, steps, f"walk stopped after {_MAX_NESTING} nested gotos, "
+                     "returns or undecided matches (a goto loop?)")]
         while True:
             if i >= len(c.rules):
                 if not stack:
@@ -307,6 +324,8 @@ class NftWalker:
                 return out
             elif kind == "mark":
                 q = q._replace(mark=_mark(op, q.mark))
+            elif kind == "notrack":
+                q = q._replace(untracked=True)
             elif kind == "unknown":
                 return [(("UNKNOWN", f"'{op[1]}' in '{rule.text}' is not evaluated by "
                           "this agent"), q, notes)]
@@ -346,7 +365,13 @@ class NftWalker:
         if sel in ("meta mark", "mark"):
             return "int", p.mark
         if sel == "ct state":
-            return "word", "new"
+            return "ctstate", "untracked" if p.untracked else "new"
+        if sel == "meta nfproto":
+            return "word", "ipv4"  # the walk follows IPv4 packets
+        if sel.startswith(("ip6 ", "icmpv6 ")):
+            # an IPv6 header field (inet tables: firewalld's): nft adds `meta nfproto
+            # ipv6` before it, so an IPv4 packet never matches, negated or not
+            return "other-family", None
         if sel == "ct status":
             return "word", "dnat" if p.dnat_to else ""
         if sel.startswith("fib ") and sel.endswith(" type"):
@@ -369,8 +394,10 @@ class NftWalker:
     def _match(self, t: NftTable, op: tuple, p: NftPacket) -> bool | None:
         _, sels, negate, value, mask, _what = op
         if len(sels) != 1:
-            return None  # a concatenation compared to a literal: not written by kube-proxy
+            return self._match_concat(t, sels, negate, value, mask, p)
         kind, actual = self._value(sels[0], p)
+        if kind == "other-family":
+            return False
         if mask is not None:
             if not isinstance(actual, int):
                 return None
@@ -396,6 +423,41 @@ class NftWalker:
             return None
         return (not r) if negate else r
 
+    def _match_concat(self, t: NftTable, sels: tuple, negate: bool, value: object,
+                      mask: int | None, p: NftPacket) -> bool | None:
+        """`a . b . c @set` (kube-proxy's first LoadBalancerSourceRanges rules) or `a . b
+        { x . y, ... }`: true when one element matches every part."""
+        values = [self._value(sel, p) for sel in sels]
+        if any(k == "other-family" for k, _ in values):
+            return False
+        if mask is not None:
+            return None
+        if isinstance(value, str) and value.startswith("@"):
+            s = t.set(value[1:])
+            if s is None:
+                return None
+            if s.dynamic:
+                return "either"  # type: ignore[return-value]
+            elements = [parts for parts, _ in s.elements]
+        elif isinstance(value, tuple):
+            elements = [parts for parts, _, _ in split_elements(value)]
+        else:
+            return None  # a concatenated literal: not written by kube-proxy
+        r: bool | None = False
+        for parts in elements:
+            if len(parts) != len(values):
+                continue
+            rs = [_one(k, v, part) for (k, v), part in zip(values, parts, strict=True)]
+            if all(x is True for x in rs):
+                r = True
+                break
+            if all(x is not False for x in rs):
+                r = None
+        if r is None:
+            return None
+        return (not r) if negate else r
+
+
     def _vmap(self, t: NftTable, op: tuple, p: NftPacket
               ) -> list[tuple[str | None, str]]:
         """The verdicts a verdict map gives the packet, with a note each; None = no
@@ -408,6 +470,8 @@ class NftWalker:
             return [(v, f"any branch: {n} of a random choice, this one {k[0] if k else '?'}")
                     for k, v in elements if v] or [(None, "")]
         values = [self._value(s, p) for s in sels]
+        if any(k == "other-family" for k, _ in values):
+            return [(None, "")]  # an IPv6 key: never an IPv4 packet's
         if isinstance(ref, list):
             elements = ref
             index = None
@@ -464,6 +528,15 @@ class NftWalker:
         return got  # type: ignore[return-value]
 
 
+_IPTABLES_CHAINS = frozenset({"PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"})
+
+
+def iptables_nft_table(t: NftTable) -> bool:
+    """A table iptables-nft made: one of its table names, its built-in chain names."""
+    return t.name in ("filter", "nat", "mangle", "raw", "security") and all(
+        c.name in _IPTABLES_CHAINS for c in t.chains if c.hook is not None)
+
+
 def _dedupe(items: list) -> list:
     seen, out = set(), []
     for a, q, n in items:
@@ -494,6 +567,9 @@ def _exact(x: str) -> bool:
 
 
 _PROTO_NUM = {"6": "tcp", "17": "udp", "132": "sctp", "1": "icmp"}
+_CT_STATE = {"0x1": "invalid", "0x2": "established", "0x4": "related", "0x8": "new",
+             "0x40": "untracked", "0x00000001": "invalid", "0x00000002": "established",
+             "0x00000004": "related", "0x00000008": "new", "0x00000040": "untracked"}
 
 
 def _norm(kind: str, v: object) -> str:
@@ -510,22 +586,29 @@ def _one(kind: str, actual: object, pattern: object) -> bool | None:
     if actual is None:
         return None
     if kind == "addr":
+        try:
+            version, lo, hi = _span(pat)
+        except ValueError:
+            return None
         if isinstance(actual, tuple):  # a pod whose address lies in a known prefix
             within = actual[1]
             if within is None:
                 return None
             try:
-                net = _net(pat)
                 pod = ipaddress.ip_network(within, strict=False)
             except ValueError:
                 return None
-            if pod.subnet_of(net) if pod.version == net.version else False:  # type: ignore[arg-type]
+            if pod.version != version:
+                return False
+            first, last = int(pod.network_address), int(pod.broadcast_address)
+            if lo <= first and last <= hi:
                 return True
-            return None if net.overlaps(pod) else False
+            return None if first <= hi and lo <= last else False
         try:
-            return ipaddress.ip_address(actual) in _net(pat)  # type: ignore[arg-type]
+            a = ipaddress.ip_address(actual)  # type: ignore[arg-type]
         except ValueError:
             return None
+        return a.version == version and lo <= int(a) <= hi
     if kind == "int":
         try:
             if "-" in pat.lstrip("-"):
@@ -536,9 +619,13 @@ def _one(kind: str, actual: object, pattern: object) -> bool | None:
             return None
     if kind == "proto":
         return _PROTO_NUM.get(pat, pat) == actual
+    if kind == "ctstate":
+        # `nft -n` prints the state bits: 0x8 is new
+        return any(_CT_STATE.get(x.lower(), x) == actual for x in pat.split(","))
     if pat.endswith("*") and isinstance(actual, str):
         return actual.startswith(pat[:-1])  # iifname "veth*": nft's prefix wildcard
-    return pat == actual or pat in str(actual).split(",")
+    # a flag list ("dnat,snat") holds the packet's one value
+    return pat == actual or str(actual) in pat.split(",")
 
 
 def _any_of(kind: str, actual: object, patterns: list) -> bool | None:
@@ -555,10 +642,16 @@ def _any_of(kind: str, actual: object, patterns: list) -> bool | None:
 
 
 @functools.lru_cache(maxsize=4096)
-def _net(pat: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+def _span(pat: str) -> tuple[int, int, int]:
+    """(IP version, first, last) of an address, a prefix or a range: nft lists an
+    interval set's merged prefixes as a range ("203.0.113.0-203.0.113.191")."""
     if "-" in pat:
-        raise ValueError("a range")
-    return ipaddress.ip_network(pat, strict=False)
+        a, b = (ipaddress.ip_address(x.strip()) for x in pat.split("-", 1))
+        if a.version != b.version or int(a) > int(b):
+            raise ValueError(f"not a range: {pat}")
+        return a.version, int(a), int(b)
+    net = ipaddress.ip_network(pat, strict=False)
+    return net.version, int(net.network_address), int(net.broadcast_address)
 
 
 def _mark(op: tuple, mark: int) -> int:
@@ -575,15 +668,16 @@ def _mark(op: tuple, mark: int) -> int:
 # -- compiling a rule's tokens into ops --------------------------------------------------
 
 _SELECTOR_HEADS = {
-    "ip": ("daddr", "saddr", "protocol"), "meta": ("l4proto", "mark", "iifname", "oifname",
+    "ip": ("daddr", "saddr", "protocol"), "ip6": ("daddr", "saddr", "nexthdr", "version",
+                                                  "hoplimit", "flowlabel", "dscp"),
+    "icmpv6": ("type", "code"), "meta": ("l4proto", "mark", "iifname", "oifname",
                                                     "nfproto", "protocol"),
     "th": ("dport", "sport"), "tcp": ("dport", "sport"), "udp": ("dport", "sport"),
     "sctp": ("dport", "sport"), "ct": ("state", "status", "mark", "direction"),
 }
 _SINGLE = frozenset({"mark", "iifname", "oifname", "iif", "oif"})
 _VERDICT_WORDS = frozenset({"accept", "drop", "reject", "return", "continue"})
-_PASSIVE = frozenset({"counter", "log", "notrack", "<passive:log>", "<passive:limit>",
-                      "<passive:notrack>"})
+_PASSIVE = frozenset({"counter", "log", "<passive:log>", "<passive:limit>"})
 _COMPILED: dict[tuple, list] = {}
 
 
@@ -673,6 +767,10 @@ def _compile(toks: tuple) -> list:
         if w in ("update", "add") and i + 2 < n and str(toks[i + 1]).startswith("@"):
             ops.append(("passive",))  # records session affinity: changes nothing now
             i += 3
+            continue
+        if w in ("notrack", "<passive:notrack>"):
+            ops.append(("notrack",))
+            i += 1
             continue
         if w in _PASSIVE or (isinstance(w, str) and w.startswith("<passive")):
             ops.append(("passive",))

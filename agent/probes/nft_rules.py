@@ -1,5 +1,9 @@
-"""kube-proxy's nftables mode: its table, as `nft -j list table ip kube-proxy` gives it
-(libnftables' JSON through the nft command: the structured interface).
+"""kube-proxy's nftables mode: the ruleset, as `nft -j list ruleset` gives it (libnftables'
+JSON through the nft command: the structured interface), read when `nft -j list tables`
+shows a kube-proxy table. The whole ruleset, not only kube-proxy's table: other tables on
+the same hooks decide too (a CNI's own nft masquerade, flannel's `ip flannel-ipv4`;
+firewalld's `inet firewalld`), and reading kube-proxy's alone made a masqueraded pod
+look unmasqueraded.
 
 Read only when nf_tables is in the kernel (asking nfnetlink for a missing subsystem makes
 the kernel load it). No table: not this mode, nothing to say. No `nft` command: said, as
@@ -7,6 +11,9 @@ the rules of an nftables-mode node cannot be read without it.
 """
 
 from __future__ import annotations
+
+import re
+import time
 
 from agent.probes.base import (
     CommandError,
@@ -21,20 +28,22 @@ from agent.probes.base import (
 from agent.snapshot import NftDump
 
 SOURCE = "nft rules"
-COMMAND = ("nft", "-j", "list", "table", "ip", "kube-proxy")
+TABLES = ("nft", "-j", "list", "tables")
+COMMAND = ("nft", "-j", "list", "ruleset")
 NO_NFT = ("nft: command not found: kube-proxy's nftables mode (table ip kube-proxy) cannot "
-          "be read; install nftables or give `nft list table ip kube-proxy` output")
+          "be read; install nftables or give `nft list ruleset` output")
+# {"table": {"family": "ip", "name": "kube-proxy", ...}} as nft -j prints it
+_KUBE_PROXY = re.compile(r'"table":\s*\{\s*"family":\s*"ip6?",\s*"name":\s*"kube-proxy"')
 
 
 def read_table(timeout: float) -> str | None:
-    """The JSON text, or None when there is no such table."""
-    try:
-        return run_command(list(COMMAND), timeout)
-    except CommandError as exc:
-        msg = str(exc)
-        if "No such file or directory" in msg or "does not exist" in msg:
-            return None
-        raise
+    """The ruleset's JSON text, or None when no kube-proxy table is in it (iptables or
+    IPVS mode: their rulesets can be big, and are not read twice)."""
+    deadline = time.monotonic() + timeout
+    tables = run_command(list(TABLES), timeout)
+    if not _KUBE_PROXY.search(tables):
+        return None
+    return run_command(list(COMMAND), max(deadline - time.monotonic(), 1.0))
 
 
 def collect(ctx: ProbeContext) -> ProbeResult:
