@@ -708,23 +708,26 @@ def _connmark(r: ParsedRule, pkt: Packet) -> tuple[Packet, str]:
 
 
 # a rule whose first match is on the source (kube-proxy's endpoint chains start with
-# "-s ENDPOINT -j KUBE-MARK-MASQ"): the tokens the parser would read, before any quote
-_LEADING_SRC = re.compile(r'-A [^\s"]+ -s ([^\s"]+) ')
+# "-s ENDPOINT -j KUBE-MARK-MASQ", its service chains' cluster IP rule with "! -s
+# CLUSTER-CIDR"): the tokens the parser would read, before any quote
+_LEADING_SRC = re.compile(r'-A [^\s"]+ (! )?-s ([^\s"]+) ')
 
 
 def _src_rules_out(text: str, pkt: Packet) -> bool:
-    """Does the rule's first match, `-s X`, fail for ``pkt``? Then the rule cannot match,
-    whatever follows (the walk stops at the first match that fails): no need to parse
-    it."""
-    if not text.startswith("-s ", text.find(" ", 3) + 1):
+    """Does the rule's first match, `[!] -s X`, fail for ``pkt``? Then the rule cannot
+    match, whatever follows (the walk stops at the first match that fails): no need to
+    parse it."""
+    at = text.find(" ", 3) + 1
+    if not text.startswith("-s ", at) and not text.startswith("! -s ", at):
         return False  # (the cheap test first: most rules do not start so)
     m = _LEADING_SRC.match(text)
     if m is None:
         return False
     try:
-        return _t_src(None, (m.group(1),), pkt)[0] == FALSE
+        v = _t_src(None, (m.group(2),), pkt)[0]
     except (ValueError, TypeError, IndexError):
         return False
+    return v == (TRUE if m.group(1) else FALSE)
 
 
 # -- the matches nearly every rule has, without the general dispatch of TableWalker._cond
