@@ -179,3 +179,16 @@ def test_ipv4_only_local_table_leaves_the_ipv6_vip_undecided(tmp_path: Path) -> 
     assert _lb_ip_local(verdict) == []
     assert any(u["source"] == "lb-ip-local" and "IPv6 local" in u["reason"]
                for u in verdict["unknowns"]), verdict["unknowns"]
+
+
+def test_an_ipv6_lb_ip_written_another_way_is_the_same_address(tmp_path: Path) -> None:
+    """A Service may write 2001:DB8:FF:0::7; `ip route` prints 2001:db8:ff::7."""
+    (tmp_path / "route-local.txt").write_text(
+        f"local ::1 dev lo proto kernel metric 0 pref medium\n"
+        f"local {VIP} dev kube-ipvs0 proto kernel metric 0 pref medium\n")
+    (tmp_path / "services.json").write_text(
+        _services_json().replace(f'"ip": "{VIP}"', '"ip": "2001:DB8:FF:0::7"'))
+    p = subprocess.run([sys.executable, "-m", "agent", "check", "--json", "--from",
+                        str(tmp_path)], capture_output=True, text=True, timeout=120)
+    verdict = json.loads(p.stdout)
+    assert [f["lb_ip"] for f in _lb_ip_local(verdict)] == [VIP], verdict["findings"]

@@ -159,13 +159,9 @@ def test_kernel_and_agent_agree_on_an_nftables_mode_node(case: str, tmp_path: Pa
     assert ids_by_ip(p) == got, (ids_by_ip(p), got)
 
 
-@pytest.mark.parametrize("cni_masquerade", [False, True], ids=["no-cni-rule", "cni-masq"])
-def test_a_cnis_iptables_rule_beside_kube_proxys_nft_table(cni_masquerade: bool,
-                                                           tmp_path: Path) -> None:
-    """An LB IP kube-proxy's table does not serve (a Service it has not synced yet): the
-    pod's SYN leaves the node; whether with the pod's address or the node's is decided by
-    a CNI's iptables-nft MASQUERADE in nat POSTROUTING, beside kube-proxy's nft chains on
-    the same hook. The kernel shows which; the agent must say the same."""
+def unsynced_service(tmp_path: Path) -> Path:
+    """A kube dir with one LoadBalancer Service, 9.9.9.9:80, that kube-proxy's table does
+    not serve (not synced yet): its pod traffic leaves the node."""
     kube = tmp_path / "kube"
     kube.mkdir()
     (kube / "services.json").write_text(json.dumps({"kind": "List", "items": [{
@@ -173,11 +169,27 @@ def test_a_cnis_iptables_rule_beside_kube_proxys_nft_table(cni_masquerade: bool,
         "spec": {"type": "LoadBalancer", "clusterIP": "172.30.0.99",
                  "ports": [{"port": 80, "protocol": "TCP", "nodePort": 3009}]},
         "status": {"loadBalancer": {"ingress": [{"ip": "9.9.9.9"}]}}}]}))
+    return kube
+
+
+def unsynced_lb(stack: ExitStack, client: Netns) -> None:
+    """The "load balancer" of that Service: 9.9.9.9 answering in the client namespace."""
+    client.run("ip", "addr", "add", "9.9.9.9/32", "dev", "lo")
+    serve(stack, client, "9.9.9.9")
+
+
+@pytest.mark.parametrize("cni_masquerade", [False, True], ids=["no-cni-rule", "cni-masq"])
+def test_a_cnis_iptables_rule_beside_kube_proxys_nft_table(cni_masquerade: bool,
+                                                           tmp_path: Path) -> None:
+    """An LB IP kube-proxy's table does not serve (a Service it has not synced yet): the
+    pod's SYN leaves the node; whether with the pod's address or the node's is decided by
+    a CNI's iptables-nft MASQUERADE in nat POSTROUTING, beside kube-proxy's nft chains on
+    the same hook. The kernel shows which; the agent must say the same."""
+    kube = unsynced_service(tmp_path)
     with nft_node((CORPUS / CASES[0] / "nft-transaction.txt").read_text()) as ns, \
             ExitStack() as stack:
         node, pod, client = ns["node"], ns["pod"], ns["client"]
-        client.run("ip", "addr", "add", "9.9.9.9/32", "dev", "lo")  # the "load balancer"
-        serve(stack, client, "9.9.9.9")
+        unsynced_lb(stack, client)
         if cni_masquerade:
             node.run("iptables-nft", "-t", "nat", "-A", "POSTROUTING", "-s", "10.0.1.0/24",
                      "!", "-d", "10.0.0.0/8", "-j", "MASQUERADE")
@@ -219,20 +231,13 @@ def test_constructed_firewalld_inet_table_beside_kube_proxy(tmp_path: Path) -> N
     with ip6-only rules on the forward hook. The kernel lets the pod's IPv4 SYN to an LB
     IP kube-proxy does not serve leave with the pod's address; the agent must say
     not-masqueraded, not undetermined."""
-    kube = tmp_path / "kube"
-    kube.mkdir()
-    (kube / "services.json").write_text(json.dumps({"kind": "List", "items": [{
-        "kind": "Service", "metadata": {"namespace": "ns9", "name": "new"},
-        "spec": {"type": "LoadBalancer", "clusterIP": "172.30.0.99",
-                 "ports": [{"port": 80, "protocol": "TCP", "nodePort": 3009}]},
-        "status": {"loadBalancer": {"ingress": [{"ip": "9.9.9.9"}]}}}]}))
+    kube = unsynced_service(tmp_path)
     fw = (CONSTRUCTED / "nft-inet-firewalld-ip6-rules" / "nft-firewalld.txt").read_text()
     with nft_node((CORPUS / CASES[0] / "nft-transaction.txt").read_text()) as ns, \
             ExitStack() as stack:
         node, pod, client = ns["node"], ns["pod"], ns["client"]
         node.run("nft", "-f", "-", input=fw)
-        client.run("ip", "addr", "add", "9.9.9.9/32", "dev", "lo")
-        serve(stack, client, "9.9.9.9")
+        unsynced_lb(stack, client)
         assert connect(pod, "9.9.9.9", 80) == "peer=10.0.1.5 local=9.9.9.9"
         got = _live_ids(node, tmp_path, kube)
     assert got["9.9.9.9"] == {"pod-to-lb-not-masqueraded"}, got
@@ -289,20 +294,13 @@ def test_constructed_cni_nft_masquerade_is_seen_live(tmp_path: Path) -> None:
     on the postrouting hook beside kube-proxy's. The kernel masquerades the pod's SYN to
     an LB IP kube-proxy does not serve; the live check read only `ip kube-proxy` and
     said pod-to-lb-not-masqueraded (a false loop)."""
-    kube = tmp_path / "kube"
-    kube.mkdir()
-    (kube / "services.json").write_text(json.dumps({"kind": "List", "items": [{
-        "kind": "Service", "metadata": {"namespace": "ns9", "name": "new"},
-        "spec": {"type": "LoadBalancer", "clusterIP": "172.30.0.99",
-                 "ports": [{"port": 80, "protocol": "TCP", "nodePort": 3009}]},
-        "status": {"loadBalancer": {"ingress": [{"ip": "9.9.9.9"}]}}}]}))
+    kube = unsynced_service(tmp_path)
     cni = (CONSTRUCTED / "nft-cni-native-nft-masquerade" / "nft-cni.txt").read_text()
     with nft_node((CORPUS / CASES[0] / "nft-transaction.txt").read_text()) as ns, \
             ExitStack() as stack:
         node, pod, client = ns["node"], ns["pod"], ns["client"]
         node.run("nft", "-f", "-", input=cni)
-        client.run("ip", "addr", "add", "9.9.9.9/32", "dev", "lo")
-        serve(stack, client, "9.9.9.9")
+        unsynced_lb(stack, client)
         assert connect(pod, "9.9.9.9", 80) == "peer=192.168.0.2 local=9.9.9.9"
         got = _live_ids(node, tmp_path, kube)
         bundle = tmp_path / "bundle"

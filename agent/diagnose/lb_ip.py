@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
 from agent.netfilter.rules import parse_rule_text
+from agent.parse.ip_text import canonical_ip
 from agent.snapshot import NodeSnapshot, Rules, Service
 
 # kube-proxy comments: "ns/svc:port loadbalancer IP", "ns/svc:port external IP"
@@ -119,6 +120,11 @@ def discover(snap: NodeSnapshot) -> list[LbTarget]:
             if t.protocol.upper() not in _PROTOCOLS:
                 return  # no Service has it: a damaged or foreign rule, not an LB port
             t = replace(t, protocol=t.protocol.upper())
+        if ":" in t.ip:
+            # IPv6 is written many ways; the tools (`ip route`, ipvsadm) print one
+            canonical = canonical_ip(t.ip)
+            if canonical and canonical != t.ip:
+                t = replace(t, ip=canonical)
         key = t.key
         if key in found:
             more.setdefault(key, []).append(t)

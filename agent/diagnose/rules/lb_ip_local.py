@@ -4,8 +4,6 @@ IPv4; on IPv6, which has no martian check, the node answers them to itself (to l
 
 from __future__ import annotations
 
-import ipaddress
-
 from agent.diagnose.context import Context
 from agent.diagnose.lb_ip import LbTarget
 from agent.diagnose.model import Finding
@@ -46,7 +44,7 @@ def check(ctx: Context) -> list[Finding]:
     out = []
     sysctls: list[str] | None = None  # the same lines for every LB IP: made once
     for ip, targets in by_ip.items():
-        route = ctx.facts.local_route(_canonical(ip))
+        route = ctx.facts.local_route(ip)
         if route is None:
             continue
         is_v6 = ":" in ip
@@ -94,12 +92,3 @@ def check(ctx: Context) -> list[Finding]:
             service=t.service, evidence=tuple(dict.fromkeys(evidence)), remedy=remedy))
     return out
 
-
-def _canonical(ip: str) -> str:
-    """The form `ip route` prints (an IPv6 address may be written many ways)."""
-    if ":" not in ip:
-        return ip
-    try:
-        return ipaddress.ip_address(ip).compressed
-    except ValueError:
-        return ip
