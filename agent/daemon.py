@@ -28,7 +28,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from agent.bundle import with_kube_json
 from agent.capture.model import OUTCOMES, SOURCE_CLASSES
 from agent.daemon_http import BoundedHTTPServer, QuietHandler
-from agent.diagnose import diagnose, node_name, prepare
+from agent.diagnose import Prepared, diagnose, node_name, prepare
 from agent.diagnose.model import Verdict
 from agent.probes import collect_live, kube_api
 from agent.probes.base import ProbeContext, ReadCache
@@ -256,9 +256,12 @@ class Daemon:
         last = self._last if self._last is not None and self._last[0] == snap else None
         self._last = None  # changed: the old facts go before the new ones are made
         # the capture and the diagnosis share the facts; no capture: the verdict is reused
-        prepared = last[1] if last else None
-        if prepared is None and not (last and not self.cfg.capture):
-            prepared = prepare(snap)
+        if last is None:
+            prepared: Prepared | None = prepare(snap)
+        elif self.cfg.capture:
+            prepared = last[1]
+        else:
+            prepared = None  # the same verdict, below
         t1 = time.monotonic()
         capture = None
         if self.cfg.capture and prepared is not None:
@@ -270,7 +273,7 @@ class Daemon:
             prepared = prepare(snap)
             last = None  # not the snapshot the last verdict was made of
         t2 = time.monotonic()
-        if last and capture is None and last[2].capture is None:  # the same verdict
+        if last is not None and not self.cfg.capture:  # the same verdict
             now = dt.datetime.now(dt.timezone.utc)
             v = dataclasses.replace(last[2], time=now.isoformat(timespec="seconds")
                                     .replace("+00:00", "Z"))
