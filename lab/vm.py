@@ -29,8 +29,10 @@ none``) and whatever it configures lives in its own kernel.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
+import fcntl
 import os
 import re
 import shlex
@@ -39,6 +41,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -52,6 +55,12 @@ DEFAULT_CACHE = Path.home() / ".cache" / "loopback-agent" / "vm"
 # (and br_netfilter, which every Kubernetes node loads: bridged pod-to-pod replies must
 # pass conntrack to be un-NATed; this machine's kernel has it built in)
 GUEST_MODULES = ("ip_vs", "ip_vs_rr", "dummy", "br_netfilter")
+
+
+# VMs booted by this process and not yet reaped: killed when it exits, also when a
+# caller (a background thread, see tests/vm_guest.py) is still waiting on one
+_RUNNING: set[subprocess.Popen[bytes]] = set()
+_RUNNING_LOCK = threading.Lock()
 
 
 class VmError(RuntimeError):
@@ -128,6 +137,15 @@ def ensure_kernel(cache: Path | None = None) -> Kernel:
     if missing := missing_tools():
         raise VmError("cannot prepare the VM, missing: " + "; ".join(missing))
     cache = cache or cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    # one fetch at a time (a thread or another run): a second one would replace the
+    # tree a booting guest reads its modules from
+    with open(cache / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure_kernel(cache)
+
+
+def _ensure_kernel(cache: Path) -> Kernel:
     try:
         package, version = kernel_package()
     except VmError as exc:
@@ -262,6 +280,8 @@ def run(script: str, *, kernel: Kernel, timeout: float = 600, cwd: Path | None =
     with open(console, "w") as con:
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=con, stderr=con,
                                 env=vng_env, start_new_session=True, preexec_fn=_die_with_parent)
+        with _RUNNING_LOCK:
+            _RUNNING.add(proc)
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -271,6 +291,8 @@ def run(script: str, *, kernel: Kernel, timeout: float = 600, cwd: Path | None =
                           f"(all in {out})") from None
         finally:
             _kill(proc)
+            with _RUNNING_LOCK:
+                _RUNNING.discard(proc)
     seconds = time.monotonic() - started
     rc_file = out / "rc"
     if not rc_file.exists():
@@ -288,6 +310,16 @@ def _die_with_parent() -> None:
     command with ``timeout`` and powers off by itself (see run)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+@atexit.register
+def _kill_running() -> None:
+    """qemu outlives vng (see _die_with_parent): a caller that exits while a guest runs
+    takes the guest's process group with it rather than leaving emulation spinning."""
+    with _RUNNING_LOCK:
+        for proc in list(_RUNNING):
+            _kill(proc)
+        _RUNNING.clear()
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:

@@ -27,3 +27,13 @@ def lb_bound() -> Iterator[Cluster]:
     """Upstream IPVS: the LB IP is bound on node 1's kube-ipvs0."""
     with build_cluster(SCENARIOS["ipvs-lb-bound"], "legacy") as c:
         yield c
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The VM's guest run starts now, in the background, when its test was selected:
+    it overlaps the host's tests instead of following them (tests/vm_guest.py)."""
+    if any(item.nodeid.startswith("tests/test_vm_ipvs.py::test_ipvs_mode_on_real_ipvs")
+           for item in session.items):
+        from tests import vm_guest
+
+        vm_guest.start()
