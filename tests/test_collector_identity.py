@@ -50,7 +50,9 @@ class FakeKubeAPI:
         self.tokens: dict[str, dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.calls: Counter[str] = Counter()
-        self.delay = 0.0  # seconds each token review takes (a slow API server)
+        # a stuck API server: while cleared, token reviews wait here (60 s at most)
+        self.open = threading.Event()
+        self.open.set()
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -79,7 +81,8 @@ class FakeKubeAPI:
                 if not self._authorized():
                     return None
                 spec = body["spec"]
-                time.sleep(api.delay)
+                api.calls["tokenreview started"] += 1
+                api.open.wait(60)
                 api.calls["tokenreview"] += 1
                 api.calls[f"tokenreview:{spec['token'][-12:]}"] += 1
                 known = api.tokens.get(spec["token"])
@@ -261,27 +264,34 @@ def test_kube_token_mode_needs_an_api_and_no_shared_token(tmp_path: Path,
 
 def test_known_agents_never_queue_behind_reviews_of_unknown_tokens(
         collector: Proc, kube: FakeKubeAPI) -> None:
-    # a flood of JWT-shaped garbage while the API server is slow: every review takes 2 s
-    # and the collector runs 4 at once; an agent reviewed before is answered from the
-    # cache at once, and one bad token repeated costs a single review
+    # a flood of JWT-shaped garbage while the API server is stuck: no review ends until
+    # the test lets them, and the collector runs 4 at once; an agent reviewed before is
+    # answered from the cache meanwhile (not by time: while no review of the flood has
+    # ended), and one bad token repeated costs a single review
     a = kube.agent_token("agent-aaaaa", "node-a")
     assert post(collector, verdict("node-a"), a).status_code == 200
-    kube.delay = 2.0
+    reviewed = kube.calls["tokenreview"]
+    kube.open.clear()
     def refused(i: int) -> None:
         with contextlib.suppress(requests.RequestException):  # queued ones may time out
             post(collector, verdict("x"), jwt(f"bad{i}"))
 
     flood = [threading.Thread(target=refused, args=(i,)) for i in range(24)]
-    for t in flood:
-        t.start()
-    time.sleep(0.5)  # the reviews are under way
-    t0 = time.monotonic()
-    assert post(collector, verdict("node-a"), a).status_code == 200
-    # queued behind the flood it would wait for 6 rounds of 4 reviews (12 s) or time out
-    assert time.monotonic() - t0 < 5.0
+    try:
+        for t in flood:
+            t.start()
+        deadline = time.monotonic() + 30
+        while kube.calls["tokenreview started"] < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert kube.calls["tokenreview started"] >= 4  # the collector's reviewers are busy
+        # queued behind the flood it would wait for a reviewer: none is free until the
+        # test opens the API server, so the post would time out
+        assert post(collector, verdict("node-a"), a).status_code == 200
+        assert kube.calls["tokenreview"] == reviewed  # no review ended in the meantime
+    finally:
+        kube.open.set()
     for t in flood:
         t.join(timeout=60)
-    kube.delay = 0.0
     deadline = time.monotonic() + 30  # reviews of the flood still queued: let them end
     while kube.calls["tokenreview"] < 1 + 24 and time.monotonic() < deadline:
         time.sleep(0.1)
