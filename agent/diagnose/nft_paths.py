@@ -216,9 +216,12 @@ class NftPathFinder:
         f = self.facts
         v6 = ":" in t.ip
         fam = "ip6" if v6 else "ip"
-        if self.ruleset.kube_proxy_for(v6) is None:
+        kp = self.ruleset.kube_proxy_for(v6)
+        if kp is None:
             return PathOutcome("unknown", f"kube-proxy's nft table ({fam} kube-proxy) is not "
                                f"in the input: `nft list table {fam} kube-proxy` shows it", ())
+        if not _has_nat_prerouting(kp):
+            return PathOutcome("unknown", _EXCERPT.format(fam=fam), ())
         pod, pod_unknown = (f.pod6, f.pod6_unknown) if v6 else (f.pod, f.pod_unknown)
         cidr = self.cidr6 if v6 else self.cidr
         if pod is None:
@@ -349,8 +352,11 @@ class NftPathFinder:
     def outside_to_lb(self, t: LbTarget) -> ServedOutcome:
         f = self.facts
         v6 = ":" in t.ip
-        if self.ruleset.kube_proxy_for(v6) is None:
+        kp = self.ruleset.kube_proxy_for(v6)
+        if kp is None:
             return ServedOutcome(None, None, (), "kube-proxy's nft table is not in the input")
+        if not _has_nat_prerouting(kp):
+            return ServedOutcome(None, None, (), _EXCERPT.format(fam="ip6" if v6 else "ip"))
         if t.node_port is None:
             return ServedOutcome(None, None, (), "the NodePort is unknown")
         node_ip, how = self.node_address(v6)
@@ -397,6 +403,17 @@ class NftPathFinder:
                 ", client source kept" if kept else ", source masqueraded"))
             return ServedOutcome(True, kept, evidence, how2)
         return ServedOutcome(False, None, evidence, "not served on this node")
+
+
+_EXCERPT = ("kube-proxy's nft table ({fam} kube-proxy) in the input has no nat prerouting "
+            "chain (an excerpt of it?): walking it would miss its DNAT; `nft list table "
+            "{fam} kube-proxy` shows it whole")
+
+
+def _has_nat_prerouting(t: NftTable) -> bool:
+    """kube-proxy's table as a whole has its nat prerouting base chain; a pasted map or
+    chain of it does not."""
+    return any(c.hook == "prerouting" and c.type == "nat" for c in t.chains)
 
 
 class _View:

@@ -1,0 +1,72 @@
+"""kube-proxy's nftables mode beyond one whole IPv4 table: excerpts of its table pasted
+without the table line, and its `ip6 kube-proxy` table walked with IPv6 packets (saved
+text; tests/test_nft_netns.py proves the same rulesets on a kernel)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.bundle import load_texts
+from agent.bundle.sections import name_format
+from agent.diagnose import diagnose
+from agent.netfilter.nft_model import NftError
+from agent.netfilter.nft_text import read_nft_text
+
+REAL = Path(__file__).parent / "data" / "realworld"
+EXCERPT = REAL / "k8s-issue-131765-nft-list-map-no-endpoint-services-excerpt" / "paste.txt"
+
+
+def verdict(*files: tuple[str, str]) -> dict:
+    snap = load_texts([(n, t, name_format(n)) for n, t in files], origin="bundle:t")
+    return diagnose(snap, "n").to_dict()
+
+
+def by_ip(v: dict) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for f in v["findings"]:
+        if f["lb_ip"]:
+            out.setdefault(f["lb_ip"], set()).add(f["id"])
+    return out
+
+
+def test_a_pasted_map_without_its_table_line_is_kube_proxys() -> None:
+    rs = read_nft_text(EXCERPT.read_text(), "paste.txt")
+    t = rs.kube_proxy
+    assert t is not None
+    m = t.set("no-endpoint-services")
+    assert m is not None and m.elements == ((("10.88.1.2", "tcp", "80"), "drop"),)
+    assert m.comments == ("sys-ingress-priv/internal-ingress-controller-v2:web",)
+    assert any(n.startswith("paste.txt:1: no 'table' line") for n in rs.notes), rs.notes
+    assert any("ends inside 2 '{'" in n for n in rs.notes), rs.notes
+
+
+def test_another_tables_headless_block_is_not_taken_for_kube_proxys() -> None:
+    # flannel's chain (kubernetes-sigs/kube-network-policies#54) without its table line
+    text = "chain postrtg {\n\ttype nat hook postrouting priority srcnat; policy accept;\n}\n"
+    with pytest.raises(NftError, match="no nft ruleset"):
+        read_nft_text(text, "p")
+
+
+def test_a_rule_cut_by_the_end_of_the_input_is_not_read() -> None:
+    text = ("chain services {\n\tip daddr . meta l4proto . th dport vmap @service-ips\n"
+            "\tfib daddr type local ip daddr != { 127.0.0.0/8")
+    rs = read_nft_text(text, "p")
+    rules = rs.kube_proxy.chain("services").rules
+    assert [r.text for r in rules] == ["ip daddr . meta l4proto . th dport vmap @service-ips"]
+    assert any("p:3: unterminated rule" in n for n in rs.notes), rs.notes
+
+
+def test_an_excerpt_naming_an_lb_ip_is_undecided_not_a_loop() -> None:
+    # constructed: kube-proxy's @service-ips block alone, as `nft list map ip kube-proxy
+    # service-ips` prints it: the LB IP is known, the chains that DNAT it are not
+    text = ("map service-ips {\n\ttype ipv4_addr . inet_proto . inet_service : verdict\n"
+            '\tcomment "ClusterIP, ExternalIP and LoadBalancer IP traffic"\n'
+            "\telements = { 1.2.3.4 . tcp . 80 : goto external-42NFTM6N-ns2/svc2/tcp/p80 }\n"
+            "}\n")
+    v = verdict(("paste.txt", text))
+    assert v["kube_proxy_mode"] == "nftables"
+    assert by_ip(v) == {"1.2.3.4": {"pod-to-lb-undetermined"}}
+    f = next(f for f in v["findings"] if f["id"] == "pod-to-lb-undetermined")
+    assert "no nat prerouting chain" in " ".join([f["summary"], *f["evidence"]])
