@@ -4,6 +4,7 @@ text; tests/test_nft_netns.py proves the same rulesets on a kernel)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ from agent.bundle.sections import name_format
 from agent.diagnose import diagnose
 from agent.netfilter.nft_model import NftError
 from agent.netfilter.nft_text import read_nft_text
+from agent.netfilter.nft_walk import NftPacket, NftWalker
+from lab.nft_node import V6_ADDRESSES, ipv6_of
 
 REAL = Path(__file__).parent / "data" / "realworld"
 EXCERPT = REAL / "k8s-issue-131765-nft-list-map-no-endpoint-services-excerpt" / "paste.txt"
@@ -70,3 +73,57 @@ def test_an_excerpt_naming_an_lb_ip_is_undecided_not_a_loop() -> None:
     assert by_ip(v) == {"1.2.3.4": {"pod-to-lb-undetermined"}}
     f = next(f for f in v["findings"] if f["id"] == "pod-to-lb-undetermined")
     assert "no nat prerouting chain" in " ".join([f["summary"], *f["evidence"]])
+
+
+OVERALL = REAL / "k8s-nftables-overall-rules-lb-etp-local-sourceranges"
+
+
+def test_the_ip6_table_of_the_same_services_gives_the_ip_tables_verdict() -> None:
+    want4 = json.loads((OVERALL / "case.json").read_text())["expected"]["per_ip"]
+    script = (OVERALL / "nft-transaction.txt").read_text()
+    v = verdict(("nft-transaction.txt", ipv6_of(script)))
+    assert v["kube_proxy_mode"] == "nftables"
+    assert by_ip(v) == {V6_ADDRESSES[ip]: set(ids) for ip, ids in want4.items()}
+    # both tables in one input (a dual-stack node): each family walked through its own
+    both = verdict(("nft-transaction.txt", script + ipv6_of(script)))
+    assert by_ip(both) == {**{ip: set(ids) for ip, ids in want4.items()},
+                           **{V6_ADDRESSES[ip]: set(ids) for ip, ids in want4.items()}}
+
+
+class _Remote:
+    def addr_type(self, addr: str) -> str | None:
+        return "UNICAST"
+
+
+def test_the_packets_family_decides_which_tables_and_keys_it_meets() -> None:
+    text = """table ip four {
+\tchain pre {
+\t\ttype filter hook prerouting priority 0; policy drop;
+\t}
+}
+table inet both {
+\tchain pre {
+\t\ttype filter hook prerouting priority 10; policy accept;
+\t\tmeta nfproto ipv4 ip daddr 192.0.2.1 accept
+\t\tip saddr != 192.0.2.0/24 drop
+\t\tip6 daddr 2001:db8::5 tcp dport 80 drop
+\t}
+}
+table ip6 six {
+\tchain nat {
+\t\ttype nat hook prerouting priority -100; policy accept;
+\t\tip6 daddr 2001:db8::6 dnat to [fd00::6]:8080
+\t}
+}
+"""
+    w = NftWalker(read_nft_text(text, "t"), _Remote())
+    six = NftPacket(src="2001:db8::9", dst="2001:db8::6")
+    r = w.walk_hook("prerouting", six)
+    # not the ip table's drop policy, not the inet table's IPv4 rules (`ip saddr !=` is
+    # never an IPv6 packet's), the ip6 table's DNAT
+    assert [(x.verdict, x.packet.dnat_to) for x in r] == [("DNAT", "[fd00::6]:8080")]
+    assert [s.where for s in r[0].steps] == ["nft ip6 six nat"]
+    r = w.walk_hook("prerouting", NftPacket(src="2001:db8::9", dst="2001:db8::5"))
+    assert [x.verdict for x in r] == ["DROP"]
+    r = w.walk_hook("prerouting", NftPacket(src="198.51.100.1", dst="198.51.100.2"))
+    assert [x.verdict for x in r] == ["DROP"]  # the ip table's policy: IPv4 meets it
