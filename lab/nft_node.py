@@ -42,7 +42,7 @@ while True:
     c, peer = s.accept()
     c.sendall(f"peer={peer[0]} local={c.getsockname()[0]}\\n".encode()); c.close()
 """
-_SERVER6 = """
+SERVER6 = """
 import socket
 s = socket.socket(socket.AF_INET6); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
@@ -137,7 +137,7 @@ def nft_node(script: str, script6: str | None = None) -> Iterator[dict[str, Netn
         node.run("nft", "-f", "-", input=ordered(script + (script6 or "")))
         serve(stack, ep, "10.180.0.1")
         if script6 is not None:
-            serve(stack, ep, "fd00:10:180::1", _SERVER6)
+            serve(stack, ep, "fd00:10:180::1", SERVER6)
         yield ns
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from lab.netns import Netns
-from lab.nft_node import connect, ipv6_of, nft_node
+from lab.nft_node import SERVER6, connect, ipv6_of, nft_node, serve
 
 pytestmark = pytest.mark.netns
 
@@ -29,6 +29,21 @@ OVERALL = (Path(__file__).parent / "data" / "realworld" /
 LB_LOCAL = "2001:db8:1234::4"  # ns2/svc2: eTP=Local, no local endpoint, NodePort 3001
 EXT_CLUSTER = "2001:db8:99::33"  # ns4/svc4: external IP, eTP=Cluster
 LB_RANGES = "2001:db8:5678::8"  # ns5/svc5: eTP=Cluster, source range 2001:db8:203::/64
+UNSYNCED = "2001:db8:9999::9"  # a Service kube-proxy's tables do not serve (yet)
+
+
+def unsynced_service(tmp_path: Path) -> Path:
+    """A kube dir with one IPv6 LoadBalancer Service whose ingress IP no table serves:
+    the pod's SYN leaves the node with the pod's address."""
+    kube = tmp_path / "kube"
+    kube.mkdir()
+    (kube / "services.json").write_text(json.dumps({"kind": "List", "items": [{
+        "kind": "Service", "metadata": {"namespace": "ns9", "name": "new6"},
+        "spec": {"type": "LoadBalancer", "clusterIP": "fd00:10:96::99",
+                 "ipFamilies": ["IPv6"], "ipFamilyPolicy": "SingleStack",
+                 "ports": [{"port": 80, "protocol": "TCP", "nodePort": 3009}]},
+        "status": {"loadBalancer": {"ingress": [{"ip": UNSYNCED}]}}}]}))
+    return kube
 
 
 def agent(ns: Netns | None, *args: str) -> subprocess.CompletedProcess[str]:
@@ -48,8 +63,12 @@ def ids_by_ip(v: dict[str, Any]) -> dict[str, set[str]]:
 
 def test_dual_stack_nftables_node_ipv6_lb_ips(tmp_path: Path) -> None:
     script = OVERALL.read_text()
+    kube = unsynced_service(tmp_path)
     with nft_node(script, ipv6_of(script)) as ns, ExitStack() as stack:
         node, pod, client = ns["node"], ns["pod"], ns["client"]
+        # the unsynced Service's "load balancer": its address answering in the client
+        client.run("ip", "-6", "addr", "add", f"{UNSYNCED}/128", "dev", "lo", "nodad")
+        serve(stack, client, UNSYNCED, SERVER6)
         probes = {
             # eTP=Local LB IP: DNATed on the node, the pod's address kept (captured)
             "pod lb-local": (pod, LB_LOCAL, 80, None),
@@ -63,6 +82,8 @@ def test_dual_stack_nftables_node_ipv6_lb_ips(tmp_path: Path) -> None:
             "client :3002": (client, "2001:db8::1", 3002, None),
             "in-range lb-ranges": (client, LB_RANGES, 80, "2001:db8:203::2"),
             "out-of-range lb-ranges": (client, LB_RANGES, 80, "2001:db8:203:1::130"),
+            # not in any table: leaves the node with the pod's own address
+            "pod unsynced": (pod, UNSYNCED, 80, None),
         }
         with ThreadPoolExecutor(len(probes)) as pool:  # the drops wait 2 s each: at once
             futures = {k: pool.submit(connect, *args) for k, args in probes.items()}
@@ -75,10 +96,12 @@ def test_dual_stack_nftables_node_ipv6_lb_ips(tmp_path: Path) -> None:
         assert kernel["client :3002"] == "peer=fd00:99::1 local=fd00:10:180::3", kernel
         assert kernel["in-range lb-ranges"] == "peer=fd00:99::1 local=fd00:10:180::3", kernel
         assert kernel["out-of-range lb-ranges"] == "timeout", kernel
+        assert kernel["pod unsynced"] == f"peer=fd00:10::5 local={UNSYNCED}", kernel
         # IPv4 beside it is unchanged
         assert connect(pod, "1.2.3.4", 80) == "peer=10.0.1.5 local=10.180.0.2"
 
-        live = agent(node, "check", "--json", "--no-kube-api", "--node-name", "nft-node")
+        live = agent(node, "check", "--json", "--no-kube-api", "--kube-json", str(kube),
+                     "--node-name", "nft-node")
         assert live.stdout, live.stderr
         v = json.loads(live.stdout)
         bundle = tmp_path / "bundle"
@@ -95,12 +118,16 @@ def test_dual_stack_nftables_node_ipv6_lb_ips(tmp_path: Path) -> None:
     want6 = {LB_LOCAL: {"pod-to-lb-captured", "etp-local-no-local-endpoint"},
              "2001:db8:99::22": {"pod-to-lb-captured", "etp-local-no-local-endpoint"},
              EXT_CLUSTER: {"pod-to-lb-captured"},
-             LB_RANGES: {"pod-to-lb-dropped"}}
+             LB_RANGES: {"pod-to-lb-dropped"},
+             UNSYNCED: {"pod-to-lb-not-masqueraded"}}
     for ip, ids in want6.items():
         assert got.get(ip) == ids, (ip, got)
     # IPv4 as before: the same Services, the same answers
     assert got["1.2.3.4"] == want6[LB_LOCAL] and got["5.6.7.8"] == {"pod-to-lb-dropped"}
-    assert v["status"] == "healthy", v
+    assert v["status"] == "at-risk", v
+    loop = next(f for f in v["findings"] if f["lb_ip"] == UNSYNCED)
+    # IPv6 has no rp_filter: the SYN coming back reaches the pod (no IPv4 sysctl named)
+    assert not any("rp_filter" in e for e in loop["evidence"]), loop["evidence"]
     # the evidence quotes the ip6 table's rules walked
     cap = next(f for f in v["findings"] if f["id"] == "pod-to-lb-captured"
                and f["lb_ip"] == LB_LOCAL)
@@ -111,6 +138,7 @@ def test_dual_stack_nftables_node_ipv6_lb_ips(tmp_path: Path) -> None:
     drop = next(f for f in v["findings"] if f["lb_ip"] == LB_RANGES)
     assert any("2001:db8:203::/64" in e and "drop" in e for e in drop["evidence"]), drop
     # check --from the bundle saved on the same node: the same verdict
+    (bundle / "services.json").write_text((kube / "services.json").read_text())
     offline = agent(None, "check", "--from", str(bundle), "--json", "--node-name", "nft-node")
     w = json.loads(offline.stdout)
     assert ids_by_ip(w) == got and w["status"] == v["status"], (ids_by_ip(w), got)

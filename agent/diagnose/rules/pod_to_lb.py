@@ -52,7 +52,8 @@ def check(ctx: Context) -> list[Finding]:
         ev.append("learned from " + "; ".join(t.learned_from))
         ev += t.disagreements
         if o.kind == "not-masqueraded":
-            rp = rp_filter_effective(ctx)
+            # IPv6 has no rp_filter (README "How it decides"): the SYN reaches the pod
+            rp = rp_filter_effective(ctx) if ":" not in t.ip else 0
             if rp is not None:
                 ev.append("if the load balancer sends it back to this node: " + (
                     "rp_filter drops the SYN (reverse path is the pod bridge)" if rp == 1 else
