@@ -51,7 +51,23 @@ def check(ctx: Context) -> list[Finding]:
             ev.append(line)
         ev.append("learned from " + "; ".join(t.learned_from))
         ev += t.disagreements
-        if o.kind == "not-masqueraded":
+        if o.kind == "not-masqueraded" and t.ip_mode == "Proxy":
+            # kube-proxy writes no rule for an ipMode: Proxy address (every mode: its
+            # service tracker skips it) and hands pod traffic to the load balancer on
+            # purpose; a proxying load balancer opens its own connection to the node, so
+            # the connection loops only if it keeps the pod's address: not decided here
+            ev.append("status.loadBalancer.ingress[].ipMode: Proxy: kube-proxy (1.30+) "
+                      "writes no rule for this address in any mode, so pods' traffic goes "
+                      "to the load balancer by design")
+            why = ("kube-proxy hands it to the load balancer (ipMode: Proxy); it loops only "
+                   "if the load balancer forwards it back to this node keeping the pod's "
+                   "address, which the node cannot show")
+            ctx.unknown(f"nat walk {what}", why)
+            out.append(Finding(UNDETERMINED, "warning",
+                               f"Could not decide whether pods reaching {what} loop back: "
+                               f"{why}", evidence=tuple(ev),
+                               remedy=for_not_masqueraded(t, ctx), **common))
+        elif o.kind == "not-masqueraded":
             # IPv6 has no rp_filter (README "How it decides"): the SYN reaches the pod
             rp = rp_filter_effective(ctx) if ":" not in t.ip else 0
             if rp is not None:
