@@ -107,6 +107,10 @@ def test_dual_stack_nftables_node_ipv6_lb_ips(tmp_path: Path) -> None:
         bundle = tmp_path / "bundle"
         saved = agent(node, "bundle", str(bundle), "--no-kube-api")
         assert saved.returncode == 0, saved.stderr
+        (tmp_path / "paste").mkdir()
+        (tmp_path / "paste" / "nft.txt").write_text(
+            "# nft list table ip6 kube-proxy\n" + node.run("nft", "list", "table", "ip6",
+                                                           "kube-proxy").stdout)
         # an IPv6 LB IP the node holds (a VIP bound on it): lb-ip-local (from the IPv6
         # local table, read live); an external IP bound likewise is not an LB's VIP
         node.run("ip", "-6", "addr", "add", f"{LB_RANGES}/128", "dev", "lo", "nodad")
@@ -142,6 +146,14 @@ def test_dual_stack_nftables_node_ipv6_lb_ips(tmp_path: Path) -> None:
     offline = agent(None, "check", "--from", str(bundle), "--json", "--node-name", "nft-node")
     w = json.loads(offline.stdout)
     assert ids_by_ip(w) == got and w["status"] == v["status"], (ids_by_ip(w), got)
+    # a pasted `nft list table ip6 kube-proxy` alone (no addresses, no Services): the
+    # same findings for the IPv6 LB IPs it serves
+    pasted = json.loads(agent(None, "check", "--from", str(tmp_path / "paste"), "--json").stdout)
+    assert pasted["kube_proxy_mode"] == "nftables"
+    assert ids_by_ip(pasted) == {ip: ids for ip, ids in want6.items() if ip != UNSYNCED}
+    cap6 = next(f for f in pasted["findings"] if f["lb_ip"] == LB_LOCAL
+                and f["id"] == "pod-to-lb-captured")
+    assert f"Pods reaching [{LB_LOCAL}]:80/TCP" in cap6["summary"], cap6["summary"]
     # the bound VIPs: the pod's SYN to the external IP is taken in by the node itself
     b = ids_by_ip(bound)
     assert b[LB_RANGES] == {"lb-ip-local", "pod-to-lb-dropped"}, b

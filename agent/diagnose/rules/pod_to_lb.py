@@ -36,7 +36,8 @@ def check(ctx: Context) -> list[Finding]:
             except Exception as e:  # one target's bug must not hide the others
                 o = PathOutcome("unknown", f"internal error walking it: "
                                 f"{type(e).__name__}: {e}", ())
-        what = f"{t.ip}:{t.port}/{t.protocol}" if t.port else f"{t.ip} (ports not in the input)"
+        host = f"[{t.ip}]" if ":" in t.ip else t.ip  # an IPv6 address before its port
+        what = f"{host}:{t.port}/{t.protocol}" if t.port else f"{t.ip} (ports not in the input)"
         if t.kind == "ingress" and t.ingress:
             what += f" (Ingress {t.ingress})"
         if t.service is None:
