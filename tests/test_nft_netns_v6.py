@@ -4,7 +4,8 @@ and the `ip6 kube-proxy` table its IPv6 proxier writes for the same Services
 (lab.nft_node.ipv6_of: constructed, kube-proxy's tests state no IPv6 LoadBalancer
 ruleset) loaded with `nft -f` into a node namespace made here. Real IPv6 SYNs show what
 the kernel does with the IPv6 LB IPs; live `check` and `check --from` of the bundle saved
-on the node must say the same, for both families.
+on the node must say the same, for both families. Also kube-proxy's v1.29-alpha ruleset
+(a real paste of the corpus the agent first misread) on a kernel.
 """
 
 from __future__ import annotations
@@ -158,3 +159,25 @@ def test_dual_stack_nftables_node_ipv6_lb_ips(tmp_path: Path) -> None:
     b = ids_by_ip(bound)
     assert b[LB_RANGES] == {"lb-ip-local", "pod-to-lb-dropped"}, b
     assert b[EXT_CLUSTER] == {"pod-to-lb-captured"}, b
+
+
+ALPHA = (Path(__file__).parent / "data" / "realworld" /
+         "k8s-nftables-1.29alpha-overall-firewall-set-lbsourceranges" / "nft-transaction.txt")
+
+
+def test_kube_proxy_1_29_alpha_source_ranges_on_a_kernel(tmp_path: Path) -> None:
+    """kube-proxy's v1.29-alpha ruleset (a `firewall` set checked in filter-input and
+    -forward; @service-ips sends the LB IP to a firewall- chain): the agent first missed
+    its LB IP. The kernel drops a pod's SYN to 5.6.7.8 (out of the source range) and
+    DNATs one to 1.2.3.4; the live check says the same."""
+    with nft_node(ALPHA.read_text()) as ns:
+        pod = ns["pod"]
+        with ThreadPoolExecutor(2) as pool:
+            ranged = pool.submit(connect, pod, "5.6.7.8", 80)
+            local = pool.submit(connect, pod, "1.2.3.4", 80)
+            kernel = {"5.6.7.8": ranged.result(), "1.2.3.4": local.result()}
+        live = agent(ns["node"], "check", "--json", "--no-kube-api")
+    assert kernel == {"5.6.7.8": "timeout", "1.2.3.4": "peer=10.0.1.5 local=10.180.0.2"}
+    got = ids_by_ip(json.loads(live.stdout))
+    assert got["5.6.7.8"] == {"pod-to-lb-dropped"}, got
+    assert "pod-to-lb-captured" in got["1.2.3.4"], got
