@@ -127,3 +127,18 @@ table ip6 six {
     assert [x.verdict for x in r] == ["DROP"]
     r = w.walk_hook("prerouting", NftPacket(src="198.51.100.1", dst="198.51.100.2"))
     assert [x.verdict for x in r] == ["DROP"]  # the ip table's policy: IPv4 meets it
+
+
+def test_meta_protocol_is_the_packets_ethertype() -> None:
+    text = """table inet t {
+\tchain pre {
+\t\ttype filter hook prerouting priority 0; policy accept;
+\t\tmeta protocol ip6 drop
+\t}
+}
+"""
+    w = NftWalker(read_nft_text(text, "t"), _Remote())
+    assert [r.verdict for r in w.walk_hook("prerouting", NftPacket(
+        src="2001:db8::9", dst="2001:db8::6"))] == ["DROP"]
+    assert [r.verdict for r in w.walk_hook("prerouting", NftPacket(
+        src="198.51.100.1", dst="198.51.100.2"))] == ["ACCEPT"]

@@ -390,6 +390,8 @@ class NftWalker:
             return "ctstate", "untracked" if p.untracked else "new"
         if sel == "meta nfproto":
             return "word", "ipv6" if p.v6 else "ipv4"
+        if sel == "meta protocol":  # the ethertype, as nft names it
+            return "word", "ip6" if p.v6 else "ip"
         if sel == "ct status":
             return "word", "dnat" if p.dnat_to else ""
         if sel.startswith("fib ") and sel.endswith(" type"):
