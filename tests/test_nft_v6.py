@@ -142,3 +142,44 @@ def test_meta_protocol_is_the_packets_ethertype() -> None:
         src="2001:db8::9", dst="2001:db8::6"))] == ["DROP"]
     assert [r.verdict for r in w.walk_hook("prerouting", NftPacket(
         src="198.51.100.1", dst="198.51.100.2"))] == ["ACCEPT"]
+
+
+# constructed: the dual-stack lab node (lab.nft_node) as `ip addr` and its local table
+ADDR6 = """1: lo: <LOOPBACK,UP,LOWER_UP> mtu 65536 qdisc noqueue state UNKNOWN group default
+    inet 127.0.0.1/8 scope host lo
+    inet6 ::1/128 scope host
+2: eth0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue state UP group default
+    inet 192.168.0.2/24 brd 192.168.0.255 scope global eth0
+    inet6 2001:db8::1/64 scope global
+3: cni0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue state UP group default
+    inet 10.0.1.1/24 brd 10.0.1.255 scope global cni0
+    inet6 fd00:10::1/64 scope global
+"""
+# constructed: a CNI masquerading its IPv6 pods in a table of its own (flannel's
+# nftables mode writes `table ip6 flannel-ipv6` with such a chain)
+CNI6 = """table ip6 flannel-ipv6 {
+\tchain postrtg {
+\t\ttype nat hook postrouting priority srcnat; policy accept;
+\t\tip6 saddr fd00:10::/64 ip6 daddr != fd00:10::/64 masquerade fully-random
+\t}
+}
+"""
+UNSYNCED6 = json.dumps({"kind": "List", "items": [{
+    "kind": "Service", "metadata": {"namespace": "ns9", "name": "new6"},
+    "spec": {"type": "LoadBalancer", "clusterIP": "fd00:10:96::99",
+             "ports": [{"port": 80, "protocol": "TCP", "nodePort": 3009}]},
+    "status": {"loadBalancer": {"ingress": [{"ip": "2001:db8:9999::9"}]}}}]})
+
+
+def test_an_ipv6_cni_masquerade_beside_kube_proxys_ip6_table() -> None:
+    script = ipv6_of((OVERALL / "nft-transaction.txt").read_text())
+    files = [("nft-transaction.txt", script), ("addr.txt", ADDR6),
+             ("services.json", UNSYNCED6)]
+    bare = verdict(*files)
+    assert by_ip(bare)["2001:db8:9999::9"] == {"pod-to-lb-not-masqueraded"}, by_ip(bare)
+    v = verdict(*files, ("nft-cni.txt", CNI6))
+    assert by_ip(v)["2001:db8:9999::9"] == {"pod-to-lb-masqueraded"}, by_ip(v)
+    f = next(f for f in v["findings"] if f["lb_ip"] == "2001:db8:9999::9")
+    ev = "\n".join(f["evidence"])
+    assert "nft ip6 flannel-ipv6 postrtg: ip6 saddr fd00:10::/64" in ev, ev
+    assert "the node's address 2001:db8::1 (masquerade)" in ev, ev
