@@ -34,6 +34,8 @@ from agent.snapshot import KubeProxy, NodeSnapshot
 DATA = Path(__file__).parent / "data"
 OVERALL = DATA / "realworld" / "k8s-nftables-overall-rules-lb-etp-local-sourceranges"
 OLD = DATA / "realworld" / "knftables-fakedump-k8s-1.29-nftables-fib-nodeports"
+# the v1.29 alpha: a `firewall` set and a firewall- chain @service-ips sends the LB IP to
+ALPHA = DATA / "realworld" / "k8s-nftables-1.29alpha-overall-firewall-set-lbsourceranges"
 LISTING = DATA / "nft" / "overall-list.txt"
 JSON = DATA / "nft" / "overall.json"
 SCHEMA = json.loads((Path(__file__).parents[1] / "agent" / "schema" /
@@ -80,7 +82,7 @@ def test_the_three_forms_of_one_ruleset_read_alike() -> None:
     assert jrules == lrules
 
 
-@pytest.mark.parametrize("case", [OVERALL, OLD], ids=lambda p: p.name)
+@pytest.mark.parametrize("case", [OVERALL, OLD, ALPHA], ids=lambda p: p.name)
 def test_corpus_verdict_per_lb_ip(case: Path) -> None:
     want = json.loads((case / "case.json").read_text())["expected"]["per_ip"]
     v = verdict_of(("nft-transaction.txt", (case / "nft-transaction.txt").read_text()))

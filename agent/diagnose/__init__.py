@@ -58,6 +58,9 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
     unknowns = [{"source": u.source, "reason": u.reason} for u in snap.unknowns]
     unknowns += [{"source": "LB IPs", "reason": r} for r in skipped]
     paths = NftPathFinder(facts) if mode == "nftables" else PathFinder(facts)
+    if isinstance(paths, NftPathFinder):  # its ip6 kube-proxy table is walked as the ip one
+        targets += [t for t in v6_targets if paths.walks(t.ip)]
+        v6_targets = [t for t in v6_targets if not paths.walks(t.ip)]
     ctx = Context(snap, facts, targets, paths, mode, mode_how, unknowns,  # type: ignore[arg-type]
                   ChainServices(snap), capture, v6_targets)
     findings: list[Finding] = []

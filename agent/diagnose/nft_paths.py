@@ -1,7 +1,9 @@
-"""kube-proxy's nftables mode: which LB/external IPs its `ip kube-proxy` table serves, the
-mode itself, and the two walks the findings ask of any mode (a pod's packet to LB
-IP:port; the load balancer's packet to the NodePort), with the same result types as the
-iptables walks (agent.diagnose.paths), so the findings come out the same way.
+"""kube-proxy's nftables mode: which LB/external IPs its `ip kube-proxy` and `ip6
+kube-proxy` tables serve, the mode itself, and the two walks the findings ask of any mode
+(a pod's packet to LB IP:port; the load balancer's packet to the NodePort), with the same
+result types as the iptables walks (agent.diagnose.paths), so the findings come out the
+same way. An IPv6 LB IP is walked with an IPv6 packet through the `ip6` and `inet` tables
+(kube-proxy's dual-stack proxier writes one table per family).
 """
 
 from __future__ import annotations
@@ -21,8 +23,14 @@ from agent.snapshot import NodeSnapshot
 # kube-proxy's chain names: "external-42NFTM6N-ns2/svc2/tcp/p80"
 _CHAIN = re.compile(r"^(service|external|firewall|endpoint)-[A-Z0-9]{8}-"
                     r"([a-z0-9][-a-z0-9.]*)/([a-z0-9][-a-z0-9.]*)/(tcp|udp|sctp)/(.*)$")
-# "ip saddr != 10.0.0.0/8 jump mark-for-masquerade": kube-proxy's cluster CIDR
-_CIDR_MASQ = re.compile(r"ip saddr != (\d+\.\d+\.\d+\.\d+/\d+) jump mark-for-masquerade")
+# "ip saddr != 10.0.0.0/8 jump mark-for-masquerade" ("ip6 saddr != fd00:10::/64 ..."):
+# kube-proxy's cluster CIDR
+_CIDR_MASQ = re.compile(r"ip6? saddr != ([0-9a-fA-F:.]+/\d+) jump mark-for-masquerade")
+# IPv6 stand-ins (documentation prefix, clear of the 2001:db8::/64 kube-proxy's tests use
+# for nodes): the node's address, a pod, a client out on the internet
+NODE_STAND_IN6 = "2001:db8:ffff::10"
+POD_STAND_IN6 = "2001:db8:ffff::77"
+OUTSIDE_CLIENT6 = "2001:db8:ffff:100::7"
 _RANK = {"not-masqueraded": 0, "unknown": 1, "dropped": 2, "masqueraded": 3, "captured": 4}
 _NO_LOOP = frozenset({"captured", "masqueraded", "dropped"})
 
@@ -36,17 +44,17 @@ def nft_mode(snap: NodeSnapshot, mode: str, how: str) -> tuple[str, str]:
         return "nftables", ("kube-proxy --proxy-mode=nftables" if kp.pid is not None else
                             "kube-proxy's mode nftables as the input shows it")
     rs, _ = ruleset_of(snap)
-    t = rs.kube_proxy if rs is not None else None
+    t = (rs.kube_proxy or rs.kube_proxy_for(True)) if rs is not None else None
     if t is None:
         return mode, how
     if mode == "unknown":
-        return "nftables", "nft table ip kube-proxy exists (kube-proxy nftables mode)"
+        return "nftables", f"nft table {t.family} kube-proxy exists (kube-proxy nftables mode)"
     svc = t.set("service-ips")
     if svc is not None and svc.elements:
         # kube-proxy removes the other modes' rules when it starts: both at once is a
         # leftover or a second proxy; the verdict says which one it walked
-        return mode, (f"{how}; an nft table ip kube-proxy with {len(svc.elements)} service "
-                      f"addresses exists too (a leftover of nftables mode, or a second "
+        return mode, (f"{how}; an nft table {t.family} kube-proxy with {len(svc.elements)} "
+                      f"service addresses exists too (a leftover of nftables mode, or a second "
                       f"proxy?): walked as {mode}; give --mode nftables to walk it instead")
     return mode, how
 
@@ -88,7 +96,9 @@ def _table_targets(snap: NodeSnapshot, t: NftTable, version: int,
     cluster = t.set("cluster-ips")
     cluster_ips = {e[0][0] for e in cluster.elements} if cluster else set()
     cluster_ips |= {s.cluster_ip for s in snap.services or () if s.cluster_ip}
-    fw = t.set("firewall-ips")
+    # LoadBalancerSourceRanges: the @firewall-ips map (v1.30 on) or the v1.29 alpha's
+    # @firewall set; either way only a load balancer's address is in it
+    fw = t.set("firewall-ips") or t.set("firewall")
     fw_keys = {e[0] for e in fw.elements} if fw else set()
     nodeports: dict[str, int] = {}
     np_map = t.set("service-nodeports")
@@ -99,8 +109,11 @@ def _table_targets(snap: NodeSnapshot, t: NftTable, version: int,
         if len(parts) != 3 or not parts[2].isdigit() or not verdict:
             continue
         ip, proto, port = parts[0], parts[1].upper(), int(parts[2])
-        chain = verdict.split()[-1]
-        if ip in cluster_ips or (not cluster_ips and not chain.startswith("external-")):
+        # without @cluster-ips (older generations), a ClusterIP is the element that goes
+        # straight to its service- chain; LB and external IPs go to an external- chain, or
+        # (v1.29 alpha, with source ranges) to a firewall- chain that goes on to it
+        chain = _through_firewall(t, verdict.split()[-1])
+        if ip in cluster_ips or (not cluster_ips and chain.startswith("service-")):
             continue
         try:
             if ipaddress.ip_address(ip).version != version:
@@ -125,6 +138,18 @@ def _table_targets(snap: NodeSnapshot, t: NftTable, version: int,
                        node_port=nodeports.get(chain))
         by_key[new.key] = new
 
+
+
+def _through_firewall(t: NftTable, chain_name: str) -> str:
+    """The external- chain a firewall- chain sends allowed sources on to (kube-proxy
+    v1.29 alpha's LoadBalancerSourceRanges), else the chain itself."""
+    c = t.chain(chain_name) if chain_name.startswith("firewall-") else None
+    for r in c.rules if c else ():
+        words = r.text.split()
+        for k, w in enumerate(words[:-1]):
+            if w in ("goto", "jump") and words[k + 1].startswith("external-"):
+                return words[k + 1]
+    return chain_name
 
 
 def _etp(t: NftTable, chain_name: str) -> tuple[str | None, str]:
@@ -158,9 +183,11 @@ class NftPathFinder:
                 walkers["nat"] = ipt.nat.walk
             if ipt.filter is not None:
                 walkers["filter"] = ipt.filter.walk
-        self.walker = NftWalker(self.ruleset, facts, walkers)
+        self.walker = NftWalker(self.ruleset, _View(facts), walkers)
         kp = self.ruleset.kube_proxy
         self.cidr = cluster_cidr(kp) if kp else None
+        kp6 = self.ruleset.kube_proxy_for(True)
+        self.cidr6 = cluster_cidr(kp6) if kp6 else None
         self.problems = problems
         notes = [f"nft input: {p}" for p in problems[:5]]
         if walkers:
@@ -168,6 +195,9 @@ class NftPathFinder:
                          "with kube-proxy's nftables chains in hook priority order; at equal "
                          "priority the kernel's order is registration order, which a dump "
                          "does not show: nft chains are walked first")
+            if kp6 is not None:
+                notes.append("IPv6 packets are walked through the ip6 and inet nftables "
+                             "tables only: ip6tables rules are not read in nftables mode")
         other = [f"{t.family} {t.name}" for t in self.ruleset.tables
                  if t.name != "kube-proxy" and t.family in ("ip", "inet")
                  and not (walkers and t.family == "ip" and iptables_nft_table(t))]
@@ -178,22 +208,33 @@ class NftPathFinder:
 
     # -- pod -> LB ----------------------------------------------------------------------
 
+    def walks(self, ip: str) -> bool:
+        """Whether kube-proxy's table of this address's family is in the input."""
+        return self.ruleset.kube_proxy_for(":" in ip) is not None
+
     def pod_to_lb(self, t: LbTarget) -> PathOutcome:
         f = self.facts
-        if self.ruleset.kube_proxy is None:
-            return PathOutcome("unknown", "kube-proxy's nft table (ip kube-proxy) is not in "
-                               "the input: `nft list table ip kube-proxy` shows it", ())
-        if f.pod is None:
-            pkt = NftPacket(src=POD_STAND_IN, dst=t.ip, proto=t.protocol.lower(),
-                            dport=t.port, src_known=False, src_within=self.cidr,
-                            src_is_pod=True)
-            head = (f"packet: {pkt.describe()}; {f.pod_unknown}"
-                    + (f"; kube-proxy's rules name the cluster CIDR {self.cidr} ('ip saddr "
-                       f"!= {self.cidr} jump mark-for-masquerade')" if self.cidr else ""),)
+        v6 = ":" in t.ip
+        fam = "ip6" if v6 else "ip"
+        kp = self.ruleset.kube_proxy_for(v6)
+        if kp is None:
+            return PathOutcome("unknown", f"kube-proxy's nft table ({fam} kube-proxy) is not "
+                               f"in the input: `nft list table {fam} kube-proxy` shows it", ())
+        if not _has_nat_prerouting(kp):
+            return PathOutcome("unknown", _EXCERPT.format(fam=fam), ())
+        pod, pod_unknown = (f.pod6, f.pod6_unknown) if v6 else (f.pod, f.pod_unknown)
+        cidr = self.cidr6 if v6 else self.cidr
+        if pod is None:
+            pkt = NftPacket(src=POD_STAND_IN6 if v6 else POD_STAND_IN, dst=t.ip,
+                            proto=t.protocol.lower(), dport=t.port, src_known=False,
+                            src_within=cidr, src_is_pod=True)
+            head = (f"packet: {pkt.describe()}; {pod_unknown}"
+                    + (f"; kube-proxy's rules name the cluster CIDR {cidr} ('{fam} saddr "
+                       f"!= {cidr} jump mark-for-masquerade')" if cidr else ""),)
         else:
-            pkt = NftPacket(src=f.pod.pod_ip, dst=t.ip, proto=t.protocol.lower(),
-                            dport=t.port, in_iface=f.pod.iface, src_is_pod=True)
-            head = (f"packet: {pkt.describe()}; {f.pod.how}",)
+            pkt = NftPacket(src=pod.pod_ip, dst=t.ip, proto=t.protocol.lower(),
+                            dport=t.port, in_iface=pod.iface, src_is_pod=True)
+            head = (f"packet: {pkt.describe()}; {pod.how}",)
         outcomes: list[PathOutcome] = []
         for res in self.walker.walk_hook("prerouting", pkt):
             outcomes.extend(self._after_prerouting(res, head))
@@ -256,8 +297,9 @@ class NftPathFinder:
                 if pr.verdict == "UNKNOWN":
                     results.append(PathOutcome("unknown", pr.detail, (*ev3, pr.detail)))
                 elif pr.verdict in ("MASQUERADE", "SNAT"):
+                    node_ip = self.facts.node_ip6 if p.v6 else self.facts.node_ip
                     how = (f"leaves {out_iface} with the node's address "
-                           f"{self.facts.node_ip} ({pr.verdict.lower()}): the load balancer "
+                           f"{node_ip} ({pr.verdict.lower()}): the load balancer "
                            "will not send it back to this node")
                     results.append(PathOutcome("masqueraded", how, (*ev3, f"result: {how}")))
                 elif pr.verdict in ("DROP", "REJECT"):
@@ -288,33 +330,40 @@ class NftPathFinder:
 
     # -- outside client -> NodePort --------------------------------------------------
 
-    def node_address(self) -> tuple[str | None, str]:
+    def node_address(self, v6: bool = False) -> tuple[str | None, str]:
         f = self.facts
-        if f.node_ip:
-            return f.node_ip, ""
-        kp = self.ruleset.kube_proxy
+        own = f.node_ip6 if v6 else f.node_ip
+        if own:
+            return own, ""
+        kp = self.ruleset.kube_proxy_for(v6)
         s = kp.set("nodeport-ips") if kp else None
         if s and s.elements:
             ip = s.elements[0][0][0]
             return ip, (f"the node's address {ip} from @nodeport-ips (kube-proxy lists the "
                         "node's addresses that accept NodePorts there)")
-        if NODE_STAND_IN in f.assumed_local:
-            return NODE_STAND_IN, (f"the node's address is not in the input: {NODE_STAND_IN} "
-                                   "stands for it (a local address, as any address of the "
-                                   "node is)")
+        stand_in = NODE_STAND_IN6 if v6 else NODE_STAND_IN
+        if stand_in in f.assumed_local or (v6 and self.walker.view.addr_type(stand_in) ==
+                                           "LOCAL"):
+            return stand_in, (f"the node's {'IPv6 ' if v6 else ''}address is not in the "
+                              f"input: {stand_in} stands for it (a local address, as any "
+                              "address of the node is)")
         return None, ""
 
     def outside_to_lb(self, t: LbTarget) -> ServedOutcome:
         f = self.facts
-        if self.ruleset.kube_proxy is None:
+        v6 = ":" in t.ip
+        kp = self.ruleset.kube_proxy_for(v6)
+        if kp is None:
             return ServedOutcome(None, None, (), "kube-proxy's nft table is not in the input")
+        if not _has_nat_prerouting(kp):
+            return ServedOutcome(None, None, (), _EXCERPT.format(fam="ip6" if v6 else "ip"))
         if t.node_port is None:
             return ServedOutcome(None, None, (), "the NodePort is unknown")
-        node_ip, how = self.node_address()
+        node_ip, how = self.node_address(v6)
         if node_ip is None:
             return ServedOutcome(None, None, (), "the node's address is unknown")
-        pkt = NftPacket(src=OUTSIDE_CLIENT, dst=node_ip, proto=t.protocol.lower(),
-                        dport=t.node_port, in_iface=f.uplink)
+        pkt = NftPacket(src=OUTSIDE_CLIENT6 if v6 else OUTSIDE_CLIENT, dst=node_ip,
+                        proto=t.protocol.lower(), dport=t.node_port, in_iface=f.uplink)
         head = ((how,) if how else ()) + (
             f"packet: {pkt.describe()} (the load balancer forwarding a client)",)
         served_any = False
@@ -354,6 +403,34 @@ class NftPathFinder:
                 ", client source kept" if kept else ", source masqueraded"))
             return ServedOutcome(True, kept, evidence, how2)
         return ServedOutcome(False, None, evidence, "not served on this node")
+
+
+_EXCERPT = ("kube-proxy's nft table ({fam} kube-proxy) in the input has no nat prerouting "
+            "chain (an excerpt of it?): walking it would miss its DNAT; `nft list table "
+            "{fam} kube-proxy` shows it whole")
+
+
+def _has_nat_prerouting(t: NftTable) -> bool:
+    """kube-proxy's table as a whole has its nat prerouting base chain; a pasted map or
+    chain of it does not."""
+    return any(c.hook == "prerouting" and c.type == "nat" for c in t.chains)
+
+
+class _View:
+    """The node as the walker sees it, with the IPv6 stand-ins answered as NodeFacts
+    answers the IPv4 ones: the node's stand-in address is local when the node's IPv6
+    address is unknown, the outside client is not local."""
+
+    def __init__(self, facts: NodeFacts) -> None:
+        self.facts = facts
+
+    def addr_type(self, addr: str) -> str | None:
+        if addr == OUTSIDE_CLIENT6 and self.facts.local_route(addr) is None:
+            return "UNICAST"
+        if addr == NODE_STAND_IN6 and not self.facts.node_ip6 and \
+                self.facts.local_route(addr) is None:
+            return "LOCAL"
+        return self.facts.addr_type(addr)
 
 
 def _merge(outcomes: list[PathOutcome]) -> PathOutcome:

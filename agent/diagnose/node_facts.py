@@ -46,6 +46,11 @@ class NodeFacts:
     uplink_how: str = ""
     pod: PodNetwork | None = None
     pod_unknown: str = ""
+    # the IPv6 side of a dual-stack or IPv6-only node: the node's global IPv6 address (on
+    # the uplink, or the Node's IPv6 InternalIP) and this node's IPv6 pod prefix
+    node_ip6: str | None = None
+    pod6: PodNetwork | None = None
+    pod6_unknown: str = ""
     # addresses known to be the node's own although the input lists none (a stand-in
     # for "the node's address" in a walk): LOCAL for addrtype, whatever else is unknown
     assumed_local: frozenset[str] = frozenset()
@@ -166,13 +171,48 @@ def build_facts(snap: NodeSnapshot) -> NodeFacts:
         f.assumed_local = frozenset({NODE_STAND_IN})
     if f.local_route(OUTSIDE_CLIENT) is None:
         f.assumed_remote = frozenset({OUTSIDE_CLIENT})
-    _find_pod_network(f)
+    f.pod, f.pod_unknown = _find_pod_network(f, 4)
+    _find_node_ip6(f)
+    f.pod6, f.pod6_unknown = _find_pod_network(f, 6)
     return f
 
 
 def _v4_global(snap: NodeSnapshot) -> list[Address]:
+    return _global(snap, 4)
+
+
+def _global(snap: NodeSnapshot, version: int) -> list[Address]:
+    """The node's global addresses of one family, off lo and kube-ipvs0 (`ip addr` calls
+    an IPv6 ULA global too; link-local ones are scope link)."""
     return [a for a in snap.addresses or ()
-            if ":" not in a.address and a.scope == "global" and a.ifname not in _NOT_PODS]
+            if (":" in a.address) == (version == 6) and a.scope == "global"
+            and a.ifname not in _NOT_PODS]
+
+
+def _find_node_ip6(f: NodeFacts) -> None:
+    """The node's IPv6 address: the Node's IPv6 InternalIP where an interface holds it,
+    else the uplink's global IPv6 address, else the first NIC-named interface's."""
+    snap = f.snapshot
+    addrs = _global(snap, 6)
+    internal = [_canon(ip) for ip in (snap.node_info.internal_ips if snap.node_info else ())
+                if ":" in ip]
+    for a in addrs:
+        if _canon(a.address) in internal:
+            f.node_ip6 = a.address
+            return
+    on_uplink = sorted((a for a in addrs if a.ifname == f.uplink), key=lambda a: a.address)
+    named = sorted((a for a in addrs if _UPLINK_NAME.match(a.ifname)),
+                   key=lambda a: (a.ifname, a.address))
+    for a in on_uplink or named:
+        f.node_ip6 = a.address
+        return
+
+
+def _canon(addr: str) -> str:
+    try:
+        return str(ipaddress.ip_address(addr))
+    except ValueError:
+        return addr
 
 
 def _find_uplink(f: NodeFacts) -> None:
@@ -198,47 +238,60 @@ def _find_uplink(f: NodeFacts) -> None:
         f.uplink_how = f"uplink {a.ifname} ({a.address}): first interface with a global address"
 
 
-def _find_pod_network(f: NodeFacts) -> None:
+def _find_pod_network(f: NodeFacts, version: int) -> tuple[PodNetwork | None, str]:
+    """This node's pod network of one family (4 or 6), or why it is unknown."""
     snap = f.snapshot
-    if snap.addresses is None and not (snap.node_info and snap.node_info.pod_cidrs) \
-            and not (snap.given or {}).get("pod_cidr") and not pod_cidrs_in_rules(snap) \
-            and not _pod_routes(snap):
-        f.pod_unknown = ("no addresses, no Node podCIDR and no rule naming the pod CIDR: "
-                         "cannot tell the pod network (give --pod-cidr)")
-        return
-    connected = [a for a in _v4_global(snap) if a.prefixlen < 32 and a.ifname != f.uplink]
+    fam = "" if version == 4 else "IPv6 "
 
-    def iface_for(net: ipaddress.IPv4Network) -> Address | None:
+    def of_family(c: str) -> bool:
+        return (":" in c) == (version == 6)
+
+    node_cidrs = [c for c in (snap.node_info.pod_cidrs if snap.node_info else ())
+                  if of_family(c)]
+    given = [c for c in ((snap.given or {}).get("pod_cidr") or "").split(",")
+             if c and of_family(c)]
+    if version == 4 and snap.addresses is None and not node_cidrs and not given \
+            and not pod_cidrs_in_rules(snap) and not _pod_routes(snap):
+        return None, ("no addresses, no Node podCIDR and no rule naming the pod CIDR: "
+                      "cannot tell the pod network (give --pod-cidr)")
+    if version == 6 and snap.addresses is None and not node_cidrs and not given \
+            and not pod_cidrs_in_rules(snap, 6) and not _pod_routes(snap, 6):
+        return None, ("no addresses, no IPv6 podCIDR on the Node and no rule naming the "
+                      "IPv6 pod CIDR: cannot tell the IPv6 pod network (give --pod-cidr)")
+    connected = [a for a in _global(snap, version)
+                 if a.prefixlen < (32 if version == 4 else 128) and a.ifname != f.uplink]
+
+    def iface_for(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> Address | None:
         for a in connected:
             if ipaddress.ip_address(a.address) in net:
                 return a
         return None
 
     cidrs: list[tuple[str, str]] = []
-    given = (snap.given or {}).get("pod_cidr")
     if given:
-        cidrs += [(c, f"the pod CIDR {c} given with --pod-cidr") for c in given.split(",")
-                  if ":" not in c]
-    if not cidrs and snap.node_info:
-        cidrs += [(c, f"the Node's podCIDR {c}") for c in snap.node_info.pod_cidrs
-                  if ":" not in c]
+        cidrs += [(c, f"the {fam}pod CIDR {c} given with --pod-cidr") for c in given]
     if not cidrs:
-        for c, rule in pod_cidrs_in_rules(snap):
+        cidrs += [(c, f"the Node's {fam}podCIDR {c}") for c in node_cidrs]
+    if not cidrs:
+        for c, rule in pod_cidrs_in_rules(snap, version):
             net = ipaddress.ip_network(c, strict=False)
             a = iface_for(net)
             if a is not None:  # this node's pod bridge inside it: the narrower, same answer
                 sub = ipaddress.ip_network(f"{a.address}/{a.prefixlen}", strict=False)
-                cidrs.append((str(sub), f"{a.ifname}'s subnet {sub} inside the pod CIDR {c} "
-                              f"kube-proxy's rules name: {rule}"))
+                cidrs.append((str(sub), f"{a.ifname}'s subnet {sub} inside the {fam}pod CIDR "
+                              f"{c} kube-proxy's rules name: {rule}"))
             else:
-                cidrs.append((c, f"the pod CIDR {c} kube-proxy's rules name: {rule}"))
+                cidrs.append((c, f"the {fam}pod CIDR {c} kube-proxy's rules name: {rule}"))
             break
     if not cidrs and snap.addresses is None:
-        cidrs += _pod_routes(snap)[:1]
+        cidrs += _pod_routes(snap, version)[:1]
     if not cidrs and snap.kube_proxy and snap.kube_proxy.cluster_cidr:
         for c in snap.kube_proxy.cluster_cidr.split(","):
-            net = ipaddress.ip_network(c.strip(), strict=False)
-            if net.version != 4:
+            try:
+                net = ipaddress.ip_network(c.strip(), strict=False)
+            except ValueError:
+                continue
+            if net.version != version:
                 continue
             a = iface_for(net)
             if a is not None:
@@ -255,9 +308,11 @@ def _find_pod_network(f: NodeFacts) -> None:
             cidrs.append((str(sub), f"the subnet {sub} of pod bridge {a.ifname}"))
             break
     if not cidrs:
-        f.pod_unknown = ("no pod network found (no Node podCIDR, no kube-proxy --cluster-cidr, "
-                         "no bridge subnet besides the uplink)")
-        return
+        return None, (f"no {fam}pod network found (no Node {fam}podCIDR, no kube-proxy "
+                      f"{fam}--cluster-cidr, no bridge {fam}subnet besides the uplink)"
+                      if version == 6 else
+                      "no pod network found (no Node podCIDR, no kube-proxy --cluster-cidr, "
+                      "no bridge subnet besides the uplink)")
     prefix, how = cidrs[0]
     net = ipaddress.ip_network(prefix, strict=False)
     bridge = iface_for(net)
@@ -266,17 +321,18 @@ def _find_pod_network(f: NodeFacts) -> None:
     entry = bridge.ifname if bridge else route.dev if route and route.dev in _POD_BRIDGES \
         else None
     pod_ip = None
-    for host in net.hosts():
+    for n, host in enumerate(net.hosts()):
+        if n >= 4096:  # a pod network with thousands of the node's own addresses: odd
+            break
         if f.local_route(str(host)) is None and not (route and route.src == str(host)):
             pod_ip = str(host)
             break
     if pod_ip is None:
-        f.pod_unknown = f"pod network {prefix} has no free address to stand for a pod"
-        return
-    f.pod = PodNetwork(pod_ip, prefix, entry,
-                       f"pod {pod_ip} stands for the pods of this node ({how}"
-                       + (f", entering through {entry})" if entry else
-                          ", entry interface unknown)"))
+        return None, f"{fam}pod network {prefix} has no free address to stand for a pod"
+    return PodNetwork(pod_ip, prefix, entry,
+                      f"pod {pod_ip} stands for the pods of this node ({how}"
+                      + (f", entering through {entry})" if entry else
+                         ", entry interface unknown)")), ""
 
 
 def kube_proxy_mode(snap: NodeSnapshot) -> tuple[str, str]:
@@ -317,12 +373,14 @@ def kube_proxy_mode(snap: NodeSnapshot) -> tuple[str, str]:
     return "unknown", "no kube-proxy process, no kube-ipvs0, no KUBE-* chains or ipsets"
 
 
-def _pod_routes(snap: NodeSnapshot) -> list[tuple[str, str]]:
+def _pod_routes(snap: NodeSnapshot, version: int = 4) -> list[tuple[str, str]]:
     """This node's pod subnet from the main table: the pod bridge's connected route
     (flannel, kubenet, bridge CNIs) or Calico's blackhole route for the node's block."""
     out = []
     for r in snap.routes or ():
-        if "/" not in r.dst or ":" in r.dst:
+        if "/" not in r.dst or (":" in r.dst) != (version == 6):
+            continue
+        if version == 6 and r.dst.lower().startswith("fe80:"):  # every link has one
             continue
         if r.dev in _POD_BRIDGES or r.type == "blackhole":
             what = f"route to {r.dev}" if r.dev else "blackhole route (Calico's block)"
@@ -348,14 +406,21 @@ def _matches_ipvs_set(nat) -> bool:  # type: ignore[no-untyped-def]
 # kube-proxy's rules that name the cluster's pod CIDR (its --cluster-cidr):
 # "! -s CIDR ... -j KUBE-MARK-MASQ" (masquerade what is not from a pod) and "-s CIDR"
 # with "Redirect pods trying to reach external loadbalancer VIP" / "pod traffic for"
-_NOT_FROM_PODS = re.compile(r"! -s (\d+\.\d+\.\d+\.\d+/\d+)\b.*-j KUBE-MARK-MASQ\b")
-_FROM_PODS = re.compile(r"(?<!! )-s (\d+\.\d+\.\d+\.\d+/\d+)\b.*--comment \"?(?:Redirect pods "
+_NOT_FROM_PODS = re.compile(r"! -s ([0-9a-fA-F:.]+/\d+)\s.*-j KUBE-MARK-MASQ\b")
+_FROM_PODS = re.compile(r"(?<!! )-s ([0-9a-fA-F:.]+/\d+)\s.*--comment \"?(?:Redirect pods "
                         r"trying to reach external loadbalancer VIP|pod traffic for)")
 
 
-def pod_cidrs_in_rules(snap: NodeSnapshot) -> list[tuple[str, str]]:
-    """The pod CIDRs kube-proxy's own rules name, each with the rule that names it."""
-    nat = snap.netfilter.table("nat") if snap.netfilter is not None else None
+def _rules_of(snap: NodeSnapshot, version: int):  # type: ignore[no-untyped-def]
+    """The iptables rules of one family (IPv6: none read yet)."""
+    return snap.netfilter if version == 4 else None
+
+
+def pod_cidrs_in_rules(snap: NodeSnapshot, version: int = 4) -> list[tuple[str, str]]:
+    """The pod CIDRs of one family kube-proxy's own rules name, each with the rule that
+    names it."""
+    rules_of = _rules_of(snap, version)
+    nat = rules_of.table("nat") if rules_of is not None else None
     found: dict[str, str] = {}
     for chain in nat.chains if nat else ():
         if not chain.name.startswith(("KUBE-SERVICES", "KUBE-SVC-", "KUBE-XLB-", "KUBE-EXT-")):
@@ -365,7 +430,7 @@ def pod_cidrs_in_rules(snap: NodeSnapshot) -> list[tuple[str, str]]:
             if "-s " not in text:
                 continue
             m = _NOT_FROM_PODS.search(text) or _FROM_PODS.search(text)
-            if m and m.group(1) not in found:
+            if m and m.group(1) not in found and (":" in m.group(1)) == (version == 6):
                 source = rules.source(i)
                 found[m.group(1)] = f"{text[:120]}" + (f" ({source})" if source else "")
     return list(found.items())

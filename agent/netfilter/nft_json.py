@@ -208,6 +208,8 @@ def _stmt(s: Any, depth: int) -> str:
     if k in ("dnat", "snat"):
         addr = _expr(v.get("addr"), d) if v.get("addr") is not None else ""
         port = v.get("port")
+        if port is not None and ":" in addr:
+            addr = f"[{addr}]"  # an IPv6 address and a port, as `nft list` prints them
         return f"{k} to {addr}" + (f":{_expr(port, d)}" if port is not None else "")
     if k == "mangle":
         return f"{_expr(v.get('key'), d)} set {_expr(v.get('value'), d)}"

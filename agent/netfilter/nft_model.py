@@ -102,6 +102,11 @@ class NftRuleset:
         """kube-proxy's IPv4 table (`ip kube-proxy`)."""
         return self.table("ip", "kube-proxy")
 
+    def kube_proxy_for(self, v6: bool) -> NftTable | None:
+        """kube-proxy's table of one family: `ip6 kube-proxy` serves IPv6 addresses (a
+        dual-stack node has both, one proxier each)."""
+        return self.table("ip6" if v6 else "ip", "kube-proxy")
+
 
 def parse_priority(text: str) -> int | None:
     """"-110", "dstnat", "dstnat - 10", "filter + 5" -> an int; None if not one."""

@@ -30,17 +30,40 @@ _FAMILIES = frozenset({"ip", "ip6", "inet", "arp", "bridge", "netdev"})
 _START = re.compile(r"^\s*(?:table\s+(?:ip6?|inet|arp|bridge|netdev)\s+\S+\s*\{"
                     r"|(?:add|create|insert)\s+(?:table|chain|rule|set|map|element)\s+"
                     r"(?:ip6?|inet|arp|bridge|netdev)\s)")
+# a block of kube-proxy's table pasted without its `table ip kube-proxy {` line (people
+# paste the one map or chain they mean, as `nft list map ip kube-proxy X` prints it too):
+# recognised by kube-proxy's own names only, so no other table's block is taken for it
+_KP_NAMES = (r"service-ips|service-nodeports|no-endpoint-services|no-endpoint-nodeports|"
+             r"firewall-ips|firewall|cluster-ips|nodeport-ips|services|masquerading|"
+             r"mark-for-masquerade|nat-(?:prerouting|output|postrouting)|filter-[a-z-]+|"
+             r"(?:service-|nodeport-)?endpoints-check|firewall-check|cluster-ips-check|"
+             r"reject-chain|(?:service|external|firewall|endpoint)-[A-Z0-9]{8}-\S+")
+_HEADLESS = re.compile(rf"^\s*(?:chain|map|set)\s+(?:{_KP_NAMES})\s*\{{\s*$")
 _PROBLEMS_KEPT = 50
 
 
+def _starts(line: str) -> bool:
+    return bool(_START.match(line) or _HEADLESS.match(line))
+
+
 def looks_like_nft(text: str) -> bool:
-    """Does this text hold nft ruleset text (a table block or an nft -f command)?"""
+    """Does this text hold nft ruleset text (a table block, an nft -f command, or a block
+    of kube-proxy's table without its table line)?"""
     for n, line in enumerate(text[:1_000_000].splitlines()):
         if n > 200:
             return False
-        if _START.match(line):
+        if _starts(line):
             return True
     return False
+
+
+def _headless_family(text: str) -> str:
+    """The family of kube-proxy's table a headless block belongs to: ip6 when its keys
+    and matches are IPv6 ones only."""
+    head = text[:1_000_000]
+    v6 = re.search(r"\bipv6_addr\b|\bip6 [sd]addr\b", head)
+    v4 = re.search(r"\bipv4_addr\b|\bip [sd]addr\b", head)
+    return "ip6" if v6 and not v4 else "ip"
 
 
 _TOKEN = re.compile(r'"[^"]*"|"|[{};,]|#.*|[^\s{};,"]+')
@@ -303,6 +326,14 @@ def read_nft_text(text: str, source: str) -> NftRuleset:
     lines = text.splitlines()
     if len(lines) > MAX_LINES:
         raise NftError(source, None, f"more than {MAX_LINES} lines")
+    real_end = len(lines)
+    open_at_end = _open_blocks(lines)
+    if open_at_end:
+        # an excerpt cut inside a block (a pasted map whose element list goes on): what
+        # it holds up to the cut is read, said once
+        b.problem(len(lines), f"the input ends inside {open_at_end} '{{' block(s) (an "
+                              "excerpt?): read up to where it ends")
+        lines = [*lines, *(["}"] * open_at_end)]
     started = False
     table: _Table | None = None
     chain: _Chain | None = None
@@ -325,7 +356,12 @@ def read_nft_text(text: str, source: str) -> NftRuleset:
             if not line or line.startswith("#"):
                 continue
             if not started:
-                if not _START.match(raw):
+                if _HEADLESS.match(raw) and not _START.match(raw):
+                    family = _headless_family(text)
+                    table = b.table(family, "kube-proxy")
+                    b.problem(n, f"no 'table' line before this block: read as part of "
+                                 f"kube-proxy's table ({family} kube-proxy), by its name")
+                elif not _START.match(raw):
                     continue  # a prompt, the command, prose before the output
                 started = True
             if _braces(line) > 0 and not re.match(
@@ -349,6 +385,10 @@ def read_nft_text(text: str, source: str) -> NftRuleset:
             if chain is not None:
                 if line == "}":
                     chain = None
+                    continue
+                if n > real_end:
+                    # a rule cut by the end of the input: its verdict may be what was cut
+                    b.problem(n_at, "unterminated rule at the end of the input: not read")
                     continue
                 toks = tokenize(line, source, n_at)
                 if toks and toks[0] == "type" and "hook" in toks:
@@ -487,7 +527,7 @@ def split_nft(text: str) -> tuple[str | None, str]:
     inside = False
     for i, line in enumerate(lines):
         s = line.strip()
-        starts = bool(_START.match(line))
+        starts = _starts(line)
         if not inside and not starts:
             continue
         if depth == 0 and not starts and s and not s.startswith("#") and not re.match(
@@ -500,6 +540,15 @@ def split_nft(text: str) -> tuple[str | None, str]:
         nft[i] = line
         rest[i] = ""
     return "\n".join(nft), "\n".join(rest)
+
+
+def _open_blocks(lines: list[str]) -> int:
+    """How many '{' are still open at the end of nft text (0 for a whole dump)."""
+    depth = 0
+    for raw in lines:
+        if "{" in raw or "}" in raw:
+            depth = max(depth + _braces(_uncomment(raw) if "#" in raw else raw), 0)
+    return min(depth, 16)
 
 
 def _uncomment(s: str) -> str:

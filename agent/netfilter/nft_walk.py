@@ -64,10 +64,21 @@ class NftPacket(NamedTuple):
     snat: str | None = None  # "masquerade" | address once source-NATed
     untracked: bool = False  # `notrack`: conntrack skips it, so every nat chain does
 
+    @property
+    def v6(self) -> bool:
+        """An IPv6 packet (its destination says the family): `ip6` and `inet` tables see
+        it, `ip` ones do not, and only `ip6 ...` keys match it."""
+        return ":" in self.dst
+
     def describe(self) -> str:
         src = self.src if self.src_known else (
             f"(a pod of this node{', in ' + self.src_within if self.src_within else ''})")
-        s = f"{self.proto} {src}:{self.sport} -> {self.dst}:{self.dport}"
+        if self.v6:
+            if self.src_known:
+                src = f"[{src}]"
+            s = f"{self.proto} {src}:{self.sport} -> [{self.dst}]:{self.dport}"
+        else:
+            s = f"{self.proto} {src}:{self.sport} -> {self.dst}:{self.dport}"
         if self.in_iface:
             s += f" in {self.in_iface}"
         if self.out_iface:
@@ -113,21 +124,25 @@ class NftWalker:
         self.view = view
         self.iptables = dict(iptables or {})
         self._maps: dict[int, dict[tuple[str, ...], str | None]] = {}
-        self._stages: dict[str, list[tuple[int, str, object]]] = {}
+        self._stages: dict[tuple[str, bool], list[tuple[int, str, object]]] = {}
         self._sets: dict[int, tuple[NftSet, frozenset[str], list[str]]] = {}
 
     # -- the hooks ------------------------------------------------------------------
 
-    def stages(self, hook: str) -> list[tuple[int, str, object]]:
-        """(priority, label, chain or iptables table name) for a hook, in the order the
-        kernel runs them (equal priorities: nft first, said in the notes); made once per
-        hook (a 10k-service table has 40k chains, a few of them base chains)."""
-        got = self._stages.get(hook)
+    def stages(self, hook: str, v6: bool = False) -> list[tuple[int, str, object]]:
+        """(priority, label, chain or iptables table name) for a hook and a packet family,
+        in the order the kernel runs them (equal priorities: nft first, said in the
+        notes); made once per hook and family (a 10k-service table has 40k chains, a few
+        of them base chains). An IPv4 packet meets `ip` and `inet` tables, an IPv6 one
+        `ip6` and `inet` tables; the iptables walkers are IPv4's (iptables, not
+        ip6tables), so an IPv6 packet meets none of them."""
+        got = self._stages.get((hook, v6))
         if got is not None:
             return got
+        own = "ip6" if v6 else "ip"
         out: list[tuple[int, int, str, object]] = []
         for t in self.ruleset.tables:
-            if t.family not in ("ip", "inet"):
+            if t.family not in (own, "inet"):
                 continue
             if t.family == "ip" and self.iptables and iptables_nft_table(t):
                 # iptables-nft's own table: its rules are the iptables dump's, walked by
@@ -138,18 +153,18 @@ class NftWalker:
                 if c.hook == hook and c.type in ("filter", "nat", "route"):
                     out.append((c.priority or 0, 0, f"nft {t.family} {t.name} {c.name}",
                                 (t, c)))
-        for name in self.iptables:
+        for name in () if v6 else self.iptables:
             prio = IPTABLES_PRIORITY.get((name, hook))
             if prio is not None:
                 out.append((prio, 1, f"iptables {name} {hook.upper()}", name))
         out.sort(key=lambda x: (x[0], x[1]))
-        got = self._stages[hook] = [(p, label, obj) for p, _, label, obj in out]
+        got = self._stages[(hook, v6)] = [(p, label, obj) for p, _, label, obj in out]
         return got
 
     def walk_hook(self, hook: str, pkt: NftPacket) -> list[NftHookResult]:
         paths: list[tuple[NftPacket, tuple[NftStep, ...], str | None]] = [(pkt, (), None)]
         finished: list[NftHookResult] = []
-        for _prio, _label, obj in self.stages(hook):
+        for _prio, _label, obj in self.stages(hook, pkt.v6):
             nxt: list[tuple[NftPacket, tuple[NftStep, ...], str | None]] = []
             for p, steps, nat in paths:
                 nat_chain = (isinstance(obj, tuple) and obj[1].type == "nat") or \
@@ -331,8 +346,9 @@ class NftWalker:
                           "this agent"), q, notes)]
             elif kind == "dnat":
                 addr, port = op[1], op[2]
+                shown = f"[{addr}]" if ":" in addr else addr
                 q = q._replace(dst=addr, dport=port or q.dport,
-                               dnat_to=f"{addr}:{port or q.dport}")
+                               dnat_to=f"{shown}:{port or q.dport}")
                 return [(("DNAT",), q, notes)]
             elif kind == "snat":
                 return [(("SNAT", op[1]), q._replace(snat=op[1]), notes)]
@@ -349,11 +365,17 @@ class NftWalker:
 
     def _value(self, sel: str, p: NftPacket) -> tuple[str, object]:
         """(kind, value) of one selector for the packet; value None = not known."""
-        if sel == "ip daddr":
+        if sel.startswith(("ip ", "icmp ")) if p.v6 else sel.startswith(("ip6 ", "icmpv6 ")):
+            # the other family's header field (inet tables: firewalld's): nft adds `meta
+            # nfproto ipv4|ipv6` before it, so the packet never matches, negated or not
+            return "other-family", None
+        if sel.startswith(("icmp ", "icmpv6 ")) and p.proto in ("tcp", "udp", "sctp"):
+            return "other-family", None  # nft adds `meta l4proto icmp`: never a TCP packet
+        if sel in ("ip daddr", "ip6 daddr"):
             return "addr", p.dst
-        if sel == "ip saddr":
+        if sel in ("ip saddr", "ip6 saddr"):
             return "addr", p.src if p.src_known else ("pod", p.src_within)
-        if sel in ("meta l4proto", "ip protocol"):
+        if sel in ("meta l4proto", "ip protocol", "ip6 nexthdr"):
             return "proto", p.proto
         if sel in ("th dport", "tcp dport", "udp dport", "sctp dport"):
             if sel[0] != "t" or (sel.startswith(("tcp", "udp", "sctp")) and \
@@ -367,11 +389,9 @@ class NftWalker:
         if sel == "ct state":
             return "ctstate", "untracked" if p.untracked else "new"
         if sel == "meta nfproto":
-            return "word", "ipv4"  # the walk follows IPv4 packets
-        if sel.startswith(("ip6 ", "icmpv6 ")):
-            # an IPv6 header field (inet tables: firewalld's): nft adds `meta nfproto
-            # ipv6` before it, so an IPv4 packet never matches, negated or not
-            return "other-family", None
+            return "word", "ipv6" if p.v6 else "ipv4"
+        if sel == "meta protocol":  # the ethertype, as nft names it
+            return "word", "ip6" if p.v6 else "ip"
         if sel == "ct status":
             return "word", "dnat" if p.dnat_to else ""
         if sel.startswith("fib ") and sel.endswith(" type"):
@@ -471,7 +491,7 @@ class NftWalker:
                     for k, v in elements if v] or [(None, "")]
         values = [self._value(s, p) for s in sels]
         if any(k == "other-family" for k, _ in values):
-            return [(None, "")]  # an IPv6 key: never an IPv4 packet's
+            return [(None, "")]  # the other family's key: never this packet's
         if isinstance(ref, list):
             elements = ref
             index = None
@@ -668,8 +688,8 @@ def _mark(op: tuple, mark: int) -> int:
 # -- compiling a rule's tokens into ops --------------------------------------------------
 
 _SELECTOR_HEADS = {
-    "ip": ("daddr", "saddr", "protocol"), "ip6": ("daddr", "saddr", "nexthdr", "version",
-                                                  "hoplimit", "flowlabel", "dscp"),
+    "ip": ("daddr", "saddr", "protocol"), "icmp": ("type", "code"),
+    "ip6": ("daddr", "saddr", "nexthdr", "version", "hoplimit", "flowlabel", "dscp"),
     "icmpv6": ("type", "code"), "meta": ("l4proto", "mark", "iifname", "oifname",
                                                     "nfproto", "protocol"),
     "th": ("dport", "sport"), "tcp": ("dport", "sport"), "udp": ("dport", "sport"),
@@ -754,8 +774,12 @@ def _compile(toks: tuple) -> list:
                 ops.append(("unknown", f"{w} {render_tok(toks[j:j + 3])}"))
                 break
             target = toks[j + 1]
-            addr, _, port = target.rpartition(":") if target.count(":") == 1 else (
-                target, "", "")
+            if target.startswith("["):  # "[fd00:10:180::1]:80": an IPv6 address and port
+                addr, _, port = target[1:].partition("]")
+                port = port[1:] if port.startswith(":") else ""
+            else:
+                addr, _, port = target.rpartition(":") if target.count(":") == 1 else (
+                    target, "", "")
             if w == "dnat":
                 ops.append(("dnat", addr, int(port) if port.isdigit() else None))
             else:

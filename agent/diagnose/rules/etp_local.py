@@ -118,7 +118,8 @@ def check(ctx: Context) -> list[Finding]:
             ev.append(f"externalTrafficPolicy=Local ({t.etp_how or 'kube-proxy rules'})")
         out.append(Finding(
             ID, "info",
-            f"{t.service or t.ip} ({t.ip}:{t.port}/{t.protocol}) is externalTrafficPolicy="
+            f"{t.service or t.ip} ({f'[{t.ip}]' if ':' in t.ip else t.ip}:{t.port}/"
+            f"{t.protocol}) is externalTrafficPolicy="
             "Local and has no endpoint on this node: the load balancer's health checks "
             "fail here by design",
             lb_ip=t.ip, port=t.port, protocol=t.protocol, service=t.service,

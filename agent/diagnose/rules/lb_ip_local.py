@@ -31,12 +31,14 @@ def check(ctx: Context) -> list[Finding]:
         ctx.unknown(ID, "local addresses unknown (no route-local.txt and no addr.txt)")
         return []
     by_ip: dict[str, list[LbTarget]] = {}
-    v6 = [t for t in ctx.v6_targets if t.kind == "loadbalancer"]
+    # IPv6 ones walked with the IPv4 ones (nftables mode's ip6 table) are IPv6 all the same
+    v6 = [t for t in (*ctx.v6_targets, *(x for x in ctx.targets if ":" in x.ip))
+          if t.kind == "loadbalancer"]
     if v6 and not _v6_local_known(ctx):
         ctx.unknown(ID, "IPv6 local addresses unknown (the input has no IPv6 local table: "
                         "`ip -6 route show table local`)")
         v6 = []
-    for t in [*ctx.targets, *v6]:
+    for t in [*(x for x in ctx.targets if ":" not in x.ip), *v6]:
         # only a load balancer's VIP health-checks the nodes; an externalIP bound on a
         # node (kube-proxy IPVS binds them all) is local by design
         if t.kind == "loadbalancer":

@@ -36,7 +36,8 @@ def check(ctx: Context) -> list[Finding]:
             except Exception as e:  # one target's bug must not hide the others
                 o = PathOutcome("unknown", f"internal error walking it: "
                                 f"{type(e).__name__}: {e}", ())
-        what = f"{t.ip}:{t.port}/{t.protocol}" if t.port else f"{t.ip} (ports not in the input)"
+        host = f"[{t.ip}]" if ":" in t.ip else t.ip  # an IPv6 address before its port
+        what = f"{host}:{t.port}/{t.protocol}" if t.port else f"{t.ip} (ports not in the input)"
         if t.kind == "ingress" and t.ingress:
             what += f" (Ingress {t.ingress})"
         if t.service is None:
@@ -51,8 +52,25 @@ def check(ctx: Context) -> list[Finding]:
             ev.append(line)
         ev.append("learned from " + "; ".join(t.learned_from))
         ev += t.disagreements
-        if o.kind == "not-masqueraded":
-            rp = rp_filter_effective(ctx)
+        if o.kind == "not-masqueraded" and t.ip_mode == "Proxy":
+            # kube-proxy writes no rule for an ipMode: Proxy address (every mode: its
+            # service tracker skips it) and hands pod traffic to the load balancer on
+            # purpose; a proxying load balancer opens its own connection to the node, so
+            # the connection loops only if it keeps the pod's address: not decided here
+            ev.append("status.loadBalancer.ingress[].ipMode: Proxy: kube-proxy (1.30+) "
+                      "writes no rule for this address in any mode, so pods' traffic goes "
+                      "to the load balancer by design")
+            why = ("kube-proxy hands it to the load balancer (ipMode: Proxy); it loops only "
+                   "if the load balancer forwards it back to this node keeping the pod's "
+                   "address, which the node cannot show")
+            ctx.unknown(f"nat walk {what}", why)
+            out.append(Finding(UNDETERMINED, "warning",
+                               f"Could not decide whether pods reaching {what} loop back: "
+                               f"{why}", evidence=tuple(ev),
+                               remedy=for_not_masqueraded(t, ctx), **common))
+        elif o.kind == "not-masqueraded":
+            # IPv6 has no rp_filter (README "How it decides"): the SYN reaches the pod
+            rp = rp_filter_effective(ctx) if ":" not in t.ip else 0
             if rp is not None:
                 ev.append("if the load balancer sends it back to this node: " + (
                     "rp_filter drops the SYN (reverse path is the pod bridge)" if rp == 1 else

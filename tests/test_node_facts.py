@@ -1,0 +1,88 @@
+"""build_facts on dual-stack and IPv6-only node states: the node's IPv6 address and this
+node's IPv6 pod prefix, found from the same sources as the IPv4 ones."""
+
+from __future__ import annotations
+
+from agent.diagnose.node_facts import build_facts
+from agent.snapshot import Address, KubeProxy, LocalRoute, NodeInfo, NodeSnapshot
+
+DUAL = (
+    Address("eth0", "10.0.0.10", 24),
+    Address("eth0", "2001:db8:0:1::10", 64),
+    Address("eth0", "fe80::1", 64, "link"),
+    Address("cni0", "10.244.1.1", 24),
+    Address("cni0", "fd00:10:244:1::1", 64),
+    Address("cni0", "fe80::2", 64, "link"),
+    Address("kube-ipvs0", "2001:db8:ffff::5", 128),
+    Address("lo", "::1", 128, "host"),
+)
+
+
+def test_dual_stack_node_has_both_families() -> None:
+    f = build_facts(NodeSnapshot(addresses=DUAL))
+    assert (f.uplink, f.node_ip) == ("eth0", "10.0.0.10")
+    assert f.node_ip6 == "2001:db8:0:1::10"  # not the link-local one, not kube-ipvs0's
+    assert f.pod is not None and f.pod.prefix == "10.244.1.0/24"
+    assert f.pod6 is not None and f.pod6.prefix == "fd00:10:244:1::/64"
+    assert f.pod6.iface == "cni0" and f.pod6.pod_ip == "fd00:10:244:1::2"  # ::1 is the bridge's
+    assert "pod bridge cni0" in f.pod6.how and f.pod6_unknown == ""
+
+
+def test_node_podcidrs_list_gives_the_ipv6_prefix() -> None:
+    snap = NodeSnapshot(addresses=DUAL, node_info=NodeInfo(
+        "n", pod_cidrs=("10.244.1.0/24", "fd00:10:244:1::/64"),
+        internal_ips=("10.0.0.10", "2001:db8:0:1::10")))
+    f = build_facts(snap)
+    assert f.pod is not None and f.pod.prefix == "10.244.1.0/24"
+    assert f.pod6 is not None and f.pod6.prefix == "fd00:10:244:1::/64"
+    assert "Node's IPv6 podCIDR" in f.pod6.how
+
+
+def test_internal_ip6_wins_over_the_uplink_and_is_matched_canonically() -> None:
+    addrs = (*DUAL, Address("ens5", "2001:db8:0:2::20", 64))
+    snap = NodeSnapshot(addresses=addrs, node_info=NodeInfo(
+        "n", internal_ips=("10.0.0.10", "2001:DB8:0:2:0::20")))
+    assert build_facts(snap).node_ip6 == "2001:db8:0:2::20"
+
+
+def test_ipv6_only_node() -> None:
+    addrs = (Address("eth0", "2001:db8:0:1::10", 64), Address("cni0", "fd00:10:244:1::1", 64))
+    f = build_facts(NodeSnapshot(addresses=addrs))
+    assert f.node_ip is None and f.pod is None and "no pod network" in f.pod_unknown
+    assert f.node_ip6 == "2001:db8:0:1::10"
+    assert f.pod6 is not None and f.pod6.prefix == "fd00:10:244:1::/64"
+
+
+def test_cluster_cidr_list_narrowed_to_the_bridge() -> None:
+    addrs = (Address("eth0", "10.0.0.10", 24), Address("eth0", "2001:db8:0:1::10", 64),
+             Address("cbr0", "10.244.1.1", 24), Address("cbr0", "fd00:10:244:1::1", 64),
+             Address("docker0", "fd00:dead::1", 64))
+    kp = KubeProxy(cluster_cidr="10.244.0.0/16,fd00:10:244::/56")
+    f = build_facts(NodeSnapshot(addresses=addrs, kube_proxy=kp))
+    assert f.pod6 is not None and f.pod6.prefix == "fd00:10:244:1::/64"
+    assert "--cluster-cidr fd00:10:244::/56" in f.pod6.how
+
+
+def test_ipv6_pod_prefix_from_the_main_table_route_not_link_local() -> None:
+    routes = (LocalRoute("unicast", "fe80::/64", "cni0", None, "fe80::/64 dev cni0"),
+              LocalRoute("unicast", "fd00:10:244:1::/64", "cni0", None,
+                         "fd00:10:244:1::/64 dev cni0 proto kernel metric 256"))
+    f = build_facts(NodeSnapshot(routes=routes))
+    assert f.pod6 is not None and f.pod6.prefix == "fd00:10:244:1::/64"
+    assert f.pod6.iface == "cni0"
+
+
+def test_ipv4_only_node_says_why_ipv6_is_unknown() -> None:
+    addrs = (Address("eth0", "10.0.0.10", 24), Address("cni0", "10.244.1.1", 24))
+    f = build_facts(NodeSnapshot(addresses=addrs))
+    assert f.node_ip6 is None and f.pod6 is None
+    assert "IPv6" in f.pod6_unknown and f.pod is not None
+    f = build_facts(NodeSnapshot())
+    assert f.pod6 is None and "--pod-cidr" in f.pod6_unknown
+
+
+def test_given_pod_cidr_per_family() -> None:
+    f = build_facts(NodeSnapshot(given={"pod_cidr": "10.244.1.0/24,fd00:1::/64"}))
+    assert f.pod is not None and f.pod.prefix == "10.244.1.0/24"
+    assert f.pod6 is not None and f.pod6.prefix == "fd00:1::/64"
+    assert f.pod6.pod_ip == "fd00:1::1"
