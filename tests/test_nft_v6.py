@@ -183,3 +183,12 @@ def test_an_ipv6_cni_masquerade_beside_kube_proxys_ip6_table() -> None:
     ev = "\n".join(f["evidence"])
     assert "nft ip6 flannel-ipv6 postrtg: ip6 saddr fd00:10::/64" in ev, ev
     assert "the node's address 2001:db8::1 (masquerade)" in ev, ev
+
+
+def test_no_lb_ip_in_nftables_mode_names_the_nftables_place_it_looked() -> None:
+    case = REAL / "knftables-fakedump-ip6-kube-proxy-nodeport-only"
+    v = verdict(("nft-transaction.txt", (case / "nft-transaction.txt").read_text()))
+    assert v["kube_proxy_mode"] == "nftables"
+    (unknown,) = [f for f in v["findings"] if f["id"] == "lb-ips-unknown"]
+    assert "service-ips" in unknown["evidence"][0]
+    assert "KUBE-LOAD-BALANCER" not in " ".join(unknown["evidence"])

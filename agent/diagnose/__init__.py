@@ -70,7 +70,9 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
             "lb-ips-unknown", "warning",
             "No LoadBalancer, external or Ingress address is visible: without the Service "
             "objects (API access or services.json) the agent cannot rule loopback out",
-            evidence=("no KUBE-LOAD-BALANCER ipset entry, no 'loadbalancer IP' rule",),
+            evidence=(("no address in kube-proxy's service-ips map outside @cluster-ips"
+                       if mode == "nftables" else
+                       "no KUBE-LOAD-BALANCER ipset entry, no 'loadbalancer IP' rule"),),
             remedy="Run with API access, or give --kube-json DIR / services.json in the "
                    "bundle."))
     findings += _ipv6_not_walked(v6_targets)
