@@ -46,7 +46,8 @@ def _stated_for(t, entries: list[tuple[str, str]]) -> str | None:  # type: ignor
         if chain.startswith("KUBE-XLB-"):
             return line
         rule = line.split(": ", 1)[1]
-        if _says(rule, f" -d {t.ip}", "/32") and _says(rule, f"--dport {t.port}"):
+        if _says(rule, f" -d {t.ip}", "/128" if ":" in t.ip else "/32") and \
+                _says(rule, f"--dport {t.port}"):
             return line
         if t.node_port and "addrtype --dst-type LOCAL" in rule and \
                 _says(rule, f"--dport {t.node_port}"):
@@ -118,7 +119,8 @@ def check(ctx: Context) -> list[Finding]:
             ev.append(f"externalTrafficPolicy=Local ({t.etp_how or 'kube-proxy rules'})")
         out.append(Finding(
             ID, "info",
-            f"{t.service or t.ip} ({t.ip}:{t.port}/{t.protocol}) is externalTrafficPolicy="
+            f"{t.service or t.ip} ({f'[{t.ip}]' if ':' in t.ip else t.ip}:{t.port}/"
+            f"{t.protocol}) is externalTrafficPolicy="
             "Local and has no endpoint on this node: the load balancer's health checks "
             "fail here by design",
             lb_ip=t.ip, port=t.port, protocol=t.protocol, service=t.service,

@@ -36,7 +36,8 @@ def check(ctx: Context) -> list[Finding]:
             except Exception as e:  # one target's bug must not hide the others
                 o = PathOutcome("unknown", f"internal error walking it: "
                                 f"{type(e).__name__}: {e}", ())
-        what = f"{t.ip}:{t.port}/{t.protocol}" if t.port else f"{t.ip} (ports not in the input)"
+        host = f"[{t.ip}]" if ":" in t.ip else t.ip
+        what = f"{host}:{t.port}/{t.protocol}" if t.port else f"{t.ip} (ports not in the input)"
         if t.kind == "ingress" and t.ingress:
             what += f" (Ingress {t.ingress})"
         if t.service is None:
@@ -52,7 +53,12 @@ def check(ctx: Context) -> list[Finding]:
         ev.append("learned from " + "; ".join(t.learned_from))
         ev += t.disagreements
         if o.kind == "not-masqueraded":
-            rp = rp_filter_effective(ctx)
+            rp = rp_filter_effective(ctx) if ctx.family == 4 else None
+            if ctx.family == 6:
+                # IPv6 has no rp_filter: nothing drops the SYN the LB sends back here
+                ev.append("if the load balancer sends it back to this node: IPv6 has no "
+                          "rp_filter, so the SYN is taken in and the SYN-ACK goes straight "
+                          "to the pod, bypassing the load balancer, and the pod resets it")
             if rp is not None:
                 ev.append("if the load balancer sends it back to this node: " + (
                     "rp_filter drops the SYN (reverse path is the pod bridge)" if rp == 1 else
