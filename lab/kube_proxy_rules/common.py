@@ -58,6 +58,9 @@ class LbService:
     local_endpoints: tuple[str, ...] = ()
     remote_endpoints: tuple[str, ...] = ()
     health_check_node_port: int | None = None  # set for eTP=Local LoadBalancer services
+    # loadBalancerSourceRanges (the new generation's KUBE-FW chain; the node's own address
+    # is taken as outside them: no "allowFromNode" rules)
+    source_ranges: tuple[str, ...] = ()
     annotations: Mapping[str, str] = field(default_factory=dict, hash=False, compare=False)
 
     @property

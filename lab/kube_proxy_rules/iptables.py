@@ -121,10 +121,17 @@ def _new_service(t: _Tables, svc: LbService, cluster_cidr: str | None) -> None:
         if not has_external_eps:
             _filter_drop(t, "KUBE-EXTERNAL-SERVICES", filter_target, filter_comment, proto,
                          ip, svc.port)
+    fw_chain = "KUBE-FW-" + h
+    uses_fw = bool(svc.lb_ip and svc.source_ranges and has_endpoints)  # UsesFWChain
     if svc.lb_ip:
         if has_endpoints:
-            t.rule("nat", "KUBE-SERVICES", ext_chain, comment=f"{name} loadbalancer IP",
-                   proto=proto, dst=svc.lb_ip, dport=svc.port)
+            t.rule("nat", "KUBE-SERVICES", fw_chain if uses_fw else ext_chain,
+                   comment=f"{name} loadbalancer IP", proto=proto, dst=svc.lb_ip,
+                   dport=svc.port)
+        if uses_fw:
+            t.rule("filter", "KUBE-PROXY-FIREWALL", "DROP",
+                   comment=f"{name} traffic not accepted by {fw_chain}", proto=proto,
+                   dst=svc.lb_ip, dport=svc.port)
         if not has_external_eps:
             _filter_drop(t, "KUBE-EXTERNAL-SERVICES", filter_target, filter_comment, proto,
                          svc.lb_ip, svc.port)
@@ -164,6 +171,16 @@ def _new_service(t: _Tables, svc: LbService, cluster_cidr: str | None) -> None:
                    pre="-m addrtype --src-type LOCAL")
         if has_external_eps:
             t.rule("nat", ext_chain, ext_policy_chain)
+
+    if uses_fw:
+        t.chain("nat", fw_chain)
+        for src in svc.source_ranges:
+            t.rule("nat", fw_chain, ext_chain, comment=f"{name} loadbalancer IP", src=src)
+        # a rule without a target: what falls off the chain is not DNATed, and filter's
+        # KUBE-PROXY-FIREWALL drops it
+        kp = (f"-A {fw_chain} -m comment --comment "
+              f'"other traffic to {name} will be dropped by KUBE-PROXY-FIREWALL"')
+        t.raw("nat", fw_chain, kp, kp)
 
     if has_endpoints:  # usesClusterPolicyChain (ITP=Cluster)
         t.chain("nat", svc_chain)
