@@ -133,3 +133,13 @@ def test_ipvs_mode_ipv6_sets_and_virtual_servers() -> None:
     masq = f[("pod-to-lb-masqueraded", "2001:db8:ff::7")]["evidence"]
     assert any("--match-set KUBE-6-LOAD-BALANCER dst,dst -j KUBE-LOAD-BALANCER" in e
                for e in masq)
+
+
+def test_kube_proxys_ipv6_restore_input_is_told_by_its_addresses() -> None:
+    """kube-proxy's own IPv6 restore input (realworld case): no header, bare addresses."""
+    case = Path(__file__).parent / "data" / "realworld" / \
+        "k8s-1.26era-iptables-ipv6-nodeport-restore-input" / "restore-input.txt"
+    snap = _load(("restore-input.txt", case.read_text()))
+    assert snap.netfilter is None and snap.ip6tables is not None
+    nat = snap.ip6tables.table("nat")
+    assert nat is not None and nat.chain("KUBE-SEP-LIGRYQQLSZN4UWQ5") is not None

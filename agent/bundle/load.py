@@ -321,8 +321,8 @@ IP6TABLES = "ip6tables"  # what ev.seen calls the IPv6 rules
 # an IPv6 address or prefix as a rule's -s/-d (ip6tables prints "addr/128"), or a match
 # only ip6tables has
 _V6_RULE = re.compile(r"(?:^|\s)(?:-[sd] |--(?:source|destination) )[0-9a-fA-F]*:[0-9a-fA-F:.]*"
-                      r"/\d+|-p (?:ipv6-icmp|icmpv6)\b|--reject-with icmp6-|\bicmp6-type\b",
-                      re.M)
+                      r"(?:/\d+)?(?=\s)|-p (?:ipv6-icmp|icmpv6)\b|--reject-with icmp6-|"
+                      r"\bicmp6-type\b", re.M)
 _V4_RULE = re.compile(r"(?:^|\s)(?:-[sd] |--(?:source|destination) )\d+\.\d+\.\d+\.\d+"
                       r"|--reject-with icmp-|--to-destination \d+\.", re.M)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from agent import __version__
 from agent.capture.model import CaptureResult
 from agent.diagnose.context import Context
-from agent.diagnose.family import ipv6_facts
+from agent.diagnose.family import ipv6_facts, ipv6_snapshot
 from agent.diagnose.lb_ip import ChainServices, LbTarget, discover, split_by_family
 from agent.diagnose.model import Finding, LbIpReport, Verdict, status_of
 from agent.diagnose.nft_paths import NftPathFinder, nft_mode, nft_targets
@@ -74,12 +74,15 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
             evidence=("no KUBE-LOAD-BALANCER ipset entry, no 'loadbalancer IP' rule",),
             remedy="Run with API access, or give --kube-json DIR / services.json in the "
                    "bundle."))
+    if mode == "unknown" and snap.ip6tables is not None:
+        # an ip6tables-save alone says it
+        mode6, how6 = kube_proxy_mode(ipv6_snapshot(snap))
+        if mode6 != "unknown":
+            mode, mode_how = mode6, how6 + " (in the IPv6 rules)"
+            ctx.mode, ctx.mode_how = mode, mode_how
     v6_ctx = _ipv6_context(ctx, v6_targets) if v6_targets else None
     if v6_ctx is None:
         findings += _ipv6_not_walked(v6_targets, snap, mode)
-    elif mode == "unknown" and v6_ctx.mode != "unknown":
-        mode, mode_how = v6_ctx.mode, v6_ctx.mode_how  # an ip6tables-save alone says it
-        ctx.mode, ctx.mode_how = mode, mode_how
     for rule in RULES:
         try:
             findings.extend(rule(ctx))
@@ -168,12 +171,7 @@ def _ipv6_context(ctx: Context, v6_targets: list[LbTarget]) -> Context | None:
     if snap.ip6tables is None or ctx.mode == "nftables":
         return None
     f6 = ipv6_facts(ctx.facts)
-    mode, mode_how = ctx.mode, ctx.mode_how
-    if mode == "unknown":
-        mode, mode_how = kube_proxy_mode(f6.snapshot)
-        if mode != "unknown":
-            mode_how += " (in the IPv6 rules)"
-    return Context(f6.snapshot, f6, v6_targets, PathFinder(f6), mode, mode_how,
+    return Context(f6.snapshot, f6, v6_targets, PathFinder(f6), ctx.mode, ctx.mode_how,
                    ctx.unknowns, ChainServices(f6.snapshot), None, [], family=6)
 
 
