@@ -14,8 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
+from agent.cli import schema_text
 from lab import dual_stack as ds
 from lab.netns import Netns
 from tests.nodestate import capture
@@ -68,6 +70,7 @@ def test_live_check_walks_ipv6_lb_ips_and_equals_the_bundle(lab: ds.DualLab,
                   "--kube-json", str(lab.kube_dir))
     assert live.returncode == 1, live.stderr  # at risk: proxy6's VIP loops
     verdict = json.loads(live.stdout)
+    jsonschema.validate(verdict, json.loads(schema_text()))
     got = _ids(verdict)
     for ip, expected in ds.EXPECT.items():
         assert got.get(ip) == expected, (ip, got)

@@ -143,3 +143,24 @@ def test_kube_proxys_ipv6_restore_input_is_told_by_its_addresses() -> None:
     assert snap.netfilter is None and snap.ip6tables is not None
     nat = snap.ip6tables.table("nat")
     assert nat is not None and nat.chain("KUBE-SEP-LIGRYQQLSZN4UWQ5") is not None
+
+
+def test_a_big_ipv6_chain_is_indexed_by_its_ipv6_destinations() -> None:
+    """KUBE-SERVICES of 40 IPv6 Services is indexed by destination (-d addr/128) as an IPv4
+    one is by -d addr/32: the walk reaches the LB IP's own rule, not a scan's guess."""
+    from agent.netfilter.walk import _ChainIndex
+    from lab.kube_proxy_rules import LbService, iptables_mode
+
+    svcs = [LbService(namespace="default", name=f"s{i}", cluster_ip=f"fd00:96::{i + 1:x}",
+                      lb_ip=f"2001:db8:ff::{i + 1:x}", node_port=30000 + i,
+                      local_endpoints=(f"fd00:10:244:1::{i + 1:x}",)) for i in range(40)]
+    text = iptables_mode(svcs, cluster_cidr="fd00:10:244::/56", node_ip="2001:db8:1::10",
+                         family=6)
+    snap = _load(("ip6tables-save.txt", text))
+    chain = snap.ip6tables.table("nat").chain("KUBE-SERVICES")  # type: ignore[union-attr]
+    index = _ChainIndex(chain)  # type: ignore[arg-type]
+    assert "2001:db8:ff::27" in index.by_dst and "fd00:96::27" in index.by_dst
+    got = _findings(snap)
+    f = got[("pod-to-lb-captured", "2001:db8:ff::27")]
+    assert any("--to-destination [fd00:10:244:1::27]:8080" in e for e in f["evidence"])
+    assert sum(1 for k, _ in got if k == "pod-to-lb-captured") == 40

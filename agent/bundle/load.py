@@ -190,8 +190,10 @@ def _ip6_dumps(text: str, source: str, ev: _Evidence) -> str:
         out.append("\n" * block.count("\n"))
         at = end
         before = ev.rules6.count()
-        pairs = list(enumerate(block.splitlines(), first))
-        read_rules_text(pairs, source, ev.rules6)
+        # a dump that opens the text is read as text (its lines numbered from 1, and no
+        # tuple per line); one further down as numbered lines
+        read_rules_text(block if first == 1 else list(enumerate(block.splitlines(), first)),
+                        source, ev.rules6)
         if ev.rules6.count() > before or ev.rules6.tables_seen:
             ev.saw(IP6TABLES, f"{source}:{first}")
     out.append(text[at:])
