@@ -173,3 +173,26 @@ def test_real_ipv6_packets_meet_what_the_walk_says(lab: ds.DualLab) -> None:
     # address: the load balancer would see the pod, not the node (the loop's cause)
     assert leaves == "open", leaves
     assert at_vpc == [ds.CLIENT6], at_vpc
+
+
+_CACHED_READS = """
+import json
+from agent.probes import nat_rules
+from agent.probes.base import ProbeContext, ReadCache
+cache = ReadCache()
+ctx = ProbeContext(use_kube_api=False, cache=cache)
+first = nat_rules.collect6(ctx)
+second = nat_rules.collect6(ctx)
+print(json.dumps({"reads": cache.read_count.get("ip6tables", 0),
+                  "reused": cache.reused.get("ip6tables", 0),
+                  "same": first.value == second.value,
+                  "backend": first.value.backend if first.value else None}))
+"""
+
+
+def test_the_daemon_rereads_ipv6_rules_only_when_they_may_have_changed(lab: ds.DualLab) -> None:
+    """nft: the ruleset generation says nothing changed, the IPv6 dump is reused; legacy
+    ip6tables tables have no digest here, so they are read every cycle."""
+    got = json.loads(lab.node.run(sys.executable, "-c", _CACHED_READS, timeout=60).stdout)
+    assert got["same"] and got["backend"] == lab.backend
+    assert (got["reads"], got["reused"]) == ((1, 1) if lab.backend == "nft" else (2, 0)), got
