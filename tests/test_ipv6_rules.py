@@ -164,3 +164,14 @@ def test_a_big_ipv6_chain_is_indexed_by_its_ipv6_destinations() -> None:
     f = got[("pod-to-lb-captured", "2001:db8:ff::27")]
     assert any("--to-destination [fd00:10:244:1::27]:8080" in e for e in f["evidence"])
     assert sum(1 for k, _ in got if k == "pod-to-lb-captured") == 40
+
+
+def test_an_undecided_ipv6_walk_names_the_ipv6_commands() -> None:
+    """Only the KUBE-SERVICES excerpt: the unseen KUBE-FW chain decides, and the verdict
+    names the ip6tables command that shows it."""
+    chain = [ln for ln in V6.splitlines() if ln.startswith("-A KUBE-SERVICES ")]
+    snap = _load(("paste.txt", "$ ip6tables -t nat -S KUBE-SERVICES\n" + "\n".join(chain)))
+    f = _findings(snap)
+    texts = [e for (fid, _), v in f.items() for e in (v["summary"], *v["evidence"])]
+    assert any("ip6tables -t nat -S KUBE-" in t for t in texts), texts
+    assert not any("`iptables -t nat" in t for t in texts)
