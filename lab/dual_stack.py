@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lab import netns as _netns
-from lab.kube_proxy_rules import LbService, iptables_mode, services_json
+from lab.kube_proxy_rules import LbService, iptables_mode, ipvs_mode, services_json
 from lab.netns import Netns
 
 NODE_NAME = "node-dual"
@@ -84,9 +84,29 @@ EXPECT = {
 }
 
 
-def kube_files() -> dict[str, str]:
+# IPVS mode's IPv6 proxier (an IPv6-only kube-proxy here: its IPv4 side is the iptables
+# scenario's business): every VIP bound on kube-ipvs0, the sets KUBE-6-*
+IPVS_SERVICES = (
+    SERVICES[0],
+    LbService(namespace="default", name="loc6", cluster_ip="fd00:96::8",
+              lb_ip="2001:db8:ff::8", node_port=30081, etp="Local",
+              health_check_node_port=32081, remote_endpoints=(REMOTE_EP6,)),)
+IPVS_EXPECT = {
+    # bound on kube-ipvs0: a local address (IPv6's fate for health checks from the VIP)
+    # and a pod's SYN to it never leaves the node
+    "2001:db8:ff::7": {"lb-ip-local", "pod-to-lb-captured"},
+    "2001:db8:ff::8": {"lb-ip-local", "pod-to-lb-captured"},
+}
+
+
+def ipvs_state(backend: str = "legacy"):  # type: ignore[no-untyped-def]
+    return ipvs_mode(IPVS_SERVICES, bind_lb_ip=True, cluster_cidr=CLUSTER_CIDR6,
+                     node_ip=NODE_IP6, backend=backend, family=6)
+
+
+def kube_files(mode: str = "iptables") -> dict[str, str]:
     """services.json (proxy6 with its VIP and ipMode Proxy) and node.json (both families)."""
-    svcs = services_json(SERVICES)
+    svcs = services_json(SERVICES if mode == "iptables" else IPVS_SERVICES)
     for item in svcs["items"]:
         if item["metadata"]["name"] == "proxy6":
             item["spec"]["type"] = "LoadBalancer"
@@ -135,12 +155,15 @@ class DualLab:
     endpoint_pod: Netns
     kube_dir: Path
     backend: str
+    mode: str = "iptables"
 
 
 @contextmanager
-def build_dual_stack(backend: str = "legacy") -> Iterator[DualLab]:
+def build_dual_stack(backend: str = "legacy", mode: str = "iptables") -> Iterator[DualLab]:
     """The dual-stack node, its VPC side, a client pod and a local endpoint pod; every
-    namespace is deleted when the block ends, also on error."""
+    namespace is deleted when the block ends, also on error. ``mode`` "ipvs": kube-proxy's
+    IPv6 IPVS proxier instead (ipsets, ip6tables rules, VIPs on a DOWN kube-ipvs0; no
+    virtual server: this kernel may have no IP_VS, and the lab never loads a module)."""
     with ExitStack() as stack:
         vpc = stack.enter_context(_netns.netns("lbv"))
         node = stack.enter_context(_netns.netns("lbn"))
@@ -186,12 +209,21 @@ def build_dual_stack(backend: str = "legacy") -> Iterator[DualLab]:
         """)
         for ns in (pod, ep):
             ns.run("ip", "-6", "route", "add", "default", "via", BRIDGE6, "dev", "eth0")
-        v4, v6 = rules(backend)
-        node.run(f"iptables-{backend}-restore", input=v4)
-        node.run(f"ip6tables-{backend}-restore", input=v6)
+        if mode == "iptables":
+            v4, v6 = rules(backend)
+            node.run(f"iptables-{backend}-restore", input=v4)
+            node.run(f"ip6tables-{backend}-restore", input=v6)
+        else:
+            state = ipvs_state(backend)
+            node.run("ipset", "restore", input=state.ipset_restore)
+            node.run(f"ip6tables-{backend}-restore", input=state.iptables_restore)
+            node.run("ip", "link", "add", "kube-ipvs0", "type", "bridge")  # left DOWN
+            node.run("ip", "-batch", "-", input="".join(
+                f"address add {a}/128 dev kube-ipvs0 nodad\n"
+                for a in state.kube_ipvs0_addresses))
         _settle(node)
         kube_dir = Path(tempfile.mkdtemp(prefix="lbl-kube-"))
         stack.callback(shutil.rmtree, kube_dir, True)
-        for name, text in kube_files().items():
+        for name, text in kube_files(mode).items():
             (kube_dir / name).write_text(text)
-        yield DualLab(node, vpc, pod, ep, kube_dir, backend)
+        yield DualLab(node, vpc, pod, ep, kube_dir, backend, mode)
