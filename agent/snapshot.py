@@ -312,6 +312,9 @@ class NodeSnapshot:
     # "mode" -> "ipvs", "pod_cidr" -> "10.244.1.0/24,..."
     given: dict[str, str] | None = None
     nft: tuple[NftDump, ...] | None = None  # nftables rules (kube-proxy nftables mode)
+    # the IPv6 iptables rules (`ip6tables-save`) of the backend kube-proxy writes to, as
+    # ``netfilter`` holds the IPv4 ones; None: not read (an old snapshot has none)
+    ip6tables: Netfilter | None = None
     schema: str = SNAPSHOT_SCHEMA
 
     def ipset(self, name: str) -> IpSet | None:

@@ -33,6 +33,11 @@ def capture(ns: Netns) -> dict[str, str]:
         # plain -save (no -t) only dumps tables that exist; -t would create one
         state["iptables-legacy-save"] = _strip_comments(ns.run("iptables-legacy-save").stdout)
     state["iptables-nft-save"] = _strip_comments(ns.run("iptables-nft-save").stdout)
+    names6 = ns.run("cat", "/proc/net/ip6_tables_names", check=False).stdout
+    state["ip6_tables_names"] = names6
+    if names6.strip():
+        state["ip6tables-legacy-save"] = _strip_comments(ns.run("ip6tables-legacy-save").stdout)
+    state["ip6tables-nft-save"] = _strip_comments(ns.run("ip6tables-nft-save").stdout)
     if shutil.which("nft"):
         state["nft list ruleset"] = ns.run("nft", "-s", "list", "ruleset").stdout  # -s: no counters
     state["ipset save"] = ns.run("ipset", "save").stdout

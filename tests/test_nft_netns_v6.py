@@ -131,8 +131,10 @@ def test_dual_stack_nftables_node_ipv6_lb_ips(tmp_path: Path) -> None:
     assert got["1.2.3.4"] == want6[LB_LOCAL] and got["5.6.7.8"] == {"pod-to-lb-dropped"}
     assert v["status"] == "at-risk", v
     loop = next(f for f in v["findings"] if f["lb_ip"] == UNSYNCED)
-    # IPv6 has no rp_filter: the SYN coming back reaches the pod (no IPv4 sysctl named)
-    assert not any("rp_filter" in e for e in loop["evidence"]), loop["evidence"]
+    # IPv6 has no rp_filter: the SYN coming back reaches the pod (no IPv4 sysctl decides)
+    assert any("IPv6 has no rp_filter" in e for e in loop["evidence"]), loop["evidence"]
+    assert not any("rp_filter drops" in e or "sysctl" in e for e in loop["evidence"]), \
+        loop["evidence"]
     # the evidence quotes the ip6 table's rules walked
     cap = next(f for f in v["findings"] if f["id"] == "pod-to-lb-captured"
                and f["lb_ip"] == LB_LOCAL)

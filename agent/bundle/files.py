@@ -10,5 +10,7 @@ SERVICES = "services.json"
 NODE = "node.json"
 INGRESSES = "ingresses.json"
 NFT = "nft-kube-proxy.json"  # `nft -j list ruleset` when a kube-proxy table is in it
+IP6TABLES = "ip6tables-save.txt"  # the IPv6 rules, of the backend iptables-save.txt's is
 
-ALL = (IPTABLES, IPSET, IPVSADM, ROUTE_LOCAL, ADDR, SYSCTL, SERVICES, NODE, INGRESSES, NFT)
+ALL = (IPTABLES, IPSET, IPVSADM, ROUTE_LOCAL, ADDR, SYSCTL, SERVICES, NODE, INGRESSES, NFT,
+       IP6TABLES)

@@ -69,6 +69,17 @@ def _iptables(ctx: ProbeContext) -> bytes:
     return chosen[1].encode()
 
 
+def _ip6tables(ctx: ProbeContext) -> bytes:
+    """What the IPv6 rules probe reads: an empty file when there is no IPv6 table."""
+    try:
+        chosen = nat_rules.select_backend(max(ctx.timeout, 10.0), family=6)
+    except nat_rules.NatDumpError as exc:
+        raise Skip(str(exc)) from None
+    if chosen is None:
+        raise Skip(nat_rules.NO_BINARY6)
+    return chosen[1].encode()
+
+
 def _ipset(ctx: ProbeContext) -> bytes:
     if not kernel_module_present("ip_set"):
         # `ipset save` would make the kernel load ip_set; without it there are no sets.
@@ -128,6 +139,7 @@ def write_bundle(directory: str | os.PathLike[str], ctx: ProbeContext) -> list[t
         bundle_files.ADDR: lambda: _command(["ip", "-j", "addr", "show"], ctx),
         bundle_files.SYSCTL: lambda: _sysctl(ctx),
         bundle_files.NFT: lambda: _nft(ctx),
+        bundle_files.IP6TABLES: lambda: _ip6tables(ctx),
     }
     api_files = {"services": bundle_files.SERVICES, "node": bundle_files.NODE,
                  "ingresses": bundle_files.INGRESSES}

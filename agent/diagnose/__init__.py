@@ -9,14 +9,18 @@ from dataclasses import dataclass
 from agent import __version__
 from agent.capture.model import CaptureResult
 from agent.diagnose.context import Context
+from agent.diagnose.family import ipv6_facts, ipv6_snapshot
 from agent.diagnose.lb_ip import ChainServices, LbTarget, discover, split_by_family
 from agent.diagnose.model import Finding, LbIpReport, Verdict, status_of
 from agent.diagnose.nft_paths import NftPathFinder, nft_mode, nft_targets
 from agent.diagnose.node_facts import NodeFacts, build_facts, kube_proxy_mode
 from agent.diagnose.paths import PathFinder
+from agent.diagnose.rules import etp_local, pod_to_lb
 from agent.snapshot import NodeSnapshot
 
 _SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+# the rules that walk each LB IP: run again over the IPv6 view for IPv6 LB IPs
+FAMILY_RULES = (pod_to_lb.check, etp_local.check)
 
 
 def node_name(explicit: str | None, snap: NodeSnapshot | None, environ: dict[str, str]) -> str:
@@ -75,7 +79,15 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
                        "no KUBE-LOAD-BALANCER ipset entry, no 'loadbalancer IP' rule"),),
             remedy="Run with API access, or give --kube-json DIR / services.json in the "
                    "bundle."))
-    findings += _ipv6_not_walked(v6_targets)
+    if mode == "unknown" and snap.ip6tables is not None:
+        # an ip6tables-save alone says it
+        mode6, how6 = kube_proxy_mode(ipv6_snapshot(snap))
+        if mode6 != "unknown":
+            mode, mode_how = mode6, how6 + " (in the IPv6 rules)"
+            ctx.mode, ctx.mode_how = mode, mode_how
+    v6_ctx = _ipv6_context(ctx, v6_targets) if v6_targets else None
+    if v6_ctx is None:
+        findings += _ipv6_not_walked(v6_targets, snap, mode)
     for rule in RULES:
         try:
             findings.extend(rule(ctx))
@@ -86,6 +98,17 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
                 "diagnosis-incomplete", "warning",
                 f"The {name} check failed with an internal error: its findings are missing",
                 evidence=(f"{type(e).__name__}: {e}",),
+                remedy="Report it with the bundle (loopback-agent bundle DIR)."))
+    for rule in FAMILY_RULES if v6_ctx is not None else ():
+        try:
+            findings.extend(rule(v6_ctx))  # type: ignore[arg-type]
+        except Exception as e:
+            name = rule.__module__.rsplit(".", 1)[-1]
+            ctx.unknown(f"rule {name} (IPv6)", f"internal error: {type(e).__name__}: {e}")
+            findings.append(Finding(
+                "diagnosis-incomplete", "warning",
+                f"The {name} check of IPv6 LB IPs failed with an internal error: its "
+                "findings are missing", evidence=(f"{type(e).__name__}: {e}",),
                 remedy="Report it with the bundle (loopback-agent bundle DIR)."))
     findings.sort(key=lambda f: (_SEVERITY_ORDER[f.severity], _ip_key(f.lb_ip), f.port or 0,
                                  f.id))
@@ -116,6 +139,11 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
         "pod_ip": facts.pod.pod_ip if facts.pod else None,
         "pod_network": facts.pod.prefix if facts.pod else None,
         "pod_interface": facts.pod.iface if facts.pod else None,
+        **({"node_ip6": facts.node_ip6,
+            "pod_ip6": facts.pod6.pod_ip if facts.pod6 else None,
+            "pod_network6": facts.pod6.prefix if facts.pod6 else None,
+            "ip6tables_backend": snap.ip6tables.backend if snap.ip6tables else None}
+           if v6_targets else {}),
         "iptables_backend": snap.netfilter.backend if snap.netfilter else None,
         "assumed_rules": list(ctx.paths.notes),
         **({"given_by_user": dict(snap.given)} if snap.given else {}),
@@ -140,9 +168,24 @@ def _one(shared: dict[tuple[str, ...], tuple[str, ...]], value: tuple[str, ...]
     return shared.setdefault(value, value)
 
 
-def _ipv6_not_walked(targets: list[LbTarget]) -> list[Finding]:
-    """An IPv6 LB IP is a way to loop the agent does not follow yet: it is undecided,
-    never silently healthy."""
+def _ipv6_context(ctx: Context, v6_targets: list[LbTarget]) -> Context | None:
+    """The context that walks IPv6 LB IPs through the ip6tables rules (iptables and IPVS
+    modes), or None where there is nothing to walk (no IPv6 rules in the input; nftables
+    mode, whose IPv6 table another walker reads)."""
+    snap = ctx.snapshot
+    if snap.ip6tables is None or ctx.mode == "nftables":
+        return None
+    f6 = ipv6_facts(ctx.facts)
+    return Context(f6.snapshot, f6, v6_targets, PathFinder(f6), ctx.mode, ctx.mode_how,
+                   ctx.unknowns, ChainServices(f6.snapshot), None, [], family=6)
+
+
+def _ipv6_not_walked(targets: list[LbTarget], snap: NodeSnapshot | None = None,
+                     mode: str = "") -> list[Finding]:
+    """An IPv6 LB IP whose rules are not in the input: undecided, never silently
+    healthy."""
+    why = ("IPv6 rules are not walked in nftables mode here" if mode == "nftables" else
+           "the IPv6 rules are not in the input (`ip6tables-save` shows them)")
     out, seen = [], set()
     for t in targets:
         if t.key in seen:
@@ -151,13 +194,12 @@ def _ipv6_not_walked(targets: list[LbTarget]) -> list[Finding]:
         what = f"[{t.ip}]:{t.port}/{t.protocol}" if t.port else f"{t.ip}"
         out.append(Finding(
             "pod-to-lb-undetermined", "warning",
-            f"Could not decide whether pods reaching {what} loop back: IPv6 rules are not "
-            "walked (ip6tables)", lb_ip=t.ip, port=t.port or None, protocol=t.protocol,
-            service=t.service,
+            f"Could not decide whether pods reaching {what} loop back: {why}",
+            lb_ip=t.ip, port=t.port or None, protocol=t.protocol, service=t.service,
             evidence=("learned from " + "; ".join(t.learned_from),
-                      "IPv6 is not analysed: `ip6tables-save -t nat` shows its rules; check "
-                      "it by hand"),
-            remedy="Check the IPv6 nat rules by hand (ip6tables-save -t nat), as for IPv4."))
+                      f"IPv6 is not walked: {why}"),
+            remedy="Give `ip6tables-save` output (the bundle has it as ip6tables-save.txt), "
+                   "or check the IPv6 nat rules by hand, as for IPv4."))
     return out
 
 

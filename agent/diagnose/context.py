@@ -26,6 +26,9 @@ class Context:
     # IPv6 LB addresses: not walked (ip6tables), but decided where the rule does not need
     # a walk (lb-ip-local)
     v6_targets: list[LbTarget] = field(default_factory=list)
+    # the family this context walks: 6 for the IPv6 view (agent.diagnose.family), where
+    # findings that rest on IPv4-only sysctls (rp_filter, accept_local) do not apply
+    family: int = 4
 
     def unknown(self, source: str, reason: str) -> None:
         item = {"source": source, "reason": reason}

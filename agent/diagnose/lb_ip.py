@@ -165,11 +165,17 @@ def discover(snap: NodeSnapshot) -> list[LbTarget]:
     _from_rules(snap, add)
     _from_filter(snap, add)
     _from_kube_ipvs0(snap, add, {t.ip for t in found.values()})
+    if snap.ip6tables is not None:  # the IPv6 rules name IPv6 LB IPs the same way
+        v6 = replace(snap, netfilter=snap.ip6tables)
+        _from_rules(v6, add)
+        _from_filter(v6, add)
     for key, later in more.items():
         found[key] = _merged(found[key], later)
     # the Service objects give NodePorts; read kube-proxy's comments only where they miss
     missing = any(t.node_port is None and t.service for t in found.values())
     ports = _node_ports_from_rules(snap) if missing else {}
+    if missing and snap.ip6tables is not None:
+        ports = {**_node_ports_from_rules(replace(snap, netfilter=snap.ip6tables)), **ports}
     out = []
     for t in found.values():
         if t.node_port is None and t.service:
@@ -271,6 +277,11 @@ _LB_SETS = {
     "KUBE-EXTERNAL-IP": ("external", "KUBE-EXTERNAL-IP-LOCAL"),
     "KUBE-EXTERNAL-IP-LOCAL": ("external", "KUBE-EXTERNAL-IP-LOCAL"),
 }
+# kube-proxy names its IPv6 sets "KUBE-6-..." (pkg/proxy/ipvs/ipset.go NewIPSet), cut to
+# ipset's 31 characters: KUBE-6-LOAD-BALANCER-SOURCE-CIDR is KUBE-6-LOAD-BALANCER-SOURCE-CID
+_LB_SETS.update({
+    ("KUBE-6-" + name[5:])[:31]: (kind, ("KUBE-6-" + local[5:])[:31])
+    for name, (kind, local) in list(_LB_SETS.items())})
 
 
 def _from_ipsets(snap: NodeSnapshot, add) -> None:  # type: ignore[no-untyped-def]
@@ -372,7 +383,7 @@ def _dst_proto_port(conds) -> tuple[str | None, str | None, int | None]:  # type
     ip = port = proto = None
     for ckind, negate, args in conds:
         if ckind == "dst" and not negate:
-            ip = args[0].removesuffix("/32")
+            ip = args[0].removesuffix("/128" if ":" in args[0] else "/32")
         elif ckind == "proto" and not negate:
             proto = args[0].upper()
         elif ckind.endswith("--dport") and not negate and args[0].isdigit():

@@ -33,6 +33,10 @@ NODE_STAND_IN = "192.0.2.10"
 # the source of a pod's packet where the pod network is unknown (the walk never reads it:
 # every match on it forks)
 POD_STAND_IN = "192.0.2.77"
+# the same stand-ins for an IPv6 walk (RFC 9637's documentation prefix 3fff::/20)
+OUTSIDE_CLIENT6 = "3fff:0:0:7::7"
+NODE_STAND_IN6 = "3fff::10"
+POD_STAND_IN6 = "3fff::77"
 
 
 @dataclass
@@ -51,6 +55,12 @@ class NodeFacts:
     node_ip6: str | None = None
     pod6: PodNetwork | None = None
     pod6_unknown: str = ""
+    # the address family a walk over these facts speaks (ipv6_facts makes a view of 6),
+    # and the stand-ins it sends from or to where the input shows no address
+    family: int = 4
+    outside_client: str = OUTSIDE_CLIENT
+    node_stand_in: str = NODE_STAND_IN
+    pod_stand_in: str = POD_STAND_IN
     # addresses known to be the node's own although the input lists none (a stand-in
     # for "the node's address" in a walk): LOCAL for addrtype, whatever else is unknown
     assumed_local: frozenset[str] = frozenset()
@@ -349,6 +359,8 @@ def kube_proxy_mode(snap: NodeSnapshot) -> tuple[str, str]:
         return "unknown", f"kube-proxy runs in mode {kp.mode!r}, which this agent does not read"
     if snap.ipsets is not None and snap.ipset("KUBE-CLUSTER-IP") is not None:
         return "ipvs", "ipset KUBE-CLUSTER-IP exists (kube-proxy IPVS mode)"
+    if snap.ipsets is not None and snap.ipset("KUBE-6-CLUSTER-IP") is not None:
+        return "ipvs", "ipset KUBE-6-CLUSTER-IP exists (kube-proxy IPVS mode, IPv6)"
     if snap.addresses is not None and any(a.ifname == KUBE_IPVS0 for a in snap.addresses):
         return "ipvs", "interface kube-ipvs0 holds service addresses"
     if any(r.dev == KUBE_IPVS0 for r in snap.local_routes or ()):
@@ -395,11 +407,14 @@ _IPVS_SETS = frozenset({
     "KUBE-NODE-PORT-TCP", "KUBE-NODE-PORT-LOCAL-TCP", "KUBE-EXTERNAL-IP",
     "KUBE-EXTERNAL-IP-LOCAL", "KUBE-HEALTH-CHECK-NODE-PORT", "KUBE-IPVS-IPS",
 })
+# with their IPv6 twins (kube-proxy's "KUBE-6-" prefix, cut to ipset's 31 characters)
+_IPVS_SETS = _IPVS_SETS | {("KUBE-6-" + n[5:])[:31] for n in _IPVS_SETS}
 
 
 def _matches_ipvs_set(nat) -> bool:  # type: ignore[no-untyped-def]
-    needles = tuple(f"--match-set {n} " for n in ("KUBE-CLUSTER-IP", "KUBE-LOAD-BALANCER",
-                                                    "KUBE-LOOP-BACK", "KUBE-NODE-PORT-TCP"))
+    needles = tuple(f"--match-set {p}{n} " for n in ("CLUSTER-IP", "LOAD-BALANCER",
+                                                      "LOOP-BACK", "NODE-PORT-TCP")
+                    for p in ("KUBE-", "KUBE-6-"))
     return any(n in text for c in nat.chains for text in c.rules.texts for n in needles)
 
 
@@ -412,8 +427,8 @@ _FROM_PODS = re.compile(r"(?<!! )-s ([0-9a-fA-F:.]+/\d+)\s.*--comment \"?(?:Redi
 
 
 def _rules_of(snap: NodeSnapshot, version: int):  # type: ignore[no-untyped-def]
-    """The iptables rules of one family (IPv6: none read yet)."""
-    return snap.netfilter if version == 4 else None
+    """The iptables rules of one family."""
+    return snap.netfilter if version == 4 else snap.ip6tables
 
 
 def pod_cidrs_in_rules(snap: NodeSnapshot, version: int = 4) -> list[tuple[str, str]]:

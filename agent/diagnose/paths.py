@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from agent.diagnose.lb_ip import LbTarget
-from agent.diagnose.node_facts import NODE_STAND_IN, OUTSIDE_CLIENT, POD_STAND_IN, NodeFacts
+from agent.diagnose.node_facts import NodeFacts
 from agent.netfilter.walk import SRC_UNKNOWN, UNSEEN_REST, HookResult, Packet, Step, TableWalker
 from agent.snapshot import Chain, IpSet, Netfilter, Rule, Table
 
@@ -197,8 +197,8 @@ class PathFinder:
         if f.pod is None:
             # walk it anyway: a rule that asks the source forks the walk, and where every
             # answer leads to the same outcome that outcome holds for any pod address
-            pkt = Packet(src=POD_STAND_IN, dst=t.ip, proto=t.protocol.lower(), dport=t.port,
-                         src_known=False)
+            pkt = Packet(src=f.pod_stand_in, dst=t.ip, proto=t.protocol.lower(),
+                         dport=t.port, src_known=False)
             head = (f"packet: {pkt.describe()}; {f.pod_unknown}: both answers to every match "
                     "on the source are followed",)
         else:
@@ -336,6 +336,8 @@ class PathFinder:
                 f"IPVS: no virtual server {proto} {p.dst}:{p.dport}"
         member = f"{p.dst},{p.proto}:{p.dport}"
         for name in ("KUBE-LOAD-BALANCER", "KUBE-EXTERNAL-IP", "KUBE-CLUSTER-IP"):
+            if self.facts.family == 6:  # kube-proxy's IPv6 sets (pkg/proxy/ipvs/ipset.go)
+                name = name.replace("KUBE-", "KUBE-6-", 1)
             s = snap.ipset(name)
             if s is not None and member in self._members(s):
                 return ("served inside the node (local address; kube-proxy lists it in "
@@ -357,14 +359,14 @@ class PathFinder:
         node_ip = f.node_ip
         head: tuple[str, ...] = ()
         if node_ip is None:
-            if NODE_STAND_IN not in f.assumed_local or self._nodeports_by_address():
+            if f.node_stand_in not in f.assumed_local or self._nodeports_by_address():
                 # with --nodeport-addresses kube-proxy names the node's addresses in its
                 # NodePort jump: a stand-in would miss it
                 return ServedOutcome(None, None, (), "the node's address is unknown")
-            node_ip = NODE_STAND_IN
-            head = (f"the node's address is not in the input: {NODE_STAND_IN} stands for it "
+            node_ip = f.node_stand_in
+            head = (f"the node's address is not in the input: {node_ip} stands for it "
                     "(a local address, as any address of the node is)",)
-        pkt = Packet(src=OUTSIDE_CLIENT, dst=node_ip, proto=t.protocol.lower(),
+        pkt = Packet(src=f.outside_client, dst=node_ip, proto=t.protocol.lower(),
                      dport=t.node_port, in_iface=f.uplink)
         head = (*head, f"packet: {pkt.describe()} (the load balancer forwarding a client)")
         served_any = False
@@ -433,7 +435,7 @@ class PathFinder:
 def _snat_address(res: HookResult) -> str | None:
     """The --to-source address of the SNAT that ended the walk (first of a range)."""
     last = res.steps[-1].text if res.steps else ""
-    m = re.search(r"--to-source (\d+\.\d+\.\d+\.\d+)", last)
+    m = re.search(r"--to-source \[?(\d+\.\d+\.\d+\.\d+|[0-9a-fA-F:]*:[0-9a-fA-F:.]*)", last)
     return m.group(1) if m else None
 
 

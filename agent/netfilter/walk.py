@@ -70,7 +70,11 @@ class Packet(NamedTuple):
 
     def describe(self) -> str:
         src = self.src if self.src_known else "(a pod of this node)"
-        s = f"{self.proto} {src}:{self.sport} -> {self.dst}:{self.dport}"
+        if ":" in self.dst:  # IPv6: "[addr]:port"
+            src = f"[{src}]" if self.src_known else src
+            s = f"{self.proto} {src}:{self.sport} -> [{self.dst}]:{self.dport}"
+        else:
+            s = f"{self.proto} {src}:{self.sport} -> {self.dst}:{self.dport}"
         if self.in_iface:
             s += f" in {self.in_iface}"
         if self.out_iface:
@@ -119,7 +123,8 @@ _TARGET_KIND = {"ACCEPT": _VERDICT, "DROP": _VERDICT, "REJECT": _VERDICT, "RETUR
                 "QUEUE": _QUEUE, "NFQUEUE": _QUEUE,
                 **{t: _PASSIVE for t in PASSIVE_TARGETS}}
 
-_DST_RE = re.compile(r"(?<!! )-d (\d+\.\d+\.\d+\.\d+)(?:/32)?(?=\s)")
+# (an IPv6 host as ip6tables-save prints it: compressed, lower case, "/128")
+_DST_RE = re.compile(r"(?<!! )-d (\d+\.\d+\.\d+\.\d+|[0-9a-f:]*:[0-9a-f:.]*)(?:/32|/128)?(?=\s)")
 _DPORT_RE = re.compile(r"(?<!! )--dport (\d+)(?=\s)")
 _QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
 SMALL_CHAIN = 16  # rules: a scan is cheaper than indexing them
@@ -656,11 +661,15 @@ def _unknown(r: ParsedRule, why: str) -> str:
 def _dnat(r: ParsedRule, pkt: Packet) -> Packet:
     if r.target == "REDIRECT":
         port = r.target_opts.get("--to-ports", str(pkt.dport)).split("-")[0]
-        return pkt._replace(orig_dst=pkt.dst, orig_dport=pkt.dport, dst="127.0.0.1",
+        return pkt._replace(orig_dst=pkt.dst, orig_dport=pkt.dport,
+                            dst="::1" if ":" in pkt.dst else "127.0.0.1",
                        dport=int(port) if port.isdigit() else pkt.dport)
     to = r.target_opts.get("--to-destination") or r.target_opts.get("--to") or pkt.dst
     host, port = to, None
-    if to.count(":") == 1:
+    if to.startswith("["):  # IPv6 "[addr]:port" (or "[addr]")
+        host, _, rest = to[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else None
+    elif to.count(":") == 1:
         host, port = to.split(":")
     host = host.split("-")[0].split("/")[0]
     dport = int(port.split("-")[0]) if port and port.split("-")[0].isdigit() else pkt.dport

@@ -49,8 +49,12 @@ from agent.probes.base import (
 from agent.snapshot import Netfilter, Unknown
 
 SOURCE = "nat rules"
+SOURCE6 = "ip6tables"  # the IPv6 rules (ip6tables-save), read the same way
 IP_TABLES_NAMES = Path("/proc/net/ip_tables_names")
+IP6_TABLES_NAMES = Path("/proc/net/ip6_tables_names")
 NO_BINARY = "unavailable: no iptables-save binary (install iptables)"
+NO_BINARY6 = "unavailable: no ip6tables-save binary (install iptables)"
+NFPROTO_IPV6 = 10
 
 _HINT = re.compile(r"^:(KUBE-IPTABLES-HINT|KUBE-KUBELET-CANARY)\s", re.M)
 _TABLE = re.compile(r"^\*(\S+)", re.M)
@@ -81,15 +85,18 @@ class Budget:
     sized_on: str  # "47,412 chains and sets in the nft ip tables"
 
 
-def read_budget(backend: str, floor: float = BUDGET_FLOOR) -> Budget:
+def read_budget(backend: str, floor: float = BUDGET_FLOOR, family: int = 4) -> Budget:
     """How long a dump of ``backend`` may take here, from counts read without a dump
-    (nft: each ip table's use count; legacy: IPT_SO_GET_INFO's entries)."""
+    (nft: each ip table's use count; legacy: IPT_SO_GET_INFO's entries; IPv6 legacy: the
+    floor, its counts are not read)."""
     try:
         if backend == "nft":
-            uses = markers.nft_table_uses()
+            uses = markers.nft_table_uses(*((NFPROTO_IPV6,) if family == 6 else ()))
             n = sum(uses.values())
             expected = NFT_SECONDS_PER_CHAIN_SQUARED * n * n + NFT_SECONDS_PER_CHAIN * n
-            what = f"{n:,} chains and sets in the nft ip tables"
+            what = f"{n:,} chains and sets in the nft ip{'6' if family == 6 else ''} tables"
+        elif family == 6:
+            return Budget(floor, "the default (IPv6 legacy tables' sizes are not read)")
         else:
             n = sum(markers.legacy_info(t).entries for t in markers.legacy_table_names())
             expected = LEGACY_SECONDS_PER_RULE * n
@@ -103,32 +110,33 @@ class NatDumpError(RuntimeError):
     """Every backend we tried failed; ``str()`` carries the commands' stderr."""
 
 
-def _plain_save_mode(timeout: float) -> str | None:
+def _plain_save_mode(timeout: float, prog: str = "iptables") -> str | None:
     """"legacy"/"nft" for a plain `iptables-save` (old distros have no -legacy/-nft names)."""
     try:
-        version = run_command(["iptables-save", "-V"], timeout)
+        version = run_command([f"{prog}-save", "-V"], timeout)
     except CommandError:
         return None
     return "nft" if "nf_tables" in version else "legacy"
 
 
-def _commands(timeout: float) -> dict[str, str]:
-    """backend -> save command available on this machine."""
+def _commands(timeout: float, family: int = 4) -> dict[str, str]:
+    """backend -> save command available on this machine (ip6tables' for ``family`` 6)."""
+    prog = "ip6tables" if family == 6 else "iptables"
     found: dict[str, str] = {}
     for backend in ("legacy", "nft"):
-        if shutil.which(f"iptables-{backend}-save"):
-            found[backend] = f"iptables-{backend}-save"
-    if len(found) < 2 and shutil.which("iptables-save"):
-        mode = _plain_save_mode(timeout)
+        if shutil.which(f"{prog}-{backend}-save"):
+            found[backend] = f"{prog}-{backend}-save"
+    if len(found) < 2 and shutil.which(f"{prog}-save"):
+        mode = _plain_save_mode(timeout, prog)
         if mode is not None and mode not in found:
-            found[mode] = "iptables-save"
+            found[mode] = f"{prog}-save"
     return found
 
 
-def legacy_tables_present() -> bool:
+def legacy_tables_present(family: int = 4) -> bool:
     """Does the legacy (x_tables) side hold any table in this network namespace?"""
     try:
-        return bool(IP_TABLES_NAMES.read_text().split())
+        return bool((IP6_TABLES_NAMES if family == 6 else IP_TABLES_NAMES).read_text().split())
     except OSError:
         # Missing: ip_tables is not loaded, so there are no legacy tables.
         return False
@@ -166,7 +174,7 @@ class Overrun:
                    if self.background else ""))
 
 
-def dump_backends(timeout: float = BUDGET_FLOOR, background: bool = False,
+def dump_backends(timeout: float = BUDGET_FLOOR, background: bool = False, family: int = 4,
                   ) -> tuple[list[Dump], list[str], dict[str, str], list[Overrun]]:
     """Dump every backend that may hold rules, each within its ``read_budget`` (at least
     ``timeout``); ``background``: at the lowest CPU and I/O priority.
@@ -174,17 +182,17 @@ def dump_backends(timeout: float = BUDGET_FLOOR, background: bool = False,
     Returns (dumps, errors, backend -> save command found, overruns). A backend with no
     tables at all is not run (see the module docstring for why that matters).
     """
-    commands = _commands(timeout)
+    commands = _commands(timeout, family)
     dumps: list[Dump] = []
     errors: list[str] = []
     overruns: list[Overrun] = []
     wanted = []
-    if "legacy" in commands and legacy_tables_present():
+    if "legacy" in commands and legacy_tables_present(family):
         wanted.append("legacy")
     if "nft" in commands and kernel_module_present("nf_tables"):
         wanted.append("nft")
     for backend in wanted:
-        budget = read_budget(backend, timeout)
+        budget = read_budget(backend, timeout, family)
         start = time.monotonic()
         try:
             text = run_command([commands[backend]], budget.seconds, background=background)
@@ -213,8 +221,8 @@ class Selection:
     overruns: list[Overrun]
 
 
-def _select(timeout: float, background: bool = False) -> Selection:
-    dumps, errors, commands, overruns = dump_backends(timeout, background)
+def _select(timeout: float, background: bool = False, family: int = 4) -> Selection:
+    dumps, errors, commands, overruns = dump_backends(timeout, background, family)
     if dumps:
         best = choose(dumps)
         if not overruns or kube_score(best.text)[:2] != (0, 0):
@@ -230,13 +238,14 @@ def _select(timeout: float, background: bool = False) -> Selection:
     return Selection(Dump(backend, commands[backend], ""), [], True, [])
 
 
-def select_backend(timeout: float = BUDGET_FLOOR) -> tuple[str, str] | None:
+def select_backend(timeout: float = BUDGET_FLOOR, family: int = 4) -> tuple[str, str] | None:
     """(backend, raw dump text exactly as printed) of kube-proxy's backend.
 
     None when no iptables-save binary exists; raises NatDumpError when every dump
-    failed. The bundle writer uses this so iptables-save.txt is what the probe read.
+    failed. The bundle writer uses this so iptables-save.txt is what the probe read
+    (and ip6tables-save.txt, with ``family`` 6).
     """
-    sel = _select(timeout)
+    sel = _select(timeout, family=family)
     dump, errors = sel.dump, sel.errors
     if dump is None:
         if errors:
@@ -313,3 +322,40 @@ def _collect(ctx: ProbeContext) -> ProbeResult:
 
 
 PROBE = register(Probe(name=SOURCE, field="netfilter", collect=collect))
+
+
+# -- the IPv6 rules ----------------------------------------------------------------------
+
+
+def ip6tables_marker() -> tuple[object, ...]:
+    """What the IPv6 rules' dump depends on: the nft generation (any family's commit
+    bumps it). Legacy ip6tables tables have no digest here: with any of them present the
+    marker fails and the rules are read every cycle."""
+    if legacy_tables_present(6):
+        raise markers.MarkerError("legacy ip6tables tables present: no digest")
+    return ("nft", markers.nft_generation())
+
+
+def collect6(ctx: ProbeContext) -> ProbeResult:
+    return cached(ctx, SOURCE6, ip6tables_marker, lambda: _collect6(ctx))
+
+
+def _collect6(ctx: ProbeContext) -> ProbeResult:
+    """`ip6tables-save` of the backend kube-proxy writes to, chosen as for IPv4 (no
+    chain-by-chain excerpt when it overruns: the IPv6 side says what it could not read)."""
+    sel = _select(max(ctx.timeout, BUDGET_FLOOR), ctx.background, family=6)
+    dump, errors = sel.dump, sel.errors
+    if dump is None:
+        reason = NO_BINARY6 if not sel.have_binary else "; ".join(errors)
+        return ProbeResult(None, (Unknown(SOURCE6, reason),))
+    unknowns = tuple(Unknown(SOURCE6, f"other backend unreadable: {e}") for e in errors)
+    if not _TABLE.search(dump.text):
+        return ProbeResult(Netfilter(backend=dump.backend, tables=()), unknowns)
+    try:
+        rules = parse_iptables_save(dump.text, source=dump.command, backend=dump.backend)
+    except InputError as exc:
+        return ProbeResult(None, (*unknowns, Unknown(SOURCE6, f"cannot parse: {exc}")))
+    return ProbeResult(rules, unknowns)
+
+
+PROBE6 = register(Probe(name=SOURCE6, field="ip6tables", collect=collect6))

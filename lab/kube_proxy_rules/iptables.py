@@ -13,6 +13,7 @@ from lab.kube_proxy_rules.common import (
     _LARGE_CLUSTER_ENDPOINTS,
     _MARK,
     _REJECT_OPTS,
+    _REJECT_OPTS6,
     LbService,
     _cidr,
     _jump,
@@ -22,6 +23,7 @@ from lab.kube_proxy_rules.common import (
     chain_hash,
     endpoint_chain_hash,
     forward_rules,
+    host_port,
     nat_hooks,
     nodeports_last,
 )
@@ -29,9 +31,11 @@ from lab.kube_proxy_rules.common import (
 # --- iptables mode ---------------------------------------------------------------------
 
 
-def _iptables_new(services: Iterable[LbService], cluster_cidr: str | None) -> _Tables:
-    """pkg/proxy/iptables/proxier.go syncProxyRules (v1.28+), one full sync."""
-    t = _Tables(("filter", "nat"))
+def _iptables_new(services: Iterable[LbService], cluster_cidr: str | None,
+                  family: int = 4) -> _Tables:
+    """pkg/proxy/iptables/proxier.go syncProxyRules (v1.28+), one full sync; ``family``
+    6: the IPv6 proxier of a dual-stack node (its services' addresses are IPv6)."""
+    t = _Tables(("filter", "nat"), family)
     for c in ("KUBE-SERVICES", "KUBE-EXTERNAL-SERVICES", "KUBE-FORWARD", "KUBE-NODEPORTS",
               "KUBE-PROXY-FIREWALL"):
         t.chain("filter", c)
@@ -47,11 +51,14 @@ def _iptables_new(services: Iterable[LbService], cluster_cidr: str | None) -> _T
            comment="kubernetes service traffic requiring SNAT", topts="--random-fully")
     t.raw("nat", "KUBE-MARK-MASQ", f"-A KUBE-MARK-MASQ -j MARK --or-mark {_KP_MARK}",
           f"-A KUBE-MARK-MASQ -j MARK --set-xmark {_MARK}/{_MARK}")
-    # localhostNodePorts (default true): route_localnet=1 plus this guard rule.
+    # localhostNodePorts (default true): route_localnet=1 plus this guard rule (IPv4
+    # only: IPv6 has no route_localnet, and kube-proxy writes it for IPv4 alone)
     t.chain("filter", "KUBE-FIREWALL")
-    t.rule("filter", "KUBE-FIREWALL", "DROP", comment="block incoming localnet connections",
-           dst="127.0.0.0/8", src="127.0.0.0/8", nsrc=True,
-           post="-m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT")
+    if family == 4:
+        t.rule("filter", "KUBE-FIREWALL", "DROP",
+               comment="block incoming localnet connections", dst="127.0.0.0/8",
+               src="127.0.0.0/8", nsrc=True,
+               post="-m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT")
 
     svcs = sorted(services, key=lambda s: s.port_name_key)
     t.large_cluster = _total_endpoints(svcs) > _LARGE_CLUSTER_ENDPOINTS
@@ -114,10 +121,17 @@ def _new_service(t: _Tables, svc: LbService, cluster_cidr: str | None) -> None:
         if not has_external_eps:
             _filter_drop(t, "KUBE-EXTERNAL-SERVICES", filter_target, filter_comment, proto,
                          ip, svc.port)
+    fw_chain = "KUBE-FW-" + h
+    uses_fw = bool(svc.lb_ip and svc.source_ranges and has_endpoints)  # UsesFWChain
     if svc.lb_ip:
         if has_endpoints:
-            t.rule("nat", "KUBE-SERVICES", ext_chain, comment=f"{name} loadbalancer IP",
-                   proto=proto, dst=svc.lb_ip, dport=svc.port)
+            t.rule("nat", "KUBE-SERVICES", fw_chain if uses_fw else ext_chain,
+                   comment=f"{name} loadbalancer IP", proto=proto, dst=svc.lb_ip,
+                   dport=svc.port)
+        if uses_fw:
+            t.rule("filter", "KUBE-PROXY-FIREWALL", "DROP",
+                   comment=f"{name} traffic not accepted by {fw_chain}", proto=proto,
+                   dst=svc.lb_ip, dport=svc.port)
         if not has_external_eps:
             _filter_drop(t, "KUBE-EXTERNAL-SERVICES", filter_target, filter_comment, proto,
                          svc.lb_ip, svc.port)
@@ -128,7 +142,7 @@ def _new_service(t: _Tables, svc: LbService, cluster_cidr: str | None) -> None:
         if not has_external_eps:
             t.rule("filter", "KUBE-EXTERNAL-SERVICES", filter_target, comment=filter_comment,
                    pre="-m addrtype --dst-type LOCAL", proto=proto, dport=svc.node_port,
-                   save_topts=_REJECT_OPTS if filter_target == "REJECT" else "")
+                   save_topts=_reject_opts(t) if filter_target == "REJECT" else "")
     if svc.health_check_node_port:
         t.rule("filter", "KUBE-NODEPORTS", "ACCEPT", comment=f"{name} health check node port",
                proto="tcp", dport=svc.health_check_node_port)
@@ -158,6 +172,16 @@ def _new_service(t: _Tables, svc: LbService, cluster_cidr: str | None) -> None:
         if has_external_eps:
             t.rule("nat", ext_chain, ext_policy_chain)
 
+    if uses_fw:
+        t.chain("nat", fw_chain)
+        for src in svc.source_ranges:
+            t.rule("nat", fw_chain, ext_chain, comment=f"{name} loadbalancer IP", src=src)
+        # a rule without a target: what falls off the chain is not DNATed, and filter's
+        # KUBE-PROXY-FIREWALL drops it
+        kp = (f"-A {fw_chain} -m comment --comment "
+              f'"other traffic to {name} will be dropped by KUBE-PROXY-FIREWALL"')
+        t.raw("nat", fw_chain, kp, kp)
+
     if has_endpoints:  # usesClusterPolicyChain (ITP=Cluster)
         t.chain("nat", svc_chain)
         _endpoint_rules(t, svc, svc_chain, eps)
@@ -165,7 +189,7 @@ def _new_service(t: _Tables, svc: LbService, cluster_cidr: str | None) -> None:
         t.chain("nat", svl_chain)
         _endpoint_rules(t, svc, svl_chain, local_eps)
     for ip, _local in eps:
-        ep = f"{ip}:{svc.target_port}"
+        ep = host_port(ip, svc.target_port)
         sep = "KUBE-SEP-" + endpoint_chain_hash(name, proto, ep)
         t.chain("nat", sep)
         comment = None if t.large_cluster else name
@@ -183,7 +207,7 @@ def _endpoint_rules(t: _Tables, svc: LbService, chain: str,
     proto = svc.protocol.lower()
     n = len(eps)
     for i, (ip, _local) in enumerate(eps):
-        ep = f"{ip}:{svc.target_port}"
+        ep = host_port(ip, svc.target_port)
         sep = "KUBE-SEP-" + endpoint_chain_hash(name, proto, ep)
         t.rule("nat", chain, sep, comment=None if t.large_cluster else f"{name} -> {ep}",
                prob=n - i if i < n - 1 else 0)
@@ -193,7 +217,11 @@ def _filter_drop(t: _Tables, chain: str, target: str, comment: str, proto: str, 
                  port: int) -> None:
     # kube-proxy writes a bare "-j REJECT"; iptables-save prints the default reject-with
     t.rule("filter", chain, target, comment=comment, proto=proto, dst=ip, dport=port,
-           save_topts=_REJECT_OPTS if target == "REJECT" else "")
+           save_topts=_reject_opts(t) if target == "REJECT" else "")
+
+
+def _reject_opts(t: _Tables) -> str:
+    return _REJECT_OPTS6 if t.family == 6 else _REJECT_OPTS
 
 
 def _iptables_old(services: Iterable[LbService], cluster_cidr: str | None) -> _Tables:
@@ -371,27 +399,30 @@ def _old_service(t: _Tables, svc: LbService, cluster_cidr: str | None) -> None:
 
 
 def _iptables_tables(services: Iterable[LbService], generation: str,
-                     cluster_cidr: str | None) -> _Tables:
+                     cluster_cidr: str | None, family: int = 4) -> _Tables:
     if generation == "new":
-        return _iptables_new(services, cluster_cidr)
+        return _iptables_new(services, cluster_cidr, family)
+    if family != 4:
+        raise ValueError("the old generation is modelled for IPv4 only")
     if generation == "old":
         return _iptables_old(services, cluster_cidr)
     raise ValueError(f"generation must be 'new' or 'old', not {generation!r}")
 
 
 def iptables_mode(services: Iterable[LbService], *, generation: str = "new",
-                  cluster_cidr: str | None, node_ip: str, backend: str = "legacy") -> str:
+                  cluster_cidr: str | None, node_ip: str, backend: str = "legacy",
+                  family: int = 4) -> str:
     """What ``iptables-save`` prints (nat and filter) on a node whose kube-proxy runs
     in iptables mode. ``backend`` only changes the header line ("nft" ->
     ``iptables-nft-save ... (nf_tables)``). ``node_ip`` is accepted for symmetry with
     ``ipvs_mode``: the generated rules do not depend on it (nodePortAddresses unset).
     """
     del node_ip
-    return _iptables_tables(services, generation, cluster_cidr).save_text(backend)
+    return _iptables_tables(services, generation, cluster_cidr, family).save_text(backend)
 
 
 def kube_proxy_restore_input(services: Iterable[LbService], *, generation: str = "new",
-                             cluster_cidr: str | None, node_ip: str) -> str:
+                             cluster_cidr: str | None, node_ip: str, family: int = 4) -> str:
     """What kube-proxy itself feeds to ``iptables-restore --noflush`` for one full sync:
     no header or counters, ``:CHAIN - [0:0]`` lines, bare IPs, kube-proxy's argument
     order, ``--or-mark 0x004000``, and no jumps from the built-in chains (those are
@@ -399,6 +430,6 @@ def kube_proxy_restore_input(services: Iterable[LbService], *, generation: str =
     KUBE-MARK-DROP, which must exist before this is restored.
     """
     del node_ip
-    return _iptables_tables(services, generation, cluster_cidr).restore_input()
+    return _iptables_tables(services, generation, cluster_cidr, family).restore_input()
 
 

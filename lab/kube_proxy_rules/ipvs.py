@@ -16,6 +16,7 @@ from lab.kube_proxy_rules.common import (
     _prepend_hooks,
     _Tables,
     forward_rules,
+    host_port,
     nat_hooks,
 )
 
@@ -59,6 +60,12 @@ IPVS_SETS: tuple[tuple[str, str, str], ...] = (
 _SET_COMMENT = {name: comment for name, _type, comment in IPVS_SETS}
 
 
+def set_name(name: str, family: int = 4) -> str:
+    """kube-proxy's IPv6 proxier names its sets "KUBE-6-..." (pkg/proxy/ipvs/ipset.go
+    NewIPSet), cut to ipset's 31 characters (KUBE-6-LOAD-BALANCER-SOURCE-CID)."""
+    return ("KUBE-6-" + name[5:])[:31] if family == 6 else name
+
+
 @dataclass(frozen=True)
 class IpvsNodeState:
     """Everything kube-proxy's IPVS proxier leaves on the node."""
@@ -70,27 +77,30 @@ class IpvsNodeState:
     ipset_save: str = ""  # what `ipset save` prints (bucketsize/initval added)
 
 
-def _ipset_text(members: Mapping[str, Iterable[str]], save_form: bool) -> str:
+def _ipset_text(members: Mapping[str, Iterable[str]], save_form: bool, family: int = 4) -> str:
     out: list[str] = []
-    for name, stype, _comment in IPVS_SETS:
+    inet = "inet6" if family == 6 else "inet"
+    for base, stype, _comment in IPVS_SETS:
+        name = set_name(base, family)
         if stype == "bitmap:port":
             out.append(f"create {name} {stype} range 0-65535")
         elif save_form:
             # ipset 7.x save adds bucketsize and a random initval; make it stable
             initval = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big")
-            out.append(f"create {name} {stype} family inet hashsize 1024 maxelem 65536 "
+            out.append(f"create {name} {stype} family {inet} hashsize 1024 maxelem 65536 "
                        f"bucketsize 12 initval 0x{initval:08x}")
         else:
-            out.append(f"create {name} {stype} family inet hashsize 1024 maxelem 65536")
-        out.extend(f"add {name} {m}" for m in members.get(name, ()))
+            out.append(f"create {name} {stype} family {inet} hashsize 1024 maxelem 65536")
+        out.extend(f"add {name} {m}" for m in members.get(base, ()))
     return "\n".join(out) + "\n"
 
 
 def ipvs_mode(services: Iterable[LbService], *, bind_lb_ip: bool, cluster_cidr: str | None,
-              node_ip: str, backend: str = "legacy") -> IpvsNodeState:
+              node_ip: str, backend: str = "legacy", family: int = 4) -> IpvsNodeState:
     """kube-proxy in IPVS mode. ``bind_lb_ip=False`` is TKE's variant that does not put
     the LoadBalancer ingress IP on kube-ipvs0 (the upstream proxier binds it, PR 63066);
-    its ipsets and iptables rules are the same as upstream's."""
+    its ipsets and iptables rules are the same as upstream's. ``family`` 6: the IPv6
+    proxier of a dual-stack node (KUBE-6-* sets, ip6tables rules, [addr]:port servers)."""
     svcs = sorted(services, key=lambda s: s.port_name_key)
     sets: dict[str, list[str]] = {name: [] for name, _t, _c in IPVS_SETS}
     bound: list[str] = []
@@ -99,9 +109,9 @@ def ipvs_mode(services: Iterable[LbService], *, bind_lb_ip: bool, cluster_cidr: 
     def virtual_server(proto: str, addr: str, port: int, eps: Sequence[str],
                        target_port: int) -> None:
         flag = {"tcp": "-t", "udp": "-u", "sctp": "--sctp-service"}[proto]
-        vs = f"{flag} {addr}:{port}"
+        vs = f"{flag} {host_port(addr, port)}"
         vs_lines.append(f"-A {vs} -s rr")
-        vs_lines.extend(f"-a {vs} -r {ip}:{target_port} -m -w 1" for ip in eps)
+        vs_lines.extend(f"-a {vs} -r {host_port(ip, target_port)} -m -w 1" for ip in eps)
 
     for svc in svcs:
         proto = svc.protocol.lower()
@@ -144,19 +154,25 @@ def ipvs_mode(services: Iterable[LbService], *, bind_lb_ip: bool, cluster_cidr: 
         members = dict.fromkeys(sets[name])
         sets[name] = sorted(members, key=int) if stype == "bitmap:port" else list(members)
 
-    t = _ipvs_tables(sets, cluster_cidr)
+    t = _ipvs_tables(sets, cluster_cidr, family)
     return IpvsNodeState(
-        ipset_restore=_ipset_text(sets, save_form=False),
+        ipset_restore=_ipset_text(sets, save_form=False, family=family),
         iptables_restore=t.save_text(backend),
         kube_ipvs0_addresses=bound_unique,
         ipvsadm_save="\n".join(vs_lines) + "\n" if vs_lines else "",
-        ipset_save=_ipset_text(sets, save_form=True),
+        ipset_save=_ipset_text(sets, save_form=True, family=family),
     )
 
 
-def _ipvs_tables(sets: Mapping[str, Sequence[str]], cluster_cidr: str | None) -> _Tables:
-    """pkg/proxy/ipvs/proxier.go writeIptablesRules, in its order."""
-    t = _Tables(("nat", "filter"))
+def _ipvs_tables(sets: Mapping[str, Sequence[str]], cluster_cidr: str | None,
+                 family: int = 4) -> _Tables:
+    """pkg/proxy/ipvs/proxier.go writeIptablesRules, in its order (``sets`` by their IPv4
+    names; the rules name them as ``family``'s proxier does)."""
+    t = _Tables(("nat", "filter"), family)
+
+    def sn(name: str) -> str:
+        return set_name(name, family)
+
     for c in ("KUBE-SERVICES", "KUBE-POSTROUTING", "KUBE-NODE-PORT", "KUBE-LOAD-BALANCER",
               "KUBE-MARK-MASQ"):
         t.chain("nat", c)
@@ -172,11 +188,12 @@ def _ipvs_tables(sets: Mapping[str, Sequence[str]], cluster_cidr: str | None) ->
         if not sets.get(name):
             return
         p = f"-p {proto} " if proto else ""
-        line = (f"-A {chain} {p}-m comment --comment {cm(name)} -m set --match-set {name} "
+        line = (f"-A {chain} {p}-m comment --comment {cm(name)} -m set --match-set {sn(name)} "
                 f"{match} -j {target}")
         t.raw(table, chain, line, line)
 
-    t.rule("nat", "KUBE-SERVICES", "RETURN", src="127.0.0.0/8")
+    if family == 4:  # (127.0.0.0/8 has no IPv6 counterpart here)
+        t.rule("nat", "KUBE-SERVICES", "RETURN", src="127.0.0.0/8")
     # ipsetWithIptablesChain, in order
     set_rule("nat", "KUBE-POSTROUTING", "KUBE-LOOP-BACK", "dst,dst,src", "MASQUERADE")
     set_rule("nat", "KUBE-SERVICES", "KUBE-LOAD-BALANCER", "dst,dst", "KUBE-LOAD-BALANCER")
@@ -192,7 +209,8 @@ def _ipvs_tables(sets: Mapping[str, Sequence[str]], cluster_cidr: str | None) ->
     set_rule("filter", "KUBE-SOURCE-RANGES-FIREWALL", "KUBE-LOAD-BALANCER-SOURCE-IP",
              "dst,dst,src", "RETURN")
     if sets.get("KUBE-CLUSTER-IP"):
-        base = f"-m comment --comment {cm('KUBE-CLUSTER-IP')} -m set --match-set KUBE-CLUSTER-IP"
+        base = (f"-m comment --comment {cm('KUBE-CLUSTER-IP')} -m set --match-set "
+                f"{sn('KUBE-CLUSTER-IP')}")
         if cluster_cidr:
             t.raw("nat", "KUBE-SERVICES",
                   f"-A KUBE-SERVICES {base} dst,dst ! -s {cluster_cidr} -j KUBE-MARK-MASQ",
@@ -204,7 +222,8 @@ def _ipvs_tables(sets: Mapping[str, Sequence[str]], cluster_cidr: str | None) ->
     for name in ("KUBE-EXTERNAL-IP", "KUBE-EXTERNAL-IP-LOCAL"):
         if not sets.get(name):
             continue
-        base = f"-A KUBE-SERVICES -m comment --comment {cm(name)} -m set --match-set {name} dst,dst"
+        base = (f"-A KUBE-SERVICES -m comment --comment {cm(name)} -m set --match-set "
+                f"{sn(name)} dst,dst")
         if name == "KUBE-EXTERNAL-IP":
             t.raw("nat", "KUBE-SERVICES", base + " -j KUBE-MARK-MASQ", base + " -j KUBE-MARK-MASQ")
         for extra in ("-m physdev ! --physdev-is-in -m addrtype ! --src-type LOCAL",
@@ -215,20 +234,23 @@ def _ipvs_tables(sets: Mapping[str, Sequence[str]], cluster_cidr: str | None) ->
     t.rule("filter", "KUBE-SOURCE-RANGES-FIREWALL", "DROP")
     for name in ("KUBE-CLUSTER-IP", "KUBE-LOAD-BALANCER"):  # acceptIPVSTraffic
         if sets.get(name):
-            t.rule("nat", "KUBE-SERVICES", "ACCEPT", pre=f"-m set --match-set {name} dst,dst")
+            t.rule("nat", "KUBE-SERVICES", "ACCEPT",
+                   pre=f"-m set --match-set {sn(name)} dst,dst")
     forward_rules(t, invalid_drop=False, conntrack_accept=True)
     hc = "KUBE-HEALTH-CHECK-NODE-PORT"
-    line = f"-A KUBE-NODE-PORT -m comment --comment {cm(hc)} -m set --match-set {hc} dst -j ACCEPT"
+    line = (f"-A KUBE-NODE-PORT -m comment --comment {cm(hc)} -m set --match-set {sn(hc)} dst "
+            "-j ACCEPT")
     t.raw("filter", "KUBE-NODE-PORT", line, line)
     for name, match in (("KUBE-LOAD-BALANCER", "dst,dst"), ("KUBE-CLUSTER-IP", "dst,dst"),
                         ("KUBE-EXTERNAL-IP", "dst,dst"), ("KUBE-EXTERNAL-IP-LOCAL", "dst,dst"),
                         (hc, "dst")):
-        t.rule("filter", "KUBE-IPVS-FILTER", "RETURN", pre=f"-m set --match-set {name} {match}")
-    t.raw("filter", "KUBE-IPVS-FILTER",
-          "-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst"
-          " -j REJECT",
-          "-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst"
-          " -j REJECT --reject-with icmp-port-unreachable")
+        t.rule("filter", "KUBE-IPVS-FILTER", "RETURN",
+               pre=f"-m set --match-set {sn(name)} {match}")
+    reject = ("-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set "
+              f"{sn('KUBE-IPVS-IPS')} dst -j REJECT")
+    t.raw("filter", "KUBE-IPVS-FILTER", reject,
+          reject + (" --reject-with icmp6-port-unreachable" if family == 6
+                    else " --reject-with icmp-port-unreachable"))
     t.raw("nat", "KUBE-POSTROUTING",
           f"-A KUBE-POSTROUTING -m mark ! --mark {_KP_MARK}/{_KP_MARK} -j RETURN",
           f"-A KUBE-POSTROUTING -m mark ! --mark {_MARK}/{_MARK} -j RETURN")

@@ -27,7 +27,8 @@ def services_json(services: Iterable[LbService]) -> dict[str, Any]:
             continue
         spec: dict[str, Any] = {
             "clusterIP": svc.cluster_ip, "clusterIPs": [svc.cluster_ip],
-            "internalTrafficPolicy": "Cluster", "ipFamilies": ["IPv4"],
+            "internalTrafficPolicy": "Cluster",
+            "ipFamilies": ["IPv6" if ":" in svc.cluster_ip else "IPv4"],
             "ipFamilyPolicy": "SingleStack", "ports": [port], "sessionAffinity": "None",
             "type": svc.type,
         }
@@ -39,6 +40,8 @@ def services_json(services: Iterable[LbService]) -> dict[str, Any]:
                 spec["healthCheckNodePort"] = svc.health_check_node_port
         if svc.external_ips:
             spec["externalIPs"] = list(svc.external_ips)
+        if svc.source_ranges:
+            spec["loadBalancerSourceRanges"] = list(svc.source_ranges)
         metadata: dict[str, Any] = {"name": svc.name, "namespace": svc.namespace}
         if svc.annotations:
             metadata["annotations"] = dict(svc.annotations)

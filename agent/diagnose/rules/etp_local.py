@@ -46,7 +46,8 @@ def _stated_for(t, entries: list[tuple[str, str]]) -> str | None:  # type: ignor
         if chain.startswith("KUBE-XLB-"):
             return line
         rule = line.split(": ", 1)[1]
-        if _says(rule, f" -d {t.ip}", "/32") and _says(rule, f"--dport {t.port}"):
+        if _says(rule, f" -d {t.ip}", "/128" if ":" in t.ip else "/32") and \
+                _says(rule, f"--dport {t.port}"):
             return line
         if t.node_port and "addrtype --dst-type LOCAL" in rule and \
                 _says(rule, f"--dport {t.node_port}"):

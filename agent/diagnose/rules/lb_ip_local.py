@@ -5,6 +5,7 @@ IPv4; on IPv6, which has no martian check, the node answers them to itself (to l
 from __future__ import annotations
 
 from agent.diagnose.context import Context
+from agent.diagnose.family import v6_local_known
 from agent.diagnose.lb_ip import LbTarget
 from agent.diagnose.model import Finding
 from agent.diagnose.remedies import PREVENT_LOOPBACK, for_lb_ip_local, is_tke
@@ -17,15 +18,6 @@ V6_FATE = ("IPv6 has no martian-source check: the packet is taken in and the nod
            "is routed to its own address (lo), so it never reaches the load balancer")
 
 
-def _v6_local_known(ctx: Context) -> bool:
-    """Whether the input shows the IPv6 local table (or the addresses it is made of): a
-    bundle or paste of IPv4 only cannot tell whether an IPv6 VIP is local."""
-    snap = ctx.snapshot
-    if snap.local_routes is not None:
-        return any(":" in r.dst for r in snap.local_routes)
-    return any(":" in a.address for a in snap.addresses or ())
-
-
 def check(ctx: Context) -> list[Finding]:
     if ctx.facts.is_local("127.0.0.1") is None:
         ctx.unknown(ID, "local addresses unknown (no route-local.txt and no addr.txt)")
@@ -34,7 +26,7 @@ def check(ctx: Context) -> list[Finding]:
     # IPv6 ones walked with the IPv4 ones (nftables mode's ip6 table) are IPv6 all the same
     v6 = [t for t in (*ctx.v6_targets, *(x for x in ctx.targets if ":" in x.ip))
           if t.kind == "loadbalancer"]
-    if v6 and not _v6_local_known(ctx):
+    if v6 and not v6_local_known(ctx.snapshot):
         ctx.unknown(ID, "IPv6 local addresses unknown (the input has no IPv6 local table: "
                         "`ip -6 route show table local`)")
         v6 = []

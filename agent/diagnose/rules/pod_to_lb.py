@@ -36,6 +36,8 @@ def check(ctx: Context) -> list[Finding]:
             except Exception as e:  # one target's bug must not hide the others
                 o = PathOutcome("unknown", f"internal error walking it: "
                                 f"{type(e).__name__}: {e}", ())
+            if ctx.family == 6:
+                o = _ipv6_commands(o)
         host = f"[{t.ip}]" if ":" in t.ip else t.ip  # an IPv6 address before its port
         what = f"{host}:{t.port}/{t.protocol}" if t.port else f"{t.ip} (ports not in the input)"
         if t.kind == "ingress" and t.ingress:
@@ -69,8 +71,13 @@ def check(ctx: Context) -> list[Finding]:
                                f"{why}", evidence=tuple(ev),
                                remedy=for_not_masqueraded(t, ctx), **common))
         elif o.kind == "not-masqueraded":
-            # IPv6 has no rp_filter (README "How it decides"): the SYN reaches the pod
-            rp = rp_filter_effective(ctx) if ":" not in t.ip else 0
+            v6 = ":" in t.ip  # also an IPv6 target walked beside IPv4 ones (nftables)
+            rp = rp_filter_effective(ctx) if not v6 else None
+            if v6:
+                # IPv6 has no rp_filter: nothing drops the SYN the LB sends back here
+                ev.append("if the load balancer sends it back to this node: IPv6 has no "
+                          "rp_filter, so the SYN is taken in and the SYN-ACK goes straight "
+                          "to the pod, bypassing the load balancer, and the pod resets it")
             if rp is not None:
                 ev.append("if the load balancer sends it back to this node: " + (
                     "rp_filter drops the SYN (reverse path is the pod bridge)" if rp == 1 else
@@ -116,3 +123,18 @@ def _has_kube_proxy_rules(ctx: Context) -> bool:
     if nf is None:
         return True  # unreadable rules are reported by the walk itself
     return nat is not None and any(c.name.startswith("KUBE-") for c in nat.chains)
+
+
+# the commands an IPv6 walk's messages name (the walk's are IPv4's)
+_V6_WORDS = (("`iptables -t ", "`ip6tables -t "), ("{.spec.podCIDR}", "{.spec.podCIDRs}"),
+             ("`ip route show table local`", "`ip -6 route show table local`"))
+
+
+def _ipv6_commands(o: PathOutcome) -> PathOutcome:
+    def said(text: str) -> str:
+        for v4, v6 in _V6_WORDS:
+            if v4 in text:
+                text = text.replace(v4, v6)
+        return text
+
+    return o._replace(how=said(o.how), evidence=tuple(map(said, o.evidence)))

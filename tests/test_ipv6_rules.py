@@ -1,0 +1,177 @@
+"""IPv6 rules offline: ip6tables-save / ip6tables -S text goes to the snapshot's ip6tables
+(by content, like every input), IPv6 LB IPs are walked through it, kube-proxy's IPVS-mode
+IPv6 ipsets (KUBE-6-*) and [addr]:port virtual servers are read; old snapshots load."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from agent.bundle import load_texts
+from agent.diagnose import diagnose
+from agent.snapshot import NodeSnapshot
+from lab.dual_stack import kube_files, rules
+
+
+def _load(*texts: tuple[str, str]) -> NodeSnapshot:
+    return load_texts([(name, text, "unknown") for name, text in texts], origin="bundle:t")
+
+
+def _findings(snap: NodeSnapshot) -> dict[tuple[str, str | None], dict]:  # type: ignore[type-arg]
+    v = diagnose(snap, "n").to_dict()
+    return {(f["id"], f["lb_ip"]): f for f in v["findings"]}
+
+
+V4, V6 = rules()
+
+
+def test_both_dumps_in_one_paste_go_to_their_family() -> None:
+    text = V4 + "\n" + V6
+    snap = _load(("paste.txt", text))
+    assert snap.netfilter is not None and snap.ip6tables is not None
+    v4_rules = [r.text for c in snap.netfilter.table("nat").chains for r in c.rules]  # type: ignore[union-attr]
+    v6_rules = [r for c in snap.ip6tables.table("nat").chains for r in c.rules]  # type: ignore[union-attr]
+    assert any("10.0.1.100/32" in t for t in v4_rules) and not any("2001:" in t for t in v4_rules)
+    assert any("2001:db8:ff::7/128" in r.text for r in v6_rules)
+    # a rule's source names its line in the paste
+    rule = next(r for r in v6_rules if "2001:db8:ff::7/128" in r.text)
+    line = int(rule.source.rsplit(":", 1)[1])
+    assert text.splitlines()[line - 1] == rule.text
+
+
+def test_prompted_and_headerless_ipv6_rules() -> None:
+    chain = [ln for ln in V6.splitlines() if ln.startswith("-A KUBE-SERVICES ")]
+    prompted = "$ sudo ip6tables -t nat -S KUBE-SERVICES\n" + "\n".join(chain) + "\n"
+    headerless = "\n".join(chain) + "\n"  # IPv6 -d addresses, no IPv4 one
+    for text in (prompted, headerless):
+        snap = _load(("paste.txt", text))
+        assert snap.netfilter is None and snap.ip6tables is not None, text[:40]
+        assert snap.ip6tables.table("nat").chain("KUBE-SERVICES") is not None  # type: ignore[union-attr]
+
+
+def test_ip6tables_save_alone_gives_a_verdict() -> None:
+    v = diagnose(_load(("ip6tables-save.txt", V6)), "n").to_dict()
+    assert v["kube_proxy_mode"] == "iptables" and "IPv6 rules" in \
+        v["context"]["kube_proxy_mode_from"]
+    got = {(f["id"], f["lb_ip"]) for f in v["findings"]}
+    assert ("pod-to-lb-captured", "2001:db8:ff::7") in got
+    assert ("pod-to-lb-dropped", "2001:db8:ff::a") in got
+    assert ("etp-local-no-local-endpoint", "2001:db8:ff::9") in got
+    # unsynced6's VIP is in no rule: without the Service objects it is not known at all
+    assert not any(ip == "2001:db8:ff::c" for _, ip in got)
+    assert any("IPv4 rules not given" in u["reason"] for u in v["unknowns"])
+    assert v["context"]["pod_network6"] == "fd00:10:244::/56"  # the rules name it
+
+
+def test_ipv6_lb_ip_without_ipv6_rules_names_what_is_needed() -> None:
+    files = kube_files()
+    snap = _load(("iptables-save.txt", V4), ("services.json", files["services.json"]))
+    got = _findings(snap)
+    f = got[("pod-to-lb-undetermined", "2001:db8:ff::7")]
+    assert "ip6tables-save" in f["summary"] and "ip6tables-save" in f["remedy"]
+    assert ("pod-to-lb-captured", "10.0.1.100") in got
+
+
+def test_ipv6_findings_rest_on_no_ipv4_sysctl() -> None:
+    files = kube_files()
+    sysctl = ("net.ipv4.conf.all.rp_filter = 1\nnet.ipv4.conf.eth0.rp_filter = 1\n"
+              "net.ipv4.conf.eth0.accept_local = 0\n")
+    addr = ("2: eth0: <BROADCAST,UP,LOWER_UP> mtu 1500 state UP\n"
+            "    inet 10.0.0.10/24 scope global eth0\n"
+            "    inet6 2001:db8:1::10/64 scope global\n"
+            "3: cni0: <BROADCAST,UP,LOWER_UP> mtu 1500 state UP\n"
+            "    inet 172.16.1.1/24 scope global cni0\n"
+            "    inet6 fd00:10:244:1::1/64 scope global\n")
+    snap = _load(("iptables-save.txt", V4), ("ip6tables-save.txt", V6),
+                 ("services.json", files["services.json"]), ("sysctl.txt", sysctl),
+                 ("addr.txt", addr))
+    f = _findings(snap)[("pod-to-lb-not-masqueraded", "2001:db8:ff::c")]
+    assert not any("rp_filter" in e and "IPv6 has no" not in e for e in f["evidence"])
+    assert any("pod fd00:10:244:1::2 stands for the pods" in e for e in f["evidence"])
+
+
+def test_old_snapshot_without_ip6tables_loads_and_the_field_round_trips() -> None:
+    snap = _load(("ip6tables-save.txt", V6))
+    data = json.loads(snap.to_json())
+    again = NodeSnapshot.from_json(json.dumps(data))
+    assert again.ip6tables == snap.ip6tables
+    del data["ip6tables"]  # a snapshot written before the field existed
+    assert NodeSnapshot.from_json(json.dumps(data)).ip6tables is None
+
+
+# kube-proxy's IPVS mode on the IPv6 side of a dual-stack node (constructed: see
+# tests/data/constructed/README.md)
+IPVS6 = Path(__file__).parent / "data" / "constructed" / "ipvs6-dual-stack-kube-6-sets"
+
+
+def test_ipvs_mode_ipv6_sets_and_virtual_servers() -> None:
+    snap = _load(*((f.name, f.read_text()) for f in sorted(IPVS6.iterdir())),
+                 ("sysctl.txt", "net.ipv4.conf.eth0.accept_local = 0\n"
+                                "net.ipv4.conf.all.rp_filter = 1\n"))
+    v = diagnose(snap, "n").to_dict()
+    assert v["kube_proxy_mode"] == "ipvs"
+    got = {(f["id"], f["lb_ip"]): f for f in v["findings"]}
+    served = got[("pod-to-lb-captured", "2001:db8:ff::7")]
+    assert any("IPVS virtual server TCP 2001:db8:ff::7:80 (1 real servers)" in e
+               for e in served["evidence"])
+    # eTP=Local (KUBE-6-LOAD-BALANCER-LOCAL lists it) and no real server: health checks
+    # fail here by design
+    etp = got[("etp-local-no-local-endpoint", "2001:db8:ff::8")]
+    assert any("has no real servers" in e for e in etp["evidence"])
+    assert ("lb-ip-local", "2001:db8:ff::7") in got  # bound on kube-ipvs0, as IPVS does
+    # the IPv6 fate, never the IPv4 martian one
+    local = got[("lb-ip-local", "2001:db8:ff::7")]["evidence"]
+    assert any("IPv6 has no martian-source check" in e for e in local)
+    assert not any("sysctl" in e for e in local)
+    # with the VIP not bound, IPVS does not take it: the pod's SYN leaves the node, marked
+    # by KUBE-LOAD-BALANCER (KUBE-6-LOAD-BALANCER lists it) and masqueraded
+    unbound = replace(snap, local_routes=tuple(r for r in snap.local_routes or ()
+                                               if "ff::7" not in r.dst))
+    f = _findings(unbound)
+    assert ("pod-to-lb-captured", "2001:db8:ff::7") not in f
+    masq = f[("pod-to-lb-masqueraded", "2001:db8:ff::7")]["evidence"]
+    assert any("--match-set KUBE-6-LOAD-BALANCER dst,dst -j KUBE-LOAD-BALANCER" in e
+               for e in masq)
+
+
+def test_kube_proxys_ipv6_restore_input_is_told_by_its_addresses() -> None:
+    """kube-proxy's own IPv6 restore input (realworld case): no header, bare addresses."""
+    case = Path(__file__).parent / "data" / "realworld" / \
+        "k8s-1.26era-iptables-ipv6-nodeport-restore-input" / "restore-input.txt"
+    snap = _load(("restore-input.txt", case.read_text()))
+    assert snap.netfilter is None and snap.ip6tables is not None
+    nat = snap.ip6tables.table("nat")
+    assert nat is not None and nat.chain("KUBE-SEP-LIGRYQQLSZN4UWQ5") is not None
+
+
+def test_a_big_ipv6_chain_is_indexed_by_its_ipv6_destinations() -> None:
+    """KUBE-SERVICES of 40 IPv6 Services is indexed by destination (-d addr/128) as an IPv4
+    one is by -d addr/32: the walk reaches the LB IP's own rule, not a scan's guess."""
+    from agent.netfilter.walk import _ChainIndex
+    from lab.kube_proxy_rules import LbService, iptables_mode
+
+    svcs = [LbService(namespace="default", name=f"s{i}", cluster_ip=f"fd00:96::{i + 1:x}",
+                      lb_ip=f"2001:db8:ff::{i + 1:x}", node_port=30000 + i,
+                      local_endpoints=(f"fd00:10:244:1::{i + 1:x}",)) for i in range(40)]
+    text = iptables_mode(svcs, cluster_cidr="fd00:10:244::/56", node_ip="2001:db8:1::10",
+                         family=6)
+    snap = _load(("ip6tables-save.txt", text))
+    chain = snap.ip6tables.table("nat").chain("KUBE-SERVICES")  # type: ignore[union-attr]
+    index = _ChainIndex(chain)  # type: ignore[arg-type]
+    assert "2001:db8:ff::27" in index.by_dst and "fd00:96::27" in index.by_dst
+    got = _findings(snap)
+    f = got[("pod-to-lb-captured", "2001:db8:ff::27")]
+    assert any("--to-destination [fd00:10:244:1::27]:8080" in e for e in f["evidence"])
+    assert sum(1 for k, _ in got if k == "pod-to-lb-captured") == 40
+
+
+def test_an_undecided_ipv6_walk_names_the_ipv6_commands() -> None:
+    """Only the KUBE-SERVICES excerpt: the unseen KUBE-FW chain decides, and the verdict
+    names the ip6tables command that shows it."""
+    chain = [ln for ln in V6.splitlines() if ln.startswith("-A KUBE-SERVICES ")]
+    snap = _load(("paste.txt", "$ ip6tables -t nat -S KUBE-SERVICES\n" + "\n".join(chain)))
+    f = _findings(snap)
+    texts = [e for (fid, _), v in f.items() for e in (v["summary"], *v["evidence"])]
+    assert any("ip6tables -t nat -S KUBE-" in t for t in texts), texts
+    assert not any("`iptables -t nat" in t for t in texts)
