@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from scapy.layers.ipsec import AH
 from scapy.layers.l2 import Dot1AD, Dot1Q, Ether
 from scapy.packet import Packet
 
+from agent.bundle import load_bundle
 from agent.capture import bpf
 from agent.capture.classify import make_classifier
 from agent.capture.handshakes import HandshakeTable
@@ -39,6 +41,7 @@ from agent.capture.model import (
     SRC_OTHER,
     SRC_POD,
     UNANSWERED,
+    CaptureResult,
 )
 from agent.capture.packets import (
     FRAGMENT,
@@ -50,6 +53,7 @@ from agent.capture.packets import (
     wire_ip_text,
 )
 from agent.capture.ring import PACKET_HOST, PACKET_OUTGOING
+from agent.diagnose import diagnose
 from lab.netns import Netns, netns, veth
 from tests.nodestate import settle
 from tests.test_capture_engine import (
@@ -408,3 +412,42 @@ def test_filter_in_the_kernel_passes_and_drops_real_ipv6_frames(
     assert all(tup[:2] in ([CLIENT6, ELSEWHERE], [NODE6, ELSEWHERE])
                for _, _, tup in got["seen"])
     assert {name for name, _, _ in got["seen"]} == {"eth0"}
+
+
+# --- the findings ------------------------------------------------------------------------
+
+def _health_checks(how: list[str]) -> CaptureResult:
+    """One SYN per item from a local source to NodePort 30080: ``lo`` (answered into lo
+    and reset there: IPv6, or IPv4 with accept_local=1) or ``drop`` (IPv4's martian drop:
+    no reply); IPv6 sources for ``lo6``/``drop6``."""
+    local = {VIP6: SRC_LOCAL, "10.0.1.100": SRC_LOCAL}
+    t = HandshakeTable(lambda ip: local.get(ip, SRC_OTHER),
+                       interfaces=FakeNames(NAMES, {VETH: "cni0", 3: "cni0"}))
+    for i, h in enumerate(how):
+        src, dst = (VIP6, NODE6) if h.endswith("6") else ("10.0.1.100", "10.0.0.10")
+        _pkt(t, i * 0.01, ETH0, PACKET_HOST, src, dst, 40000 + i, PORT, 0x02)
+        if h.startswith("lo"):
+            _pkt(t, i * 0.01, LO, OUT, dst, src, PORT, 40000 + i, 0x12)
+            _pkt(t, i * 0.01, LO, PACKET_HOST, src, dst, 40000 + i, PORT, 0x04)
+    t.expire(100.0)
+    return CaptureResult(30.0, (30000, 32767), ports=t.finish(100.0),
+                         failures=t.failures(1.7e9))
+
+
+@pytest.mark.parametrize("how, says, never", [
+    (["lo6"] * 2, "and were answered, but the SYN-ACK went to lo", "martian"),
+    (["drop6"], "got no answer (IPv6 has no martian-source drop", "martian source:"),
+    (["drop"] * 2, "and were dropped as martian source:", "went to lo"),
+    (["lo"], "and were answered, but the SYN-ACK went to lo", "martian"),  # accept_local
+    (["drop", "lo", "lo"], "and 1 were dropped as martian source, 2 were answered", "!"),
+])
+def test_a_local_source_finding_says_how_the_checks_failed(
+        how: list[str], says: str, never: str) -> None:
+    snap = load_bundle(Path(__file__).parent / "data" / "bundles" / "tke-etp-local")
+    v = diagnose(snap, "n", capture=_health_checks(how)).to_dict()
+    (f,) = [f for f in v["findings"] if f["id"] == "healthcheck-dropped-local-source"]
+    assert says in f["summary"] and never not in f["summary"], f["summary"]
+    assert v["status"] == "loopback"
+    lo = [e for e in f["evidence"] if "SYN-ACK left through lo" in e]
+    assert len(lo) == sum(h.startswith("lo") for h in how)
+    assert all("never left" in e and "bypassed" not in e for e in lo)

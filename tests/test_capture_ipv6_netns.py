@@ -235,7 +235,7 @@ def test_ipv6_health_check_from_a_vip_bound_here_is_observed(lab6: Node6,
     assert f["lb_ip"] == VIP6 and f["service"] == "default/web6" and f["port"] == NODE_PORT
     assert f["data"]["source"] == VIP6 and f["data"]["bypassed"] == 3
     # IPv6 has no martian check: the finding says what happened instead
-    assert "martian" not in f["summary"] and "lo" in f["summary"], f["summary"]
+    assert "martian" not in f["summary"] and "went to lo" in f["summary"], f["summary"]
     assert f"came from {VIP6}" in f["summary"]
     assert any(e.startswith(f"{VIP6}:") and "SYN-ACK left through lo" in e
                for e in f["evidence"]), f["evidence"]
