@@ -50,6 +50,10 @@ from agent.capture.model import (
     NodePortStats,
 )
 from agent.capture.packets import (
+    FAST6_ETHERTYPE,
+    FAST6_FRAME,
+    FAST6_OFF,
+    FAST6_SNAP,
     FAST_MAC,
     FAST_RECORD,
     FAST_RECORD_OK,
@@ -329,6 +333,7 @@ class HandshakeTable:
         unpack = FAST_RECORD.unpack_from
         unpack_hdr = PKT_HDR_FAST.unpack_from
         decode_at = self.decoder.decode_at
+        unpack6 = FAST6_FRAME.unpack_from
         table = self._table
         get = table.get
         in_range = self._in_range
@@ -351,15 +356,22 @@ class HandshakeTable:
                 # without our filter, which never keeps fewer bytes): the general path.
                 nxt, snap, mac, ifindex, hatype, pkttype = unpack_hdr(buf, off)
             if snap != FAST_SNAPLEN or mac != FAST_MAC:
-                # not the plain frame: decode properly, then into wire form
-                got = decode_at(buf, off + mac, snap, hatype)
-                if got is None:
-                    off += nxt
-                    continue
-                src, dst, sport, dport, flags = got
-                if type(src) is int:  # IPv6 bytes are their own wire form
-                    src, dst = wire32(src), wire32(dst)  # type: ignore[arg-type]
-                sport, dport = wire16(sport), wire16(dport)
+                # Not the plain IPv4 frame. The plain IPv6 one (checked here, not by its
+                # length: another frame may be kept at the same length) in one more
+                # unpack; anything else decoded properly, then into wire form.
+                if mac == FAST_MAC and snap >= FAST6_SNAP:
+                    et, vtc, nh, src, dst, sport, dport, flags = unpack6(buf, off + FAST6_OFF)
+                    if et == FAST6_ETHERTYPE and nh == 6 and vtc >> 4 == 6:
+                        mac = -1
+                if mac != -1:
+                    got = decode_at(buf, off + mac, snap, hatype)
+                    if got is None:
+                        off += nxt
+                        continue
+                    src, dst, sport, dport, flags = got
+                    if type(src) is int:  # IPv6 bytes are their own wire form
+                        src, dst = wire32(src), wire32(dst)  # type: ignore[arg-type]
+                    sport, dport = wire16(sport), wire16(dport)
             off += nxt
             kind = flags & 0x12
             if kind == 0x02:  # SYN

@@ -120,6 +120,14 @@ def wire_ip_text(addr: Addr) -> str:
 FAST_MAC: Final = 82  # TPACKET_ALIGN(TPACKET3_HDRLEN + 16) - 14 for a 14-byte header
 FAST_RECORD: Final = struct.Struct(f"<I8xI8xH22x4xiHB{FAST_MAC + 26 - 59}xIIHH9xB")
 FAST_RECORD_OK: Final = sys.byteorder == "little"
+# The plain IPv6 frame (Ethernet-like, no tag, TCP right after the fixed header) of such
+# a record, read from the EtherType on in wire form (ports little-endian, so the
+# EtherType reads as FAST6_ETHERTYPE): ethertype, version/class, next header, src, dst,
+# sport, dport, flags. Tried only on records that are not the IPv4 fast one.
+FAST6_FRAME: Final = struct.Struct("<HB5xBx16s16sHH9xB")
+FAST6_OFF: Final = FAST_MAC + 12  # from the record's start
+FAST6_SNAP: Final = 12 + FAST6_FRAME.size  # captured bytes it needs (68)
+FAST6_ETHERTYPE: Final = 0xDD86  # ETH_P_IPV6 read little-endian
 
 
 class Decoder:
