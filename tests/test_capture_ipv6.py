@@ -30,7 +30,7 @@ from scapy.packet import Packet
 
 from agent.bundle import load_bundle
 from agent.capture import bpf
-from agent.capture.classify import make_classifier
+from agent.capture.classify import ipv6_pod_prefixes, make_classifier
 from agent.capture.handshakes import HandshakeTable
 from agent.capture.model import (
     ANSWERED,
@@ -54,6 +54,7 @@ from agent.capture.packets import (
 )
 from agent.capture.ring import PACKET_HOST, PACKET_OUTGOING
 from agent.diagnose import diagnose
+from agent.snapshot import Address
 from lab.netns import Netns, netns, veth
 from tests.nodestate import settle
 from tests.test_capture_engine import (
@@ -318,6 +319,15 @@ def test_classifier_knows_ipv6_local_pod_and_lb_addresses() -> None:
     assert classify(wire_ip_text(ip_int("2001:DB8:FF:0::8"))) == SRC_LB
 
 
+def test_ipv6_pod_prefixes_come_from_the_pod_bridges() -> None:
+    addrs = [Address("cni0", "10.244.1.1", 24), Address("cni0", "fd00:10::1", 64),
+             Address("cni0", "fe80::1", 64, scope="link"), Address("eth0", NODE6, 64),
+             Address("cbr0", "FD00:20:0::1", 80), Address("cni0", "fd00:10::2", 64),
+             Address("kube-ipvs0", VIP6, 128)]
+    assert ipv6_pod_prefixes(addrs) == ["fd00:10::/64", "fd00:20::/80"]
+    assert ipv6_pod_prefixes(None) == []
+
+
 # --- the filter in the kernel ----------------------------------------------------------
 
 # Inside the node namespace: the capture's own ring (its filter attached), every packet
@@ -451,3 +461,6 @@ def test_a_local_source_finding_says_how_the_checks_failed(
     lo = [e for e in f["evidence"] if "SYN-ACK left through lo" in e]
     assert len(lo) == sum(h.startswith("lo") for h in how)
     assert all("never left" in e and "bypassed" not in e for e in lo)
+    ipv6 = [e for e in f["evidence"] if VIP6 in e]
+    assert all(e.startswith(f"[{VIP6}]:") and f"-> [{NODE6}]:{PORT} " in e for e in ipv6)
+    assert len(ipv6) == sum(h.endswith("6") for h in how)

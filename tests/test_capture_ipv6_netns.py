@@ -42,18 +42,23 @@ NODE6, LB_SIDE6 = "2001:db8:1::10", "2001:db8:1::1"
 VIP6 = "2001:db8:ff::7"  # an LB address bound on the node's kube-ipvs0 (IPVS mode)
 LB6 = "2001:db8:ff::8"  # an LB address the node does not hold: the LB DNATs it here
 POD_NET, POD_GW, POD6 = "fd00:10::/64", "fd00:10::1", "fd00:10::5"
-NODE_PORT = 30080
+NODE_PORT = 30080  # the VIP's Service
+LB_NODE_PORT = 30081  # LB6's Service
 
 _SERVER = r"""
-import socket, sys
-s = socket.socket(socket.AF_INET6)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("::", int(sys.argv[1])))
-s.listen(64)
+import select, socket, sys
+socks = []
+for port in sys.argv[1:]:
+    s = socket.socket(socket.AF_INET6)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("::", int(port)))
+    s.listen(64)
+    socks.append(s)
 print("listening", flush=True)
 while True:
-    c, _ = s.accept()
-    c.close()
+    for s in select.select(socks, [], [])[0]:
+        c, _ = s.accept()
+        c.close()
 """
 
 _CONNECT = r"""
@@ -114,7 +119,7 @@ def lab6() -> Iterator[Node6]:
             table ip6 lb {{
                 chain pre {{
                     type nat hook prerouting priority -100;
-                    ip6 daddr {LB6} tcp dport 80 dnat to [{NODE6}]:{NODE_PORT}
+                    ip6 daddr {LB6} tcp dport 80 dnat to [{NODE6}]:{LB_NODE_PORT}
                 }}
             }}
         """)
@@ -125,7 +130,8 @@ def lab6() -> Iterator[Node6]:
         """)
         for ns in (node, lb, pod):
             settle(ns)
-        server = node.popen([PY, "-c", _SERVER, str(NODE_PORT)], stdout=subprocess.PIPE)
+        server = node.popen([PY, "-c", _SERVER, str(NODE_PORT), str(LB_NODE_PORT)],
+                            stdout=subprocess.PIPE)
         try:
             assert server.stdout is not None and server.stdout.readline() == "listening\n"
             # neighbour entries first, so the captures below see only handshakes
@@ -153,7 +159,8 @@ def test_ipv6_handshakes_as_the_capture_sees_them(lab6: Node6) -> None:
     assert result["problems"] == [] and result["kernel_drops"] == 0
     assert result["decode_errors"] == 0
     assert counts(result) == {NODE_PORT: {ANSWERED: {SRC_OTHER: 1},
-                                          BYPASSED: {SRC_LOCAL: 1, SRC_POD: 1}}}
+                                          BYPASSED: {SRC_LOCAL: 1}},
+                              LB_NODE_PORT: {BYPASSED: {SRC_POD: 1}}}
     samples = {s["source_class"]: s for p in result["ports"] for s in p["samples"]}
     assert samples[SRC_LOCAL] == {
         "src": VIP6, "sport": samples[SRC_LOCAL]["sport"], "dst": NODE6,
@@ -179,7 +186,8 @@ def _services(tmp: Path) -> Path:
                        "ports": [{"port": 80, "protocol": "TCP", "nodePort": port}],
                        "externalTrafficPolicy": "Cluster"},
               "status": {"loadBalancer": {"ingress": [{"ip": ip}]}}}
-             for name, cluster_ip, port, ip in (("web6", "fd00:96::10", NODE_PORT, VIP6),)]
+             for name, cluster_ip, port, ip in (("web6", "fd00:96::10", NODE_PORT, VIP6),
+                                                ("shop6", "fd00:96::11", LB_NODE_PORT, LB6))]
     (kube / "services.json").write_text(json.dumps({"apiVersion": "v1", "kind": "List",
                                                     "items": items}))
     return kube
@@ -237,7 +245,7 @@ def test_ipv6_health_check_from_a_vip_bound_here_is_observed(lab6: Node6,
     # IPv6 has no martian check: the finding says what happened instead
     assert "martian" not in f["summary"] and "went to lo" in f["summary"], f["summary"]
     assert f"came from {VIP6}" in f["summary"]
-    assert any(e.startswith(f"{VIP6}:") and "SYN-ACK left through lo" in e
+    assert any(e.startswith(f"[{VIP6}]:") and "SYN-ACK left through lo" in e
                for e in f["evidence"]), f["evidence"]
     assert "loopback-observed" not in {x["id"] for x in v["findings"]}
     # the static check names the same cause
@@ -260,3 +268,20 @@ def test_ipv6_nodeport_handshake_that_completes_is_healthy(lab6: Node6,
     assert v["status"] != "loopback"
     port = next(p for p in v["capture"]["ports"] if p["node_port"] == NODE_PORT)
     assert port["counts"] == {"answered": {"lb-ip": 1, "other": 1}}
+
+
+def test_ipv6_pod_reaching_an_lb_ip_that_comes_back_is_observed(lab6: Node6,
+                                                                tmp_path: Path) -> None:
+    """No Node object: the pod prefix is cni0's IPv6 network (capture.classify)."""
+    c = lab6
+    kube = _services(tmp_path)
+    v = check_while(c.node, kube, lambda: [connect(c.pod, LB6, 80, timeout=0.5)
+                                           for _ in range(2)])
+    assert v["status"] == "loopback", v["findings"]
+    (f,) = [f for f in v["findings"] if f["id"] == "loopback-observed"]
+    assert f["lb_ip"] == LB6 and f["service"] == "default/shop6" and f["port"] == LB_NODE_PORT
+    assert "bypassed from pod: 2" in f["evidence"][0], f["evidence"]
+    samples = [e for e in f["evidence"] if e.startswith(f"[{POD6}]:")]
+    assert len(samples) == 2 and all(
+        f"-> [{NODE6}]:{LB_NODE_PORT} in eth0 (pod): SYN-ACK left through cni0" in e
+        and "bypassed the load balancer" in e and "client reset it" in e for e in samples)

@@ -781,7 +781,7 @@ def main() -> int:
     for r in rows:
         if r.tool == "engine" and r.split:
             rest = r.cpu - sum(r.split.values())
-            print(f"  {r.scenario:8} feed_block {r.split['feed_block']:.3f}s "
+            print(f"  {r.scenario:8} {r.family:5} feed_block {r.split['feed_block']:.3f}s "
                   f"({r.split['feed_block'] / max(r.syns, 1) * 1e9:.0f} ns/SYN), finish "
                   f"(the table's last entries) {r.split['finish']:.3f}s, rest (poll, ring "
                   f"setup, expiry, result) {rest:.3f}s")
