@@ -5,6 +5,7 @@ that IPv6 joins without changing them."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import random
@@ -248,6 +249,14 @@ def test_ipv6_text_is_canonical() -> None:
     assert ip_text(ip_int("fd00::1:0:0:1")) == "fd00::1:0:0:1"
     assert ip_text(ip_int("10.1.2.3")) == "10.1.2.3"
     assert ip_int("::a01:203") != ip_int("10.1.2.3")  # never the same key
+    # the fast text form is ipaddress's, also for zero runs, ties and IPv4-mapped forms
+    rnd = random.Random(5)
+    for _ in range(20000):
+        words = [rnd.choice((0, 0, 0, 1, 0xFFFF, rnd.randrange(65536))) for _ in range(8)]
+        if rnd.random() < 0.05:
+            words[:6] = [0, 0, 0, 0, 0, rnd.choice((0, 0xFFFF))]
+        b = b"".join(w.to_bytes(2, "big") for w in words)
+        assert ip_text(b) == ipaddress.IPv6Address(b).compressed, b.hex()
 
 
 # --- the handshake table ----------------------------------------------------------------

@@ -76,7 +76,15 @@ def ip_text(addr: Addr) -> str:
     """Address -> dotted quad, or canonical IPv6 text."""
     if type(addr) is int:
         return socket.inet_ntoa(addr.to_bytes(4, "big"))
-    return ipaddress.IPv6Address(bytes(addr)).compressed
+    return ipv6_text(addr)  # type: ignore[arg-type]
+
+
+def ipv6_text(addr: bytes) -> str:
+    """16 bytes -> ``ipaddress``'s canonical text (RFC 5952). inet_ntop writes the same
+    but ~10x faster (a flood from random sources names each one once), except for the
+    IPv4-mapped/-compatible forms it writes with a dotted quad."""
+    text = socket.inet_ntop(socket.AF_INET6, addr)
+    return ipaddress.IPv6Address(bytes(addr)).compressed if "." in text else text
 
 
 def ip_int(text: str) -> Addr:
@@ -109,7 +117,7 @@ def wire_addr(v: Addr) -> Addr:
 def wire_ip_text(addr: Addr) -> str:
     if type(addr) is int:
         return socket.inet_ntoa(addr.to_bytes(4, "little"))
-    return ipaddress.IPv6Address(bytes(addr)).compressed
+    return ipv6_text(addr)  # type: ignore[arg-type]
 
 
 # One TPACKET_V3 record of a "fast" frame (see bpf.FAST_SNAPLEN) in one unpack:
