@@ -61,6 +61,7 @@ from typing import Any
 from lab.netns import Netns, netns, veth
 
 PY = sys.executable
+ROOT = Path(__file__).resolve().parents[2]
 NODE, SENDER = "10.0.0.10", "10.0.0.1"
 NODE6, SENDER6 = "2001:db8:1::10", "2001:db8:1::1"
 SRC_NET = "10.99.0.0/16"
@@ -236,12 +237,16 @@ class Bench:
         return int(out[0]) / float(out[1])
 
     def engine(self, scenario: str, burst: int, table_size: int = 65536,
-               family: str = "ipv4") -> Run:
+               family: str = "ipv4", tree: str | None = None) -> Run:
+        """``tree``: run the agent/ of that source tree instead (an A/B baseline)."""
         self.scenario(scenario, family)
+        env = None if tree is None else {
+            **os.environ, "PYTHONPATH": os.pathsep.join([tree, str(ROOT)])}
         args = {"seconds": 600.0, "table_size": table_size}
         proc = subprocess.Popen(["ip", "netns", "exec", self.node.name, PY, "-c", _CAPTURE,
                                  json.dumps(args)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env, cwd="/" if tree else None)
         assert proc.stderr is not None and proc.stdin is not None
         line = proc.stderr.readline()
         if line != "ready\n":
@@ -255,7 +260,8 @@ class Bench:
         if proc.returncode:
             raise RuntimeError(f"capture failed: {err}")
         got = json.loads(out)
-        return Run("engine", scenario, family, burst, offered, got["cpu"], got["syns"],
+        return Run("engine" if tree is None else "base", scenario, family, burst, offered,
+                   got["cpu"], got["syns"],
                    got["kernel_drops"], got["hwm_kb"] / 1024,
                    f"user {got['user']:.2f}s sys {got['sys']:.2f}s, "
                    f"{got['packets_seen']:,} pkts, {got['evictions']:,} evicted"
@@ -689,6 +695,9 @@ def main() -> int:
     ap.add_argument("--mbps", type=float, default=40.0,
                     help="established traffic: MB/s offered over one connection (MTU-sized "
                     "segments: ~27k packets/s each way at 40)")
+    ap.add_argument("--base", metavar="TREE",
+                    help="also run the IPv4 engine from this source tree (e.g. `git archive "
+                    "REV agent | tar -x -C TREE`), interleaved: a baseline for a change")
     ap.add_argument("--seconds", type=float, default=5.0,
                     help="established traffic: seconds per run")
     args = ap.parse_args()
@@ -744,6 +753,9 @@ def main() -> int:
                     if have_tcpdump:
                         runs.setdefault(("tcpdump", fam), []).append(
                             b.tcpdump(scenario, args.burst, fam))
+                if args.base:
+                    runs.setdefault(("base", "ipv4"), []).append(
+                        b.engine(scenario, args.burst, tree=args.base))
             rows += [median(v) for v in runs.values()]
         flat_rows = [b.engine("dropped", n) for n in flat]
 
@@ -768,6 +780,11 @@ def main() -> int:
                 print(f"  {fam}: engine/tcpdump SYN per CPU-second = "
                       f"{eng.per_cpu / dump.per_cpu:.2f}; peak RSS {eng.rss_mib:.1f} vs "
                       f"{dump.rss_mib:.1f} MiB")
+        if args.base:
+            base = pick("base", scenario, "ipv4")
+            print(f"  ipv4: engine/base ({args.base}) SYN per CPU-second = "
+                  f"{v4.per_cpu / base.per_cpu:.2f} ({v4.per_cpu:,.0f} vs "
+                  f"{base.per_cpu:,.0f})")
     if not have_tcpdump:
         print("\n(tcpdump not installed: no baseline)")
     print("\nmemory across burst sizes (engine, dropped, table 65536 entries):")
