@@ -267,6 +267,12 @@ def test_ipv6_health_check_and_pod_loop_are_observed(lab6: Node6, tmp_path: Path
         f"-> [{NODE6}]:{LB_NODE_PORT} in eth0 (pod): SYN-ACK left through cni0" in e
         and "bypassed the load balancer" in e and "client reset it" in e for e in samples)
     assert "nodeport-syn-unanswered" not in ids
+    # the kernel's side: each of the 5 half-open connections ended by a reset (the node's
+    # own after its SYN-ACK went to lo; the pod's), none by a martian or rp_filter drop
+    corr = {x["source"]: x for x in v["capture"]["corroboration"]}
+    assert corr["TcpExtEmbryonicRsts"]["value"] >= 5, corr
+    assert corr["TcpExtIPReversePathFilter"]["value"] == 0, corr
+    assert any(e.startswith("TcpExtEmbryonicRsts: ") for e in f["evidence"])
 
 
 def test_ipv6_nodeport_handshake_that_completes_is_healthy(lab6: Node6,
