@@ -251,7 +251,7 @@ def test_ipv6_text_is_canonical() -> None:
     assert ip_int("::a01:203") != ip_int("10.1.2.3")  # never the same key
     # the fast text form is ipaddress's, also for zero runs, ties and IPv4-mapped forms
     rnd = random.Random(5)
-    for _ in range(20000):
+    for _ in range(5000):
         words = [rnd.choice((0, 0, 0, 1, 0xFFFF, rnd.randrange(65536))) for _ in range(8)]
         if rnd.random() < 0.05:
             words[:6] = [0, 0, 0, 0, 0, rnd.choice((0, 0xFFFF))]
