@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from agent.capture.classify import make_classifier
+from agent.capture.classify import ipv6_pod_prefixes, make_classifier
 from agent.capture.corroborate import corroborators
 from agent.capture.engine import capture
 from agent.capture.model import CaptureResult
@@ -20,7 +20,8 @@ def watch_node(prepared: Prepared, seconds: float, *, port_range: tuple[int, int
                progress: Callable[[float, int, int], None] | None = None) -> CaptureResult:
     facts, snap = prepared.facts, prepared.facts.snapshot
     pod_prefixes = [*(snap.node_info.pod_cidrs if snap.node_info else ()),
-                    *([facts.pod.prefix] if facts.pod else ())]
+                    *([facts.pod.prefix] if facts.pod else ()),
+                    *ipv6_pod_prefixes(snap.addresses)]
     classify = make_classifier(facts.is_local, pod_prefixes,
                                (t.ip for t in prepared.all_targets))
     # NodePort handshakes are SYNs to this node's own addresses (None: could not tell)

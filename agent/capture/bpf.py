@@ -1,12 +1,13 @@
 """A classic-BPF socket filter that lets only NodePort handshake packets into the ring.
 
-It passes exactly the IPv4 TCP packets the handshake table uses: a SYN (without ACK)
-coming in to a NodePort, the node's SYN-ACK or RST going out from one, and a RST coming
-in to one (the client's answer to a bypassed SYN-ACK); the direction is the packet type
-the kernel gives the socket (``SKF_AD_PKTTYPE``, PACKET_OUTGOING for what the node
-sends). Everything else stays in the kernel: data and pure ACKs of established flows,
-FINs, the node's own SYNs out and SYN-ACKs in. So ordinary traffic on NodePorts never
-wakes the agent, and the per-packet Python path only sees the few packets that matter.
+It passes exactly the TCP packets (IPv4 and IPv6) the handshake table uses: a SYN
+(without ACK) coming in to a NodePort, the node's SYN-ACK or RST going out from one, and
+a RST coming in to one (the client's answer to a bypassed SYN-ACK); the direction is the
+packet type the kernel gives the socket (``SKF_AD_PKTTYPE``, PACKET_OUTGOING for what
+the node sends). Everything else stays in the kernel: data and pure ACKs of established
+flows, FINs, the node's own SYNs out and SYN-ACKs in. So ordinary traffic on NodePorts
+never wakes the agent, and the per-packet Python path only sees the few packets that
+matter.
 
 Assembled here with ``struct`` instead of compiled by libpcap (scapy's
 ``compile_filter`` shells out to tcpdump): no runtime dependency, and the program can
@@ -17,10 +18,19 @@ Layout handled:
 
 - Ethernet (also loopback, which carries an Ethernet header), with up to two 802.1Q /
   802.1ad tags still in the frame (a tag offloaded by the kernel is not in the frame
-  and needs nothing);
-- devices without a link-layer header: the frame starts with the IP header;
+  and needs nothing), EtherType IPv4 or IPv6;
+- devices without a link-layer header: the frame starts with the IP header, whose
+  first nibble (4 or 6) says which;
 - IPv4 options (the TCP header is found from IHL), fragments with offset != 0 rejected
-  (they carry no TCP header), IHL < 5 rejected.
+  (they carry no TCP header), IHL < 5 rejected;
+- IPv6 extension headers: up to IPV6_EXT_MAX of hop-by-hop (0), routing (43),
+  destination options (60) and fragment (44, offset 0 only: a later fragment carries no
+  TCP header) are walked, unrolled (cBPF has no loops), keeping the walk's position in
+  X and the next header in scratch memory M[0]. Any other header (AH, ESP, mobility,
+  more than IPV6_EXT_MAX) is rejected: a kube NodePort handshake has none (the node's
+  own SYN-ACKs never do, and a SYN with them would not be answered any differently).
+  An IPv6 packet whose TCP flags lie beyond the snap length is rejected too, so user
+  space never sees a truncated one.
 
 Loads past the end of the packet make the kernel return 0 (drop), so truncated frames
 never reach user space.
@@ -34,9 +44,9 @@ import struct
 from collections.abc import Sequence
 
 # Opcode pieces (linux/bpf_common.h).
-LD, LDX, ALU, JMP, RET, MISC = 0x00, 0x01, 0x04, 0x05, 0x06, 0x07
+LD, LDX, ST, STX, ALU, JMP, RET, MISC = 0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07
 W, H, B = 0x00, 0x08, 0x10
-IMM, ABS, IND, MSH = 0x00, 0x20, 0x40, 0xA0
+IMM, ABS, IND, MEM, MSH = 0x00, 0x20, 0x40, 0x60, 0xA0
 ADD, AND, LSH = 0x00, 0x50, 0x60
 JA, JEQ, JGT, JGE, JSET = 0x00, 0x10, 0x20, 0x30, 0x40
 K, X = 0x00, 0x08
@@ -62,14 +72,23 @@ ARPHRD_NONE = 0xFFFE
 RAW_IP_HATYPES = (ARPHRD_NONE, ARPHRD_RAWIP, ARPHRD_TUNNEL, ARPHRD_TUNNEL6, ARPHRD_PPP)
 
 ETH_P_IP = 0x0800
+ETH_P_IPV6 = 0x86DD
 VLAN_TPIDS = (0x8100, 0x88A8)
 TCP_SYN = 0x02
 TCP_RST = 0x04
 TCP_ACK = 0x10
 
+# IPv6 extension headers the filter walks (and how many at most, unrolled).
+IPV6_HOP_BY_HOP, IPV6_ROUTING, IPV6_FRAGMENT, IPV6_DEST_OPTS = 0, 43, 44, 60
+IPV6_EXT_WALKED = (IPV6_HOP_BY_HOP, IPV6_ROUTING, IPV6_DEST_OPTS)  # length in byte 1
+IPV6_EXT_MAX = 3
+IPV6_HEADER = 40
+
 DEFAULT_PORT_RANGE = (30000, 32767)
 # Bytes kept per packet: Ethernet + two tags (22) + IPv4 with options (60) + the TCP
-# fields we read (14) = 96; 128 leaves room and keeps ring slots small.
+# fields we read (14) = 96; 128 leaves room and keeps ring slots small. IPv6: 22 + 40 +
+# 14 = 76, leaving 52 bytes of extension headers (an IPv6 packet whose TCP flags lie
+# further in is dropped by the filter).
 DEFAULT_SNAPLEN = 128
 # The common frame (Ethernet-like device, no tag in the frame, IPv4 without options) is
 # kept at exactly this many bytes: Ethernet 14 + IPv4 20 + TCP up to the flags 14. The
@@ -138,8 +157,11 @@ def nodeport_filter(port_range: tuple[int, int] = DEFAULT_PORT_RANGE,
         a.jmp(JMP | JEQ | K, t, "raw", 0)
     a.op(RET | K, 0)
 
-    a.label("raw")
+    a.label("raw")  # no link-layer header: the IP version says which
     a.op(LDX | IMM, 0)
+    a.op(LD | B | ABS, 0)
+    a.op(ALU | AND | K, 0xF0)
+    a.jmp(JMP | JEQ | K, 0x60, "ip6", 0)
     a.ja("ip")
 
     # Ethernet, then up to two VLAN tags: X = offset of the IP header.
@@ -149,9 +171,9 @@ def nodeport_filter(port_range: tuple[int, int] = DEFAULT_PORT_RANGE,
         if nxt is not None:
             for tpid in VLAN_TPIDS:
                 a.jmp(JMP | JEQ | K, tpid, nxt, 0)
-        a.jmp(JMP | JEQ | K, ETH_P_IP, 0, "drop")
         a.op(LDX | IMM, off + 2)
-        a.ja("ip")
+        a.jmp(JMP | JEQ | K, ETH_P_IP, "ip", 0)
+        a.jmp(JMP | JEQ | K, ETH_P_IPV6, "ip6", "drop")
 
     a.label("ip")
     a.op(LD | B | IND, 0)  # version/IHL
@@ -167,6 +189,50 @@ def nodeport_filter(port_range: tuple[int, int] = DEFAULT_PORT_RANGE,
     a.jmp(JMP | JGE | K, 20, 0, "drop")
     a.op(ALU | ADD | X, 0)  # A = L2 length + IP header length
     a.op(MISC | TAX, 0)  # X = offset of the TCP header
+    a.ja("tcp")
+
+    # IPv6: X = offset of the IPv6 header. The walk keeps the next header in M[0] (A is
+    # needed to move X) and the offset of the header it names in X.
+    a.label("ip6")
+    a.op(LD | B | IND, 0)
+    a.op(ALU | AND | K, 0xF0)
+    a.jmp(JMP | JEQ | K, 0x60, 0, "drop")
+    a.op(LD | B | IND, 6)  # next header
+    a.op(ST, 0)
+    a.op(MISC | TXA, 0)
+    a.op(ALU | ADD | K, IPV6_HEADER)
+    a.op(MISC | TAX, 0)
+    for i in range(IPV6_EXT_MAX + 1):
+        a.label(f"nh{i}")
+        a.op(LD | MEM, 0)
+        a.jmp(JMP | JEQ | K, socket.IPPROTO_TCP, "tcp6", 0)
+        if i == IPV6_EXT_MAX:
+            a.ja("drop")
+            break
+        for h in IPV6_EXT_WALKED:
+            a.jmp(JMP | JEQ | K, h, f"ext{i}", 0)
+        a.jmp(JMP | JEQ | K, IPV6_FRAGMENT, 0, "drop")
+        a.op(LD | H | IND, 2)  # fragment offset (13 bits) + flags
+        a.jmp(JMP | JSET | K, 0xFFF8, "drop", 0)
+        a.op(LD | B | IND, 0)
+        a.op(ST, 0)
+        a.op(MISC | TXA, 0)
+        a.op(ALU | ADD | K, 8)  # a fragment header is 8 bytes
+        a.op(MISC | TAX, 0)
+        a.ja(f"nh{i + 1}")
+        a.label(f"ext{i}")
+        a.op(LD | B | IND, 0)
+        a.op(ST, 0)
+        a.op(LD | B | IND, 1)  # length in 8-byte units, not counting the first 8
+        a.op(ALU | LSH | K, 3)
+        a.op(ALU | ADD | K, 8)
+        a.op(ALU | ADD | X, 0)
+        a.op(MISC | TAX, 0)
+    a.label("tcp6")
+    a.op(MISC | TXA, 0)  # the TCP flags must be within what is kept
+    a.jmp(JMP | JGT | K, snaplen - 14, "drop", "tcp")
+
+    a.label("tcp")
     # Flags and direction, as HandshakeTable._dispatch reads them: a SYN coming in to a
     # NodePort, the node's SYN-ACK or RST going out from one, a RST coming in to one.
     # Anything else (data, FIN, the handshake's last ACK, our own SYNs out, SYN-ACKs in)
@@ -223,6 +289,7 @@ def run(program: Sequence[Insn], frame: bytes, hatype: int = ARPHRD_ETHER,
     checking a filter offline; not on the packet path.
     """
     a = x = 0
+    mem = [None] * 16  # scratch memory; reading a slot never written is a bug
     pc = 0
     n = len(frame)
 
@@ -245,6 +312,12 @@ def run(program: Sequence[Insn], frame: bytes, hatype: int = ARPHRD_ETHER,
             if mode == IMM:
                 a = k
                 continue
+            if mode == MEM:
+                got = mem[k]
+                if got is None:
+                    raise ValueError(f"BPF load of scratch M[{k}] before a store")
+                a = got
+                continue
             kk = k - 0x100000000 if k & 0x80000000 else k
             got = load(kk if mode == ABS else x + kk, size)
             if got is None:
@@ -258,6 +331,10 @@ def run(program: Sequence[Insn], frame: bytes, hatype: int = ARPHRD_ETHER,
                 x = (got & 0x0F) * 4
             else:
                 x = k
+        elif cls == ST:
+            mem[k] = a
+        elif cls == STX:
+            mem[k] = x
         elif cls == ALU:
             src = x if code & X else k
             op = code & 0xF0

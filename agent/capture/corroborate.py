@@ -1,6 +1,6 @@
 """Kernel evidence that corroborates (or not) what a capture saw, read-only.
 
-Four sources, each a sampler with ``start()`` and ``finish() -> Corroboration``:
+Five sources, each a sampler with ``start()`` and ``finish() -> Corroboration``:
 
 - ``in_martian_src`` (``MartianSampler``): the delta of that column of
   ``/proc/net/stat/rt_cache``: one hex row per CPU, summed. The counter is global (every
@@ -8,6 +8,10 @@ Four sources, each a sampler with ``start()`` and ``finish() -> Corroboration``:
   The kernel counts there both local-address sources and reverse-path failures.
 - ``TcpExtIPReversePathFilter`` (``NetstatSampler``): the delta of that
   ``/proc/net/netstat`` counter, which is per network namespace.
+- ``TcpExtEmbryonicRsts`` (``NetstatSampler``): resets that ended a half-open
+  (SYN_RECV) connection of this namespace. A bypassed handshake ends so: the client's
+  RST (a pod that expected the LB), or, for a health check from a local address that
+  IPv6 (no martian drop) answers, the node's own RST after its SYN-ACK went to lo.
 - ``kernel log`` (``KernelLogWatcher``): new lines with "martian source" read from
   ``/dev/kmsg``, opened read-only and non-blocking and positioned at the end at start,
   so only what the kernel logs during the capture is seen; never written to.
@@ -18,7 +22,7 @@ Four sources, each a sampler with ``start()`` and ``finish() -> Corroboration``:
   files are never opened for writing; tracefs is never mounted by the agent.
 
 Every sampler says "unavailable, because ..." instead of raising. ``corroborators()``
-runs all four around a capture (draining the log and the trace pipe in a background
+runs all five around a capture (draining the log and the trace pipe in a background
 thread so that bursts do not overflow them) and ``attach``es the results to a
 ``CaptureResult``.
 """
@@ -46,6 +50,7 @@ DROP_REASONS = ("IP_INVALID_SOURCE", "IP_LOCAL_SOURCE", "IP_RPFILTER")
 
 SRC_MARTIAN = "in_martian_src"
 SRC_RPFILTER = "TcpExtIPReversePathFilter"
+SRC_EMBRYONIC_RST = "TcpExtEmbryonicRsts"
 SRC_KLOG = "kernel log"
 SRC_KFREE_SKB = "kfree_skb"
 
@@ -557,10 +562,11 @@ class Corroborators:
 
 def default_samplers(proc_net: str = "/proc/net", kmsg: str = KMSG,
                      tracefs_roots: Sequence[str] = TRACEFS_ROOTS) -> list[Sampler]:
-    """The four samplers; ``proc_net`` may be ``/proc/<pid>/net`` to read the counters
+    """The five samplers; ``proc_net`` may be ``/proc/<pid>/net`` to read the counters
     of another process's network namespace."""
     return [MartianSampler(os.path.join(proc_net, "stat", "rt_cache")),
             NetstatSampler(os.path.join(proc_net, "netstat")),
+            NetstatSampler(os.path.join(proc_net, "netstat"), SRC_EMBRYONIC_RST),
             KernelLogWatcher(kmsg),
             DropReasonTracer(tracefs_roots)]
 

@@ -1,10 +1,11 @@
 """A bounded table of half-open NodePort handshakes, and what became of each.
 
-Key: (client ip, client port, node ip, node port), as ints in "wire form" (see
-packets.wire16/wire32). An entry is made by the first SYN into the NodePort range (any
-direction but outgoing); the same tuple again on the same interface is a retransmission
-(counted, not a new handshake), on another interface the same packet crossing stacked
-devices (ignored). It ends as:
+Key: (client ip, client port, node ip, node port) in "wire form" (see
+packets.wire16/wire32; an IPv6 address is its 16 bytes, its own wire form). An entry
+is made by the first SYN into the NodePort range (any direction but outgoing); the
+same tuple again on the same interface is a retransmission (counted, not a new
+handshake), on another interface the same packet crossing stacked devices (ignored).
+It ends as:
 
 - ``answered``: the node's SYN-ACK left through the interface the SYN came in on (or
   one the kernel stacks with it: a bridge port and its bridge, a bond slave and its
@@ -49,6 +50,10 @@ from agent.capture.model import (
     NodePortStats,
 )
 from agent.capture.packets import (
+    FAST6_ETHERTYPE,
+    FAST6_FRAME,
+    FAST6_OFF,
+    FAST6_SNAP,
     FAST_MAC,
     FAST_RECORD,
     FAST_RECORD_OK,
@@ -59,6 +64,7 @@ from agent.capture.packets import (
     ip_int,
     wire16,
     wire32,
+    wire_addr,
     wire_ip_text,
 )
 from agent.capture.ring import PACKET_OUTGOING, PKT_HDR_FAST
@@ -78,8 +84,9 @@ FAIL_CELLS = 32768
 _CLASS_CACHE_MAX = 65536
 _REFRESH = 1.0  # seconds between fresh sysfs lookups of one interface
 
-# client ip, client port, node ip, node port - in wire form (packets.wire16/wire32)
-Key = tuple[int, int, int, int]
+# client ip, client port, node ip, node port - in wire form (packets.wire16/wire32);
+# an IPv6 address is 16 bytes
+Key = tuple[int | bytes, int, int | bytes, int]
 
 # Outcome -> index into a class's counter rows (the order of model.OUTCOMES).
 _I = {o: i for i, o in enumerate(OUTCOMES)}
@@ -187,9 +194,9 @@ class HandshakeTable:
         self._in_range = bytes(flags)
         # Only SYNs *to this node* are NodePort handshakes: a pod's SYN to another host's
         # port 31000, forwarded through here, is not. None: accept any destination.
-        self.local_dst: frozenset[int] | None = (
+        self.local_dst: frozenset[int | bytes] | None = (
             None if local_addresses is None
-            else frozenset(wire32(ip_int(a)) for a in local_addresses if ":" not in a))
+            else frozenset(wire_addr(ip_int(a)) for a in local_addresses))
         self.capacity = capacity
         self.timeout = timeout
         self.samples_per = samples_per
@@ -211,13 +218,13 @@ class HandshakeTable:
         # the class name last. The class cache maps a source address straight to its
         # class's row list, so counting a finished handshake is two lookups.
         self._rows: dict[str, list[Any]] = {}
-        self._classes: dict[int, list[Any]] = {}
+        self._classes: dict[int | bytes, list[Any]] = {}
         self._samples: dict[int, list[HandshakeSample]] = {}
         self._budget: dict[tuple[int, str], int] = {}
         # failed handshakes (bypassed, unanswered) with when: (class, wire source address
         # for SRC_LOCAL else -1, wire port, outcome) -> [count, first, last]. Off the hot
         # path: only expire() and the RST/timeout paths finish such handshakes.
-        self._failed: dict[tuple[str, int, int, int], list[Any]] = {}
+        self._failed: dict[tuple[str, int | bytes, int, int], list[Any]] = {}
         self.failure_cells_folded = 0
         self.accepting = True  # False: handle replies only (the end-of-capture grace time)
         self.packets = 0
@@ -234,14 +241,15 @@ class HandshakeTable:
     # -- per packet (general entry point) ----------------------------------------------
 
     def packet(self, now: float, ifindex: int, pkttype: int,
-               src: int, dst: int, sport: int, dport: int, flags: int) -> None:
-        """One decoded packet (addresses as 32-bit ints, see packets.ip_int)."""
+               src: int | bytes, dst: int | bytes, sport: int, dport: int,
+               flags: int) -> None:
+        """One decoded packet (addresses as the decoder gives them, see packets.ip_int)."""
         self.packets += 1
-        self._dispatch(now, ifindex, pkttype, wire32(src), wire32(dst), wire16(sport),
-                       wire16(dport), flags)
+        self._dispatch(now, ifindex, pkttype, wire_addr(src), wire_addr(dst),
+                       wire16(sport), wire16(dport), flags)
 
-    def _dispatch(self, now: float, ifindex: int, pkttype: int,
-                  src: int, dst: int, sport: int, dport: int, flags: int) -> None:
+    def _dispatch(self, now: float, ifindex: int, pkttype: int, src: int | bytes,
+                  dst: int | bytes, sport: int, dport: int, flags: int) -> None:
         """``packet`` for wire-form values."""
         in_range = self._in_range
         kind = flags & (TCP_SYN | TCP_ACK)
@@ -325,6 +333,7 @@ class HandshakeTable:
         unpack = FAST_RECORD.unpack_from
         unpack_hdr = PKT_HDR_FAST.unpack_from
         decode_at = self.decoder.decode_at
+        unpack6 = FAST6_FRAME.unpack_from
         table = self._table
         get = table.get
         in_range = self._in_range
@@ -347,13 +356,22 @@ class HandshakeTable:
                 # without our filter, which never keeps fewer bytes): the general path.
                 nxt, snap, mac, ifindex, hatype, pkttype = unpack_hdr(buf, off)
             if snap != FAST_SNAPLEN or mac != FAST_MAC:
-                # not the plain frame: decode properly, then into wire form
-                got = decode_at(buf, off + mac, snap, hatype)
-                if got is None:
-                    off += nxt
-                    continue
-                src, dst, sport, dport, flags = got
-                src, dst, sport, dport = wire32(src), wire32(dst), wire16(sport), wire16(dport)
+                # Not the plain IPv4 frame. The plain IPv6 one (checked here, not by its
+                # length: another frame may be kept at the same length) in one more
+                # unpack; anything else decoded properly, then into wire form.
+                if mac == FAST_MAC and snap >= FAST6_SNAP:
+                    et, vtc, nh, src, dst, sport, dport, flags = unpack6(buf, off + FAST6_OFF)
+                    if et == FAST6_ETHERTYPE and nh == 6 and vtc >> 4 == 6:
+                        mac = -1
+                if mac != -1:
+                    got = decode_at(buf, off + mac, snap, hatype)
+                    if got is None:
+                        off += nxt
+                        continue
+                    src, dst, sport, dport, flags = got
+                    if type(src) is int:  # IPv6 bytes are their own wire form
+                        src, dst = wire32(src), wire32(dst)  # type: ignore[arg-type]
+                    sport, dport = wire16(sport), wire16(dport)
             off += nxt
             kind = flags & 0x12
             if kind == 0x02:  # SYN
@@ -428,7 +446,7 @@ class HandshakeTable:
             self.packets += 1
             if got is not None:
                 src, dst, sport, dport, flags = got
-                self._dispatch(now, ifindex, pkttype, wire32(src), wire32(dst),
+                self._dispatch(now, ifindex, pkttype, wire_addr(src), wire_addr(dst),
                                wire16(sport), wire16(dport), flags)
 
     # -- time and the end ----------------------------------------------------------------
@@ -515,7 +533,7 @@ class HandshakeTable:
 
     # -- helpers -------------------------------------------------------------------------
 
-    def _rows_of(self, ip: int) -> list[Any]:
+    def _rows_of(self, ip: int | bytes) -> list[Any]:
         """The counter rows of the class of a (wire-form) source address, cached."""
         text = wire_ip_text(ip)
         try:
@@ -546,7 +564,8 @@ class HandshakeTable:
         if n <= self.samples_per:
             self._sample(key, in_if, outcome, rows, reply_if, peer_reset)
 
-    def _fail(self, cls: str, src: int, wport: int, outcome: int, at: float) -> None:
+    def _fail(self, cls: str, src: int | bytes, wport: int, outcome: int,
+              at: float) -> None:
         cell_key = (cls, src if cls == SRC_LOCAL else -1, wport, outcome)
         cell = self._failed.get(cell_key)
         if cell is None:
@@ -568,7 +587,7 @@ class HandshakeTable:
         return tuple(sorted(
             (FailedHandshakes(node_port=wire16(wport), source_class=cls,
                               outcome=OUTCOMES[outcome],
-                              src=None if src < 0 else wire_ip_text(src), count=c[0],
+                              src=None if src == -1 else wire_ip_text(src), count=c[0],
                               first_seen=round(c[1] + wall_offset, 3),
                               last_seen=round(c[2] + wall_offset, 3))
              for (cls, src, wport, outcome), c in self._failed.items()),

@@ -67,7 +67,8 @@ class FailedHandshakes:
 class Corroboration:
     """A kernel counter or log that supports (or not) what the capture saw."""
 
-    source: str  # "in_martian_src", "TcpExtIPReversePathFilter", "kernel log", "kfree_skb"
+    source: str  # "in_martian_src", "TcpExtIPReversePathFilter", "TcpExtEmbryonicRsts",
+    #              "kernel log", "kfree_skb"
     available: bool
     value: int | None = None  # delta over the capture
     detail: str = ""  # "unavailable, because ..." or sample lines

@@ -28,6 +28,14 @@ traffic itself took (sender + receiver) next to the same traffic with no capture
 (the baseline), and the engine idle (capturing, no traffic). For contrast, the same with
 a filter that checks only the ports (what reaching user space would cost).
 
+Every SYN figure is measured for IPv4 and IPv6 in the same run, interleaved, and
+printed side by side (IPv4 frames take the reader's one-unpack fast path; IPv6 ones the
+general decoder). tcpdump's IPv6 filter checks the ports only: libpcap cannot read TCP
+flags behind an IPv6 header (``tcp[tcpflags]`` is IPv4-only), and in these scenarios
+every packet is a SYN or a RST anyway. In-process, the cost per packet of each family
+through feed_block, and of the two IPv6 address forms considered (16-byte ``bytes``,
+used; an int built from two 64-bit halves).
+
 Nothing happens in the root namespace: both ends live in namespaces made here.
 """
 
@@ -53,14 +61,20 @@ from typing import Any
 from lab.netns import Netns, netns, veth
 
 PY = sys.executable
+ROOT = Path(__file__).resolve().parents[2]
 NODE, SENDER = "10.0.0.10", "10.0.0.1"
+NODE6, SENDER6 = "2001:db8:1::10", "2001:db8:1::1"
 SRC_NET = "10.99.0.0/16"
+SRC_NET6 = "2001:db8:99::/64"
 SOURCES = 1024  # distinct client addresses in a burst
 FRAME = 54  # Ethernet + IPv4 + TCP, no options
+FRAME6 = 74  # Ethernet + IPv6 + TCP
+FAMILIES = ("ipv4", "ipv6")
 TARGET_RATE = 300_000
 TARGET_PER_CPU = 800_000
 PCAP_FILTER = ("ip and tcp and (tcp[tcpflags] & (tcp-syn|tcp-rst)) != 0 and "
                "(dst portrange 30000-32767 or src portrange 30000-32767)")
+PCAP_FILTER6 = "ip6 and tcp and (dst portrange 30000-32767 or src portrange 30000-32767)"
 
 # The engine inside the node namespace. Prints "ready" (stderr) once the ring is open,
 # captures until "stop" arrives on stdin (or --seconds), then one JSON line.
@@ -137,9 +151,13 @@ def _csum(data: bytes) -> int:
     return ~s & 0xFFFF
 
 
-def build_frames(path: Path, count: int, node_mac: bytes, sender_mac: bytes) -> None:
+def build_frames(path: Path, count: int, node_mac: bytes, sender_mac: bytes,
+                 family: str = "ipv4") -> None:
     """``count`` distinct SYNs (1024 sources x client ports) to ports spread over the
     NodePort range, checksums right (the node's TCP checks them in ``refused``)."""
+    if family == "ipv6":
+        build_frames6(path, count, node_mac, sender_mac)
+        return
     eth = node_mac + sender_mac + b"\x08\x00"
     dst = socket.inet_aton(NODE)
     ip_struct = struct.Struct("!BBHHHBBH4s4s")
@@ -156,6 +174,23 @@ def build_frames(path: Path, count: int, node_mac: bytes, sender_mac: bytes) -> 
             f.write(eth + ip + tcp)
 
 
+def build_frames6(path: Path, count: int, node_mac: bytes, sender_mac: bytes) -> None:
+    """The IPv6 twin of build_frames: sources 2001:db8:99::<i % 1024>."""
+    eth = node_mac + sender_mac + b"\x86\xdd"
+    dst = socket.inet_pton(socket.AF_INET6, NODE6)
+    prefix = socket.inet_pton(socket.AF_INET6, "2001:db8:99::")[:14]
+    ip_struct = struct.Struct("!IHBB16s16s")
+    tcp_struct = struct.Struct("!HHIIBBHHH")
+    with path.open("wb") as f:
+        for i in range(count):
+            src = prefix + struct.pack("!H", i % SOURCES)
+            sport, dport = 1024 + i // SOURCES, 30000 + (i * 7) % 2768
+            tcp = tcp_struct.pack(sport, dport, i, 0, 0x50, 0x02, 64240, 0, 0)
+            pseudo = src + dst + struct.pack("!I3xB", 20, 6)
+            tcp = tcp[:16] + struct.pack("!H", _csum(pseudo + tcp)) + tcp[18:]
+            f.write(eth + ip_struct.pack(0x60000000, 20, 6, 64, src, dst) + tcp)
+
+
 def _mac(ns: Netns) -> bytes:
     info = json.loads(ns.run("ip", "-j", "link", "show", "eth0").stdout)[0]
     return bytes.fromhex(info["address"].replace(":", ""))
@@ -165,6 +200,7 @@ def _mac(ns: Netns) -> bytes:
 class Run:
     tool: str
     scenario: str
+    family: str
     burst: int
     offered: float  # SYN/s the sender managed
     cpu: float
@@ -180,25 +216,37 @@ class Run:
 
 
 class Bench:
-    def __init__(self, node: Netns, sender: Netns, frames: Path, rate: float) -> None:
+    def __init__(self, node: Netns, sender: Netns, frames: dict[str, Path],
+                 rate: float) -> None:
         self.node, self.sender, self.frames, self.rate = node, sender, frames, rate
+        self.family = "ipv4"
 
-    def scenario(self, name: str) -> None:
-        self.node.run("iptables", "-w", "-F", "INPUT")
+    def scenario(self, name: str, family: str = "ipv4") -> None:
+        self.family = family
+        for tool in ("iptables", "ip6tables"):
+            self.node.run(tool, "-w", "-F", "INPUT")
         if name == "dropped":
-            self.node.run("iptables", "-w", "-A", "INPUT", "-s", SRC_NET, "-j", "DROP")
+            tool, net = ("ip6tables", SRC_NET6) if family == "ipv6" else ("iptables", SRC_NET)
+            self.node.run(tool, "-w", "-A", "INPUT", "-s", net, "-j", "DROP")
 
     def send(self, burst: int) -> float:
-        out = self.sender.run(PY, "-c", _SEND, str(self.frames), "eth0", str(burst),
-                              str(self.rate), str(FRAME), timeout=600).stdout.split()
+        size = FRAME6 if self.family == "ipv6" else FRAME
+        out = self.sender.run(PY, "-c", _SEND, str(self.frames[self.family]), "eth0",
+                              str(burst), str(self.rate), str(size),
+                              timeout=600).stdout.split()
         return int(out[0]) / float(out[1])
 
-    def engine(self, scenario: str, burst: int, table_size: int = 65536) -> Run:
-        self.scenario(scenario)
+    def engine(self, scenario: str, burst: int, table_size: int = 65536,
+               family: str = "ipv4", tree: str | None = None) -> Run:
+        """``tree``: run the agent/ of that source tree instead (an A/B baseline)."""
+        self.scenario(scenario, family)
+        env = None if tree is None else {
+            **os.environ, "PYTHONPATH": os.pathsep.join([tree, str(ROOT)])}
         args = {"seconds": 600.0, "table_size": table_size}
         proc = subprocess.Popen(["ip", "netns", "exec", self.node.name, PY, "-c", _CAPTURE,
                                  json.dumps(args)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env, cwd="/" if tree else None)
         assert proc.stderr is not None and proc.stdin is not None
         line = proc.stderr.readline()
         if line != "ready\n":
@@ -212,18 +260,20 @@ class Bench:
         if proc.returncode:
             raise RuntimeError(f"capture failed: {err}")
         got = json.loads(out)
-        return Run("engine", scenario, burst, offered, got["cpu"], got["syns"],
+        return Run("engine" if tree is None else "base", scenario, family, burst, offered,
+                   got["cpu"], got["syns"],
                    got["kernel_drops"], got["hwm_kb"] / 1024,
                    f"user {got['user']:.2f}s sys {got['sys']:.2f}s, "
                    f"{got['packets_seen']:,} pkts, {got['evictions']:,} evicted"
                    + (f", problems {got['problems']}" if got["problems"] else ""),
                    split=got["split"])
 
-    def tcpdump(self, scenario: str, burst: int) -> Run:
-        self.scenario(scenario)
+    def tcpdump(self, scenario: str, burst: int, family: str = "ipv4") -> Run:
+        self.scenario(scenario, family)
+        pcap = PCAP_FILTER6 if family == "ipv6" else PCAP_FILTER
         proc = subprocess.Popen(["ip", "netns", "exec", self.node.name, "tcpdump", "-i",
                                  "any", "-n", "-s", "128", "-B", "8192", "-w", "/dev/null",
-                                 PCAP_FILTER], stdout=subprocess.DEVNULL,
+                                 pcap], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
         assert proc.stderr is not None
         seen = ""
@@ -242,7 +292,8 @@ class Bench:
         captured = _stat(err, "captured")
         drops = _stat(err, "dropped by kernel")
         syns = captured if scenario == "dropped" else captured // 2  # SYN + RST each
-        return Run("tcpdump", scenario, burst, offered, usage.ru_utime + usage.ru_stime,
+        return Run("tcpdump", scenario, family, burst, offered,
+                   usage.ru_utime + usage.ru_stime,
                    syns, drops, hwm_kb / 1024,
                    f"user {usage.ru_utime:.2f}s sys {usage.ru_stime:.2f}s, "
                    f"{captured:,} pkts captured")
@@ -423,6 +474,17 @@ def established(mbps: float, seconds: float, repeat: int,
     return out
 
 
+def print_family_costs() -> None:
+    c = family_costs()
+    print("\nper family, in-process, synthetic SYN blocks into feed_block (ns per packet, "
+          "median, interleaved):")
+    print(f"  IPv4 {c['ipv4']:6.0f} | IPv6 {c['ipv6']:6.0f} (IPv6/IPv4 "
+          f"{c['ipv6'] / c['ipv4']:.2f})")
+    print(f"  IPv6 address form, unpack + key insert alone: bytes "
+          f"{c['ipv6 key as bytes']:.0f} | int from two halves {c['ipv6 key as int']:.0f} "
+          f"(int/bytes {c['ipv6 key as int'] / c['ipv6 key as bytes']:.2f})")
+
+
 def print_established(rows: list[Established], mbps: float, seconds: float) -> None:
     def f(v: float | None, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
@@ -470,7 +532,8 @@ def _stat(text: str, what: str) -> int:
 
 
 def _row(r: Run) -> str:
-    return (f"{r.tool:8} {r.scenario:8} {r.burst:>8,} {r.offered:>10,.0f} {r.syns:>8,} "
+    return (f"{r.tool:8} {r.scenario:8} {r.family:6} {r.burst:>8,} {r.offered:>10,.0f} "
+            f"{r.syns:>8,} "
             f"{r.cpu:>6.2f} {r.per_cpu:>11,.0f} {r.drops:>6,} {r.rss_mib:>7.1f}  {r.extra}")
 
 
@@ -538,6 +601,86 @@ def stage_costs(n: int = 200_000) -> list[tuple[str, float]]:
     return [(name, sec / n * 1e9) for name, sec in out]
 
 
+def family_costs(n: int = 120_000, repeat: int = 5) -> dict[str, float]:
+    """ns per packet through feed_block for IPv4 SYNs (the fast record) and IPv6 SYNs
+    (the general decoder), in-process, interleaved, median of ``repeat``; and the two
+    IPv6 address forms on their own (unpack + key insert): 16-byte bytes vs an int made
+    of two 64-bit halves."""
+    from agent.capture.handshakes import HandshakeTable
+    from agent.capture.packets import FAST_MAC
+
+    per_block = 1000
+    nb = max(1, n // per_block)
+    dst6 = socket.inet_pton(socket.AF_INET6, NODE6)
+    pre6 = socket.inet_pton(socket.AF_INET6, "2001:db8:99::")[:14]
+
+    def blocks(family: str) -> list[bytearray]:
+        size = 48 if family == "ipv4" else FRAME6  # what the filter keeps
+        rec = (FAST_MAC + size + 15) // 16 * 16
+        out = []
+        for b in range(nb):
+            buf = bytearray(48 + per_block * rec)
+            for j in range(per_block):
+                i = b * per_block + j
+                off = 48 + j * rec
+                struct.pack_into("=IIIIIIHH", buf, off, rec if j < per_block - 1 else 0,
+                                 0, 0, size, FRAME if family == "ipv4" else FRAME6, 1,
+                                 FAST_MAC, FAST_MAC + 14)
+                struct.pack_into("=HHiHBB", buf, off + 48, 17, 3, 2, 1, 0, 6)
+                sport, dport = 1024 + i // SOURCES, 30000 + (i * 7) % 2768
+                m = off + FAST_MAC
+                if family == "ipv4":
+                    struct.pack_into("!H", buf, m + 12, 0x0800)
+                    struct.pack_into("!BxHHBB", buf, m + 14, 0x45, 40, 0, 64, 6)
+                    struct.pack_into("!4s4sHH9xB", buf, m + 26,
+                                     bytes((10, 99, (i % SOURCES) >> 8, i % 256)),
+                                     socket.inet_aton(NODE), sport, dport, 0x02)
+                else:
+                    struct.pack_into("!HIHBB16s16sHH9xB", buf, m + 12, 0x86DD, 0x60000000,
+                                     20, 6, 64, pre6 + struct.pack("!H", i % SOURCES),
+                                     dst6, sport, dport, 0x02)
+            out.append(buf)
+        return out
+
+    data = {f: blocks(f) for f in FAMILIES}
+    times: dict[str, list[float]] = {f: [] for f in FAMILIES}
+    for _ in range(repeat):
+        for fam in FAMILIES:
+            table = HandshakeTable(lambda ip: "other")
+            t0 = time.process_time()
+            for buf in data[fam]:
+                table.feed_block(buf, 48, per_block, 0.0)
+            times[fam].append(time.process_time() - t0)
+            assert table.syns + table.evictions >= nb * per_block * 0.99, (fam, table.syns)
+
+    as_bytes = struct.Struct("!16s16sHH")
+    as_ints = struct.Struct("!QQQQHH")
+    raw = [pre6 + struct.pack("!H", i % SOURCES) + dst6
+           + struct.pack("!HH", 1024 + i // SOURCES, 30000 + i % 2768) for i in range(n)]
+    forms: dict[str, list[float]] = {"bytes": [], "int": []}
+    for _ in range(repeat):
+        d: dict[Any, Any] = {}
+        t0 = time.process_time()
+        for r in raw:
+            src, dst, sport, dport = as_bytes.unpack_from(r, 0)
+            d[(src, sport, dst, dport)] = 1
+        forms["bytes"].append(time.process_time() - t0)
+        d = {}
+        t0 = time.process_time()
+        for r in raw:
+            sh, sl, dh, dl, sport, dport = as_ints.unpack_from(r, 0)
+            d[((sh << 64) | sl, sport, (dh << 64) | dl, dport)] = 1
+        forms["int"].append(time.process_time() - t0)
+
+    def med(xs: list[float], count: int) -> float:
+        return sorted(xs)[len(xs) // 2] / count * 1e9
+
+    total = nb * per_block
+    return {"ipv4": med(times["ipv4"], total), "ipv6": med(times["ipv6"], total),
+            "ipv6 key as bytes": med(forms["bytes"], n),
+            "ipv6 key as int": med(forms["int"], n)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -546,11 +689,15 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs per figure (median shown)")
     ap.add_argument("--flat", default="100000,400000,800000",
                     help="burst sizes for the memory-flatness runs")
-    ap.add_argument("--only", choices=("syns", "established"),
-                    help="run only the SYN-rate part or only the established-traffic part")
+    ap.add_argument("--only", choices=("syns", "established", "costs"),
+                    help="run only the SYN-rate part, only the established-traffic part, "
+                    "or only the in-process per-family costs")
     ap.add_argument("--mbps", type=float, default=40.0,
                     help="established traffic: MB/s offered over one connection (MTU-sized "
                     "segments: ~27k packets/s each way at 40)")
+    ap.add_argument("--base", metavar="TREE",
+                    help="also run the IPv4 engine from this source tree (e.g. `git archive "
+                    "REV agent | tar -x -C TREE`), interleaved: a baseline for a change")
     ap.add_argument("--seconds", type=float, default=5.0,
                     help="established traffic: seconds per run")
     args = ap.parse_args()
@@ -561,6 +708,9 @@ def main() -> int:
         print_established(established(args.mbps, args.seconds, args.repeat), args.mbps,
                           args.seconds)
         return 0
+    if args.only == "costs":
+        print_family_costs()
+        return 0
     have_tcpdump = shutil.which("tcpdump") is not None
     flat = [int(x) for x in args.flat.split(",") if x]
     biggest = max([args.burst, *flat])
@@ -568,45 +718,74 @@ def main() -> int:
     with netns("lbbn") as node, netns("lbbs") as sender, \
             tempfile.TemporaryDirectory() as tmp:
         veth(node, "eth0", sender, "eth0")
-        node.sh(f"ip addr add {NODE}/24 dev eth0; ip link set eth0 up")
-        sender.sh(f"ip addr add {SENDER}/24 dev eth0; ip link set eth0 up")
+        node.sh(f"ip addr add {NODE}/24 dev eth0; ip addr add {NODE6}/64 dev eth0 nodad; "
+                "ip link set eth0 up")
+        sender.sh(f"ip addr add {SENDER}/24 dev eth0; ip addr add {SENDER6}/64 dev eth0 "
+                  "nodad; ip link set eth0 up")
         sender_mac, node_mac = _mac(sender), _mac(node)
         # Replies (RST) to the burst's sources go to the sender, which drops them (not its
-        # addresses, no forwarding): static neighbours so no ARP sits in the way.
+        # addresses, no forwarding): static neighbours so no ARP/ND sits in the way.
         node.sh(f"ip route add default via {SENDER}; ip neigh replace {SENDER} lladdr "
-                f"{sender_mac.hex(':')} dev eth0 nud permanent")
-        sender.run("ip", "neigh", "replace", NODE, "lladdr", node_mac.hex(":"), "dev",
-                   "eth0", "nud", "permanent")
-        frames = Path(tmp) / "syns.bin"
+                f"{sender_mac.hex(':')} dev eth0 nud permanent; "
+                f"ip -6 route add default via {SENDER6}; ip -6 neigh replace {SENDER6} "
+                f"lladdr {sender_mac.hex(':')} dev eth0 nud permanent")
+        for addr in (NODE, NODE6):
+            sender.run("ip", "neigh", "replace", addr, "lladdr", node_mac.hex(":"), "dev",
+                       "eth0", "nud", "permanent")
+        frames = {f: Path(tmp) / f"syns-{f}.bin" for f in FAMILIES}
         t0 = time.monotonic()
-        build_frames(frames, biggest, node_mac, sender_mac)
-        print(f"built {biggest:,} SYN frames in {time.monotonic() - t0:.1f}s; "
+        for fam in FAMILIES:
+            build_frames(frames[fam], biggest, node_mac, sender_mac, fam)
+        print(f"built {biggest:,} SYN frames per family in {time.monotonic() - t0:.1f}s; "
               f"{os.cpu_count()} CPUs; target: >= {TARGET_PER_CPU:,} SYN per CPU-second, "
               f"0 kernel drops at {TARGET_RATE:,} offered SYN/s", flush=True)
         b = Bench(node, sender, frames, args.rate)
-        b.send(1000)  # warm up the path
+        for fam in FAMILIES:
+            b.scenario("refused", fam)
+            b.send(1000)  # warm up the path
         for scenario in ("dropped", "refused"):
-            rows.append(median([b.engine(scenario, args.burst)
-                                for _ in range(args.repeat)]))
-            if have_tcpdump:
-                rows.append(median([b.tcpdump(scenario, args.burst)
-                                    for _ in range(args.repeat)]))
+            # the families interleaved run by run: the machine's noise hits both alike
+            runs: dict[tuple[str, str], list[Run]] = {}
+            for _ in range(args.repeat):
+                for fam in FAMILIES:
+                    runs.setdefault(("engine", fam), []).append(
+                        b.engine(scenario, args.burst, family=fam))
+                    if have_tcpdump:
+                        runs.setdefault(("tcpdump", fam), []).append(
+                            b.tcpdump(scenario, args.burst, fam))
+                if args.base:
+                    runs.setdefault(("base", "ipv4"), []).append(
+                        b.engine(scenario, args.burst, tree=args.base))
+            rows += [median(v) for v in runs.values()]
         flat_rows = [b.engine("dropped", n) for n in flat]
 
-    head = (f"{'tool':8} {'scenario':8} {'burst':>8} {'offered/s':>10} {'SYNs':>8} "
+    head = (f"{'tool':8} {'scenario':8} {'family':6} {'burst':>8} {'offered/s':>10} "
+            f"{'SYNs':>8} "
             f"{'CPU s':>6} {'SYN/CPU-s':>11} {'drops':>6} {'RSS MiB':>7}")
     print("\n" + head)
     for r in rows:
         print(_row(r))
-    if have_tcpdump:
-        print()
-        for scenario in ("dropped", "refused"):
-            eng = next(r for r in rows if r.tool == "engine" and r.scenario == scenario)
-            dump = next(r for r in rows if r.tool == "tcpdump" and r.scenario == scenario)
-            print(f"{scenario}: engine/tcpdump SYN per CPU-second = "
-                  f"{eng.per_cpu / dump.per_cpu:.2f}; peak RSS {eng.rss_mib:.1f} vs "
-                  f"{dump.rss_mib:.1f} MiB")
-    else:
+    print()
+
+    def pick(tool: str, scenario: str, fam: str) -> Run:
+        return next(r for r in rows if (r.tool, r.scenario, r.family) == (tool, scenario, fam))
+
+    for scenario in ("dropped", "refused"):
+        v4, v6 = pick("engine", scenario, "ipv4"), pick("engine", scenario, "ipv6")
+        print(f"{scenario}: engine SYN per CPU-second IPv4 {v4.per_cpu:,.0f} | IPv6 "
+              f"{v6.per_cpu:,.0f} (IPv6/IPv4 {v6.per_cpu / v4.per_cpu:.2f})")
+        if have_tcpdump:
+            for fam in FAMILIES:
+                eng, dump = pick("engine", scenario, fam), pick("tcpdump", scenario, fam)
+                print(f"  {fam}: engine/tcpdump SYN per CPU-second = "
+                      f"{eng.per_cpu / dump.per_cpu:.2f}; peak RSS {eng.rss_mib:.1f} vs "
+                      f"{dump.rss_mib:.1f} MiB")
+        if args.base:
+            base = pick("base", scenario, "ipv4")
+            print(f"  ipv4: engine/base ({args.base}) SYN per CPU-second = "
+                  f"{v4.per_cpu / base.per_cpu:.2f} ({v4.per_cpu:,.0f} vs "
+                  f"{base.per_cpu:,.0f})")
+    if not have_tcpdump:
         print("\n(tcpdump not installed: no baseline)")
     print("\nmemory across burst sizes (engine, dropped, table 65536 entries):")
     for r in flat_rows:
@@ -619,19 +798,20 @@ def main() -> int:
     for r in rows:
         if r.tool == "engine" and r.split:
             rest = r.cpu - sum(r.split.values())
-            print(f"  {r.scenario:8} feed_block {r.split['feed_block']:.3f}s "
+            print(f"  {r.scenario:8} {r.family:5} feed_block {r.split['feed_block']:.3f}s "
                   f"({r.split['feed_block'] / max(r.syns, 1) * 1e9:.0f} ns/SYN), finish "
                   f"(the table's last entries) {r.split['finish']:.3f}s, rest (poll, ring "
                   f"setup, expiry, result) {rest:.3f}s")
     print("  inside feed_block, synthetic blocks in-process (ns per packet):")
     for name, ns in stage_costs():
         print(f"    {ns:6.0f}  {name}")
+    print_family_costs()
 
     if args.only is None:
         print_established(established(args.mbps, args.seconds, args.repeat), args.mbps,
                           args.seconds)
 
-    eng = next(r for r in rows if r.tool == "engine" and r.scenario == "dropped")
+    eng = pick("engine", "dropped", "ipv4")
     ok_rate = eng.per_cpu >= TARGET_PER_CPU
     ok_drops = eng.drops == 0 and eng.offered >= 0.95 * TARGET_RATE
     print(f"\ntarget {TARGET_PER_CPU:,} SYN/CPU-s (dropped): "

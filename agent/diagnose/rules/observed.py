@@ -2,7 +2,14 @@
 suspect, seen happening (loopback-observed, healthcheck-dropped-local-source), and SYNs
 from elsewhere that nobody answers (nodeport-syn-unanswered). One finding per cause:
 per (finding id, LB IP) or, for dropped health checks, per source address, with the
-NodePorts it touched in a bounded table (the finding's ``data``)."""
+NodePorts it touched in a bounded table (the finding's ``data``).
+
+A health check from an address local here fails in one of two ways, told apart by what
+the capture saw, not by the address family: IPv4 drops the SYN as martian source
+(``unanswered``); IPv6 (which has no martian check) and IPv4 with accept_local=1 take it
+in and answer, but the SYN-ACK's destination is local, so it is routed to lo and the
+node resets its own half-open connection there (``bypassed`` through lo). Same cause,
+same remedy, same finding id; the summary says which happened."""
 
 from __future__ import annotations
 
@@ -49,9 +56,9 @@ _TEXT = {
         "Service DNS name; see the static findings for the remedy that fits."),
     HEALTHCHECK_DROPPED: (
         "critical",
-        "and were dropped as martian source: a load balancer VIP bound here (its health "
-        "checks fail on this node) or a host-network client reaching the load balancer "
-        "(see the sample sources)",
+        # the "how" (martian drop, answer routed to lo) comes first: see _local_how
+        ": a load balancer VIP bound here (its health checks fail on this node) or a "
+        "host-network client reaching the load balancer (see the sample sources)",
         "Stop binding the VIP on this node or make the load balancer health-check from a "
         "non-local address (on TKE: the prevent-loopback annotation with health checks "
         "from 100.64.0.0/10)."),
@@ -206,7 +213,7 @@ def _finding(cap: CaptureResult, fid: str, key: str | None, rows: list[_Row],
         origin = (f"came from {key}, an address local on this node," if key
                   else f"came from {len(others)} addresses local on this node" if others
                   else "came from an address that is local on this node")
-        summary = f"{total} SYNs to {where} {origin} {what}"
+        summary = f"{total} SYNs to {where} {origin} {_local_how(rows, key)}{what}"
     counts: dict[str, dict[str, int]] = {}
     for r in rows:
         for o, by in r.port.counts.items():
@@ -308,6 +315,26 @@ def _iso(t: float | None) -> str | None:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# How SYNs from a local source failed (HEALTHCHECK_DROPPED), by what the capture saw.
+_MARTIAN = "were dropped as martian source"
+_NO_ANSWER_V6 = "got no answer (IPv6 has no martian-source drop: something else dropped them)"
+_TO_LO = ("were answered, but the SYN-ACK went to lo (its destination is this node's own "
+          "address) and never left the node")
+
+
+def _local_how(rows: list[_Row], key: str | None) -> str:
+    """``and were dropped as martian source``, ``and were answered, but ... lo``, or both
+    with their counts."""
+    bypassed = sum(r.bypassed for r in rows)
+    unanswered = sum(r.unanswered for r in rows)
+    dropped = _NO_ANSWER_V6 if key is not None and ":" in key else _MARTIAN
+    if not bypassed:
+        return f"and {dropped}"
+    if not unanswered:
+        return f"and {_TO_LO}"
+    return f"and {unanswered} {dropped}, {bypassed} {_TO_LO}"
+
+
 def _counts_line(counts: dict[str, dict[str, int]]) -> str:
     parts = []
     for outcome, by_src in sorted(counts.items()):
@@ -319,14 +346,20 @@ def _counts_line(counts: dict[str, dict[str, int]]) -> str:
 
 def _sample(s: HandshakeSample) -> str:
     what = {
-        BYPASSED: f"SYN-ACK left through {s.reply_iface}, not {s.in_iface}: it bypassed "
-                  "the load balancer",
+        BYPASSED: f"SYN-ACK left through {s.reply_iface}, not {s.in_iface}: "
+                  + ("routed back into this node, it never left" if s.reply_iface == "lo"
+                     else "it bypassed the load balancer"),
         UNANSWERED: "no SYN-ACK: dropped",
         RESET: f"answered by RST through {s.reply_iface}",
     }.get(s.outcome, s.outcome)
     tail = "; the client reset it (it expected the load balancer)" if s.peer_reset else ""
-    return (f"{s.src}:{s.sport} -> {s.dst}:{s.dport} in {s.in_iface} "
+    return (f"{_hostport(s.src, s.sport)} -> {_hostport(s.dst, s.dport)} in {s.in_iface} "
             f"({s.source_class}): {what}{tail}")
+
+
+def _hostport(ip: str, port: int) -> str:
+    """``10.0.0.1:80``, ``[2001:db8::1]:80``."""
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
 def _services_by_node_port(ctx: Context) -> dict[int, tuple[str | None, str | None]]:
