@@ -334,3 +334,19 @@ def test_typed_verdict_round_trips_through_its_document(tke: NodeSnapshot) -> No
     assert back.to_dict() == doc
     assert render(back) == render(v)
     assert back.change_key() == v.change_key()
+
+
+def test_tke_remedy_for_a_bound_vip_says_what_its_family_does_with_the_checks() -> None:
+    from agent.diagnose.lb_ip import LbTarget
+    from agent.diagnose.remedies import for_lb_ip_local
+
+    def remedy(ip: str) -> str:
+        return for_lb_ip_local(LbTarget(
+            ip, 80, "TCP", "loadbalancer", "default/web", ("services.json",),
+            annotations=(("service.kubernetes.io/qcloud-loadbalancer-internal-subnetid",
+                          "subnet-1"),)))
+
+    # IPv4 drops a check from its own VIP as martian; IPv6 answers it into lo
+    assert "dropped as martian source" in remedy("10.0.1.100")
+    v6 = remedy("2001:db8::7")
+    assert "martian" not in v6 and "answered to the node itself (IPv6)" in v6
