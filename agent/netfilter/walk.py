@@ -295,7 +295,7 @@ class TableWalker:
             r = parsed[i]
             if r is None:
                 text = texts[i]
-                if _src_rules_out(text, pkt):
+                if "-s " in text and _src_rules_out(text, pkt):
                     continue  # not parsed: its first match, on the source, fails
                 r = parse_rule_text(text, rules.source(i))  # (ix.rule, inline)
                 if keep is None or i in keep:
@@ -557,6 +557,14 @@ class TableWalker:
         if got is None:
             return None, f"ipset {name} is not known on this node"
         settype, members = got
+        key_of = _set_key(settype, flags)
+        if key_of is not None:  # only addresses and ports: the key by one format
+            template, needs_src = key_of
+            if needs_src and not pkt.src_known:
+                return None, SRC_UNKNOWN
+            key = template.format(s=pkt.src, d=pkt.dst, p=pkt.proto, sp=pkt.sport,
+                                  dp=pkt.dport)
+            return (TRUE if key in members else FALSE), ""
         dims_dirs, multi = _set_plan(settype, flags)
         parts: list[str] = []
         nets: list[int] = []
@@ -590,6 +598,25 @@ def _set_plan(settype: str, flags: str) -> tuple[tuple[tuple[str, str], ...], bo
     if len(dirs) < len(dims):
         dims = dims[: len(dirs)]
     return tuple(zip(dims, dirs, strict=False)), len(dims) > 1
+
+
+@functools.lru_cache(maxsize=256)
+def _set_key(settype: str, flags: str) -> tuple[str, bool] | None:
+    """For a set of addresses and ports only (no net, mac or other dimension): the
+    str.format template of the member a packet is looked up as (what _set's loop over
+    _set_plan joins: s/d the source/destination address, p the protocol, sp/dp the
+    ports), and whether it names the source address; None for any other set."""
+    dims_dirs, multi = _set_plan(settype, flags)
+    parts = []
+    for dim, d in dims_dirs:
+        if dim == "ip":
+            parts.append("{s}" if d == "src" else "{d}")
+        elif dim == "port":
+            port = "{sp}" if d == "src" else "{dp}"
+            parts.append("{p}:" + port if multi else port)
+        else:
+            return None
+    return ",".join(parts), any(dim == "ip" and d == "src" for dim, d in dims_dirs)
 
 
 def _net_member(parts: list[str], nets: list[int],
@@ -641,6 +668,13 @@ def _in_net(addr: str, net_text: str) -> int | None:
         host = net_text[:-3] if net_text.endswith("/32") else net_text
         if "." in host and "." in addr and host.count(".") == 3:
             return TRUE if host == addr else FALSE
+    return _in_prefix(addr, net_text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _in_prefix(addr: str, net_text: str) -> int | None:
+    """_in_net's answer by ``ipaddress`` (remembered: every LB IP's walk asks whether the
+    same pod address is in the same cluster CIDR)."""
     net = _net(net_text)
     if net is None:
         return None
