@@ -300,11 +300,13 @@ class TableWalker:
                 r = parse_rule_text(text, rules.source(i))  # (ix.rule, inline)
                 if keep is None or i in keep:
                     parsed[i] = r
+            # (one unpacking: a NamedTuple's fields by name cost a descriptor call each)
+            _, conds, tgt, goto, _, _, rtext, rsource, problem = r
             # does it match? TRUE / FALSE / MAYBE, or None with the reason when it
             # cannot be decided (inline: this runs for every rule reached)
             m: int | None = TRUE
             why = ""
-            for c in r.conds:
+            for c in conds:
                 k, negate, a = c
                 test = tests.get(k)
                 try:
@@ -320,8 +322,8 @@ class TableWalker:
                     m, why = None, reason
                 elif v == MAYBE and m == TRUE:
                     m = MAYBE
-            if r.problem and m != FALSE:
-                results.append(("UNKNOWN", pkt, steps, _unknown(r, r.problem)))
+            if problem and m != FALSE:
+                results.append(("UNKNOWN", pkt, steps, _unknown(r, problem)))
                 return results
             if m == FALSE:
                 continue
@@ -329,12 +331,12 @@ class TableWalker:
                 # a fact of the node we were not given (its addresses, a set's members):
                 # follow both answers; the caller decides whether they agree
                 self._budget -= 1
-                where = f" ({r.source})" if r.source else ""
+                where = f" ({rsource})" if rsource else ""
                 no = Step(tname, ix.name,
-                          f"assumed NOT matching: {r.text}{where}: {why}", r.source, ASSUME)
+                          f"assumed NOT matching: {rtext}{where}: {why}", rsource, ASSUME)
                 results.extend(self._run(ix, i + 1, pkt, (*steps, no), depth))
                 steps = (*steps, Step(tname, ix.name,
-                                      f"assumed matching: {r.text}{where}: {why}", r.source,
+                                      f"assumed matching: {rtext}{where}: {why}", rsource,
                                       ASSUME))
                 m = TRUE
             if m is None:
@@ -349,10 +351,9 @@ class TableWalker:
                     results.append(("UNKNOWN", pkt, steps, _unknown(
                         r, f"more than {MAX_PATHS} random/recent branches: the branch where "
                            "this rule does not match was not followed")))
-            tgt = r.target
             if tgt is None:
                 continue
-            step = _new_step(Step, (tname, ix.name, r.text, r.source, tgt))
+            step = _new_step(Step, (tname, ix.name, rtext, rsource, tgt))
             kind = kind_of(tgt)
             if kind is None:
                 pass  # a chain (below)
@@ -381,7 +382,8 @@ class TableWalker:
                     results.append(("UNKNOWN", pkt, steps, _unknown(r, err)))
                     return results
                 pkt = new_pkt
-                steps = (*steps, step._replace(action=f"mark {pkt.mark:#x}"))
+                steps = (*steps, _new_step(Step, (tname, ix.name, rtext, rsource,
+                                                  f"mark {pkt.mark:#x}")))
                 continue
             elif kind == _CONNMARK:
                 new_pkt, err = _connmark(r, pkt)
@@ -407,7 +409,7 @@ class TableWalker:
                            "shows it)" if self.partial else ""))))
                 return results
             for res in self._run(sub, 0, pkt, (*steps, step), depth + 1):
-                if res[0] is not None or r.goto:
+                if res[0] is not None or goto:
                     results.append(res)
                 else:
                     results.extend(self._run(ix, i + 1, res[1], res[2], depth))
@@ -693,14 +695,19 @@ def _dnat(r: ParsedRule, pkt: Packet) -> Packet:
         return pkt._replace(orig_dst=pkt.dst, orig_dport=pkt.dport, dst="127.0.0.1",
                        dport=int(port) if port.isdigit() else pkt.dport)
     to = r.target_opts.get("--to-destination") or r.target_opts.get("--to") or pkt.dst
-    host, port = to, None
-    if to.count(":") == 1:
-        host, port = to.split(":")
-    host = host.split("-")[0].split("/")[0]
-    dport = int(port.split("-")[0]) if port and port.split("-")[0].isdigit() else pkt.dport
+    parts = to.split(":")
+    host, port = parts if len(parts) == 2 else (to, None)
+    if "-" in host:
+        host = host.split("-")[0]
+    if "/" in host:
+        host = host.split("/")[0]
+    if port and "-" in port:
+        port = port.split("-")[0]
+    dport = int(port) if port and port.isdigit() else pkt.dport
     # positional construction: NamedTuple._replace costs more than the whole DNAT
-    return Packet(pkt.src, host or pkt.dst, pkt.proto, pkt.sport, dport, pkt.in_iface,
-                  pkt.out_iface, pkt.mark, pkt.ctmark, pkt.dst, pkt.dport, pkt.src_known)
+    return _new_step(Packet, (pkt.src, host or pkt.dst, pkt.proto, pkt.sport, dport,
+                              pkt.in_iface, pkt.out_iface, pkt.mark, pkt.ctmark, pkt.dst,
+                              pkt.dport, pkt.src_known))
 
 
 def _mark(r: ParsedRule, pkt: Packet) -> tuple[Packet, str]:
@@ -708,7 +715,7 @@ def _mark(r: ParsedRule, pkt: Packet) -> tuple[Packet, str]:
     try:
         if "--set-xmark" in o:
             v, m = parse_mark(o["--set-xmark"])
-            return pkt._replace(mark=(pkt.mark & ~m & 0xFFFFFFFF) ^ v), ""
+            return _with_mark(pkt, (pkt.mark & ~m & 0xFFFFFFFF) ^ v), ""
         if "--set-mark" in o:
             v, m = parse_mark(o["--set-mark"])
             return pkt._replace(mark=(pkt.mark & ~m & 0xFFFFFFFF) | v), ""
@@ -721,6 +728,12 @@ def _mark(r: ParsedRule, pkt: Packet) -> tuple[Packet, str]:
     except ValueError as e:
         return pkt, f"bad mark value: {e}"
     return pkt, "MARK without --set-xmark/--set-mark/--or-mark/--and-mark/--xor-mark"
+
+
+def _with_mark(pkt: Packet, mark: int) -> Packet:
+    """``pkt._replace(mark=mark)``, positionally (kube-proxy's KUBE-MARK-MASQ on every
+    masqueraded path)."""
+    return _new_step(Packet, (*pkt[:7], mark, *pkt[8:]))
 
 
 def _connmark(r: ParsedRule, pkt: Packet) -> tuple[Packet, str]:
