@@ -451,7 +451,8 @@ def _merge(outcomes: list[PathOutcome]) -> PathOutcome:
     if not outcomes:
         return PathOutcome("unknown", "no path", ())
     kinds = {o.kind for o in outcomes}
-    worst = min(outcomes, key=lambda o: _RANK[o.kind])
+    # (one kind: min would return the first; the key costs a call per outcome)
+    worst = outcomes[0] if len(kinds) == 1 else min(outcomes, key=lambda o: _RANK[o.kind])
     # (an assumption line holds ASSUMED, which holds no line break: one search of the
     # lines joined finds one as a search of each line would)
     assumed = [o for o in outcomes if ASSUMED in "\n".join(o.evidence)]
