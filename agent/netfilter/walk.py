@@ -836,8 +836,15 @@ def _t_mark(w: TableWalker | None, a: tuple[str, ...], pkt: Packet) -> tuple[int
 
 
 def _t_ctstate(w: TableWalker | None, a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
-    states = {"NEW"} | ({"DNAT"} if pkt.orig_dst else set())
-    return (TRUE if states & set(a[0].split(",")) else FALSE), ""
+    return _ctstate(a[0], bool(pkt.orig_dst)), ""
+
+
+@functools.lru_cache(maxsize=256)
+def _ctstate(listed: str, dnat: bool) -> int:
+    """Does `--ctstate LISTED` hold for the walked packet: a new connection, DNATed or
+    not? (A handful of lists, asked on every path through FORWARD and INPUT.)"""
+    states = {"NEW"} | ({"DNAT"} if dnat else set())
+    return TRUE if states & set(listed.split(",")) else FALSE
 
 
 _TESTS: dict[str, Test] = {
