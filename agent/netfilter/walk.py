@@ -757,13 +757,11 @@ def _connmark(r: ParsedRule, pkt: Packet) -> tuple[Packet, str]:
 # a rule whose first match is on the source (kube-proxy's endpoint chains start with
 # "-s ENDPOINT -j KUBE-MARK-MASQ", its service chains' cluster IP rule with "! -s
 # CLUSTER-CIDR"): the tokens the parser would read, before any quote
-_LEADING_SRC = re.compile(r'-A [^\s"]+ (! )?-s ([^\s"]+) ')
-
-
 def leading_src(text: str) -> tuple[bool, str] | None:
-    """(negated, address) of a rule's leading `[!] -s ADDRESS`: what ``_LEADING_SRC``
-    matches, by string operations (the regex's [^\\s"] tested each character against
-    Unicode's blanks: a few percent of a walk); None when it would not match."""
+    """(negated, address) of a rule's leading `[!] -s ADDRESS`: what the regex
+    ``-A [^\\s"]+ (! )?-s ([^\\s"]+) `` matches at its start, by string operations (the
+    regex tested each character against Unicode's blanks: a few percent of a walk);
+    None when it would not match."""
     at = text.find(" ", 3) + 1
     if text.startswith("-s ", at):
         negated, start = False, at + 3
