@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -462,6 +463,9 @@ def _verdict(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return diagnose(snap, _node(args, snap), capture=capture, prepared=prepared)
 
 
+_JSON_CHUNK = 256  # list items encoded by one json.dumps call
+
+
 def _write_compact_json(doc: dict[str, Any], out: TextIO) -> None:
     """``json.dumps(doc)`` + newline, written piece by piece: each item of the
     document's top-level lists (or generators, which stand for lists) is encoded on its
@@ -480,9 +484,16 @@ def _write_compact_json(doc: dict[str, Any], out: TextIO) -> None:
             buf.append(dumps(value))
             continue
         buf.append("[")
-        for i, item in enumerate(items):
-            text = dumps(item)
-            buf.append(text if i == 0 else ", " + text)
+        first = True
+        while True:
+            # a few hundred items per dumps call (one call per item cost a third of the
+            # writing at 20k findings): a list's text is its items' joined by ", "
+            chunk = list(itertools.islice(items, _JSON_CHUNK))
+            if not chunk:
+                break
+            text = dumps(chunk)[1:-1]
+            buf.append(text if first else ", " + text)
+            first = False
             size += len(text)
             if size > 1 << 16:
                 out.write("".join(buf))

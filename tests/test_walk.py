@@ -269,3 +269,36 @@ def test_connmark_save_and_restore_use_xor_like_the_kernel() -> None:
 """)
     (res,) = w.walk("PREROUTING", POD)
     assert res.verdict == "DROP"  # ctmark 0x1 ^ mark 0x1 = 0
+
+
+def test_leading_source_read_by_string_operations_as_the_regex_reads_it() -> None:
+    # the walk skips a rule whose leading `[!] -s X` fails without parsing it; that test
+    # reads the match by string operations, which must agree with the pattern it replaced
+    import random
+    import re
+
+    from agent.netfilter.walk import leading_src
+
+    pattern = re.compile(r'-A [^\s"]+ (! )?-s ([^\s"]+) ')
+    pieces = ["-A", " ", "  ", "\t", "\xa0", '"', "!", "-s", "X", "KUBE-SEP-ABC", "! ",
+              "1.2.3.4/32", "-s ", "-j", "\n", 'a"b', "-d", ""]
+    rng = random.Random(7)
+    for _ in range(4000):
+        tail = "".join(rng.choice(pieces) for _ in range(rng.randrange(1, 9)))
+        for text in (tail, "-A " + tail, "-A C " + tail, "-A C -s " + tail,
+                     "-A C ! -s " + tail):
+            m = pattern.match(text)
+            want = None if m is None else (m.group(1) is not None, m.group(2))
+            assert leading_src(text) == want, repr(text)
+
+
+def test_a_leading_source_that_fails_skips_the_rule_and_one_that_passes_does_not() -> None:
+    w = nat("""
+:PREROUTING ACCEPT [0:0]
+-A PREROUTING -s 10.0.0.0/8 -j DROP
+-A PREROUTING ! -s 9.9.9.9/32 -j MARK --set-xmark 0x4000/0x4000
+-A PREROUTING ! -s 172.16.0.0/16 -j DROP
+-A PREROUTING -s 172.16.1.2/32 -m mark --mark 0x4000/0x4000 -j DNAT --to-destination 1.1.1.1
+""")
+    (res,) = w.walk("PREROUTING", POD)
+    assert res.verdict == "DNAT" and res.packet.dst == "1.1.1.1"

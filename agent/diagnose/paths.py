@@ -211,9 +211,9 @@ class PathFinder:
         return _merge(outcomes)
 
     def _after_prerouting(self, res: HookResult, head: tuple[str, ...]) -> list[PathOutcome]:
-        ev = head + tuple(map(_rendered, res.steps))
-        p = res.packet
-        unseen = _UNSEEN_ENDPOINT_CHAIN.search(res.detail) if res.verdict == "UNKNOWN" \
+        verdict, p, steps, detail = res
+        ev = head + tuple(map(_rendered, steps))
+        unseen = _UNSEEN_ENDPOINT_CHAIN.search(detail) if verdict == "UNKNOWN" \
             and self.partial else None
         if unseen and unseen.group(2) in ("XLB", "FW"):
             # before 1.24, without --cluster-cidr, KUBE-XLB has no rule for pods: with no
@@ -242,12 +242,12 @@ class PathFinder:
             return [PathOutcome("captured", how, (
                 *ev, f"{chain}{ASSUMED} {does} (not in the input: `iptables -t nat -S "
                      f"{chain}` shows it)", f"result: {how}"))]
-        if res.verdict == "UNKNOWN":
-            return [PathOutcome("unknown", res.detail, (*ev, res.detail))]
-        if res.verdict in ("DROP", "REJECT"):
-            return [PathOutcome("dropped", f"{res.verdict} in nat PREROUTING", ev)]
-        if res.verdict in ("DNAT", "REDIRECT"):
-            how = f"kube-proxy rewrites the destination to {p.dst}:{p.dport} ({res.verdict})"
+        if verdict == "UNKNOWN":
+            return [PathOutcome("unknown", detail, (*ev, detail))]
+        if verdict in ("DROP", "REJECT"):
+            return [PathOutcome("dropped", f"{verdict} in nat PREROUTING", ev)]
+        if verdict in ("DNAT", "REDIRECT"):
+            how = f"kube-proxy rewrites the destination to {p.dst}:{p.dport} ({verdict})"
             return [PathOutcome("captured", how, (*ev, f"result: {how}; the packet never "
                                                   "goes to the load balancer"))]
         local = self.facts.is_local(p.dst)
@@ -453,7 +453,8 @@ def _merge(outcomes: list[PathOutcome]) -> PathOutcome:
     if not outcomes:
         return PathOutcome("unknown", "no path", ())
     kinds = {o.kind for o in outcomes}
-    worst = min(outcomes, key=lambda o: _RANK[o.kind])
+    # (one kind: min would return the first; the key costs a call per outcome)
+    worst = outcomes[0] if len(kinds) == 1 else min(outcomes, key=lambda o: _RANK[o.kind])
     # (an assumption line holds ASSUMED, which holds no line break: one search of the
     # lines joined finds one as a search of each line would)
     assumed = [o for o in outcomes if ASSUMED in "\n".join(o.evidence)]

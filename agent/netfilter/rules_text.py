@@ -506,10 +506,24 @@ def settle(into: RulesText) -> Netfilter:
 
     return Netfilter(
         backend=into.backend,
-        tables=tuple(Table(t, tuple(Chain(name, policy_of(t, name, policy), rules_of(t, name))
+        tables=tuple(Table(t, tuple(_chain(name, policy_of(t, name, policy),
+                                           rules_of(t, name))
                                     for name, policy in chains.items()))
                      for t, chains in order.items()),
         partial=bool(into.loose) or into.excerpt)
+
+
+_set = object.__setattr__
+
+
+def _chain(name: str, policy: str | None, rules: Rules) -> Chain:
+    """``Chain(name, policy, rules)`` without its generated __init__ and __post_init__
+    (``rules`` is already a Rules): a 10k-service dump has 47k chains."""
+    c = object.__new__(Chain)
+    _set(c, "name", name)
+    _set(c, "policy", policy)
+    _set(c, "rules", rules)
+    return c
 
 
 def _target(text: str) -> str | None:

@@ -300,16 +300,18 @@ class TableWalker:
             r = parsed[i]
             if r is None:
                 text = texts[i]
-                if _src_rules_out(text, pkt):
+                if "-s " in text and _src_rules_out(text, pkt):
                     continue  # not parsed: its first match, on the source, fails
                 r = parse_rule_text(text, rules.source(i))  # (ix.rule, inline)
                 if keep is None or i in keep:
                     parsed[i] = r
+            # (one unpacking: a NamedTuple's fields by name cost a descriptor call each)
+            _, conds, tgt, goto, _, _, rtext, rsource, problem = r
             # does it match? TRUE / FALSE / MAYBE, or None with the reason when it
             # cannot be decided (inline: this runs for every rule reached)
             m: int | None = TRUE
             why = ""
-            for c in r.conds:
+            for c in conds:
                 k, negate, a = c
                 test = tests.get(k)
                 try:
@@ -325,8 +327,8 @@ class TableWalker:
                     m, why = None, reason
                 elif v == MAYBE and m == TRUE:
                     m = MAYBE
-            if r.problem and m != FALSE:
-                results.append(("UNKNOWN", pkt, steps, _unknown(r, r.problem)))
+            if problem and m != FALSE:
+                results.append(("UNKNOWN", pkt, steps, _unknown(r, problem)))
                 return results
             if m == FALSE:
                 continue
@@ -334,12 +336,12 @@ class TableWalker:
                 # a fact of the node we were not given (its addresses, a set's members):
                 # follow both answers; the caller decides whether they agree
                 self._budget -= 1
-                where = f" ({r.source})" if r.source else ""
+                where = f" ({rsource})" if rsource else ""
                 no = Step(tname, ix.name,
-                          f"assumed NOT matching: {r.text}{where}: {why}", r.source, ASSUME)
+                          f"assumed NOT matching: {rtext}{where}: {why}", rsource, ASSUME)
                 results.extend(self._run(ix, i + 1, pkt, (*steps, no), depth))
                 steps = (*steps, Step(tname, ix.name,
-                                      f"assumed matching: {r.text}{where}: {why}", r.source,
+                                      f"assumed matching: {rtext}{where}: {why}", rsource,
                                       ASSUME))
                 m = TRUE
             if m is None:
@@ -354,10 +356,9 @@ class TableWalker:
                     results.append(("UNKNOWN", pkt, steps, _unknown(
                         r, f"more than {MAX_PATHS} random/recent branches: the branch where "
                            "this rule does not match was not followed")))
-            tgt = r.target
             if tgt is None:
                 continue
-            step = _new_step(Step, (tname, ix.name, r.text, r.source, tgt))
+            step = _new_step(Step, (tname, ix.name, rtext, rsource, tgt))
             kind = kind_of(tgt)
             if kind is None:
                 pass  # a chain (below)
@@ -386,7 +387,8 @@ class TableWalker:
                     results.append(("UNKNOWN", pkt, steps, _unknown(r, err)))
                     return results
                 pkt = new_pkt
-                steps = (*steps, step._replace(action=f"mark {pkt.mark:#x}"))
+                steps = (*steps, _new_step(Step, (tname, ix.name, rtext, rsource,
+                                                  f"mark {pkt.mark:#x}")))
                 continue
             elif kind == _CONNMARK:
                 new_pkt, err = _connmark(r, pkt)
@@ -412,7 +414,7 @@ class TableWalker:
                            "shows it)" if self.partial else ""))))
                 return results
             for res in self._run(sub, 0, pkt, (*steps, step), depth + 1):
-                if res[0] is not None or r.goto:
+                if res[0] is not None or goto:
                     results.append(res)
                 else:
                     results.extend(self._run(ix, i + 1, res[1], res[2], depth))
@@ -562,6 +564,14 @@ class TableWalker:
         if got is None:
             return None, f"ipset {name} is not known on this node"
         settype, members = got
+        key_of = _set_key(settype, flags)
+        if key_of is not None:  # only addresses and ports: the key by one format
+            template, needs_src = key_of
+            if needs_src and not pkt.src_known:
+                return None, SRC_UNKNOWN
+            key = template.format(s=pkt.src, d=pkt.dst, p=pkt.proto, sp=pkt.sport,
+                                  dp=pkt.dport)
+            return (TRUE if key in members else FALSE), ""
         dims_dirs, multi = _set_plan(settype, flags)
         parts: list[str] = []
         nets: list[int] = []
@@ -595,6 +605,25 @@ def _set_plan(settype: str, flags: str) -> tuple[tuple[tuple[str, str], ...], bo
     if len(dirs) < len(dims):
         dims = dims[: len(dirs)]
     return tuple(zip(dims, dirs, strict=False)), len(dims) > 1
+
+
+@functools.lru_cache(maxsize=256)
+def _set_key(settype: str, flags: str) -> tuple[str, bool] | None:
+    """For a set of addresses and ports only (no net, mac or other dimension): the
+    str.format template of the member a packet is looked up as (what _set's loop over
+    _set_plan joins: s/d the source/destination address, p the protocol, sp/dp the
+    ports), and whether it names the source address; None for any other set."""
+    dims_dirs, multi = _set_plan(settype, flags)
+    parts = []
+    for dim, d in dims_dirs:
+        if dim == "ip":
+            parts.append("{s}" if d == "src" else "{d}")
+        elif dim == "port":
+            port = "{sp}" if d == "src" else "{dp}"
+            parts.append("{p}:" + port if multi else port)
+        else:
+            return None
+    return ",".join(parts), any(dim == "ip" and d == "src" for dim, d in dims_dirs)
 
 
 def _net_member(parts: list[str], nets: list[int],
@@ -646,6 +675,13 @@ def _in_net(addr: str, net_text: str) -> int | None:
         host = net_text[:-3] if net_text.endswith("/32") else net_text
         if "." in host and "." in addr and host.count(".") == 3:
             return TRUE if host == addr else FALSE
+    return _in_prefix(addr, net_text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _in_prefix(addr: str, net_text: str) -> int | None:
+    """_in_net's answer by ``ipaddress`` (remembered: every LB IP's walk asks whether the
+    same pod address is in the same cluster CIDR)."""
     net = _net(net_text)
     if net is None:
         return None
@@ -674,8 +710,9 @@ def _dnat(r: ParsedRule, pkt: Packet) -> Packet:
     host = host.split("-")[0].split("/")[0]
     dport = int(port.split("-")[0]) if port and port.split("-")[0].isdigit() else pkt.dport
     # positional construction: NamedTuple._replace costs more than the whole DNAT
-    return Packet(pkt.src, host or pkt.dst, pkt.proto, pkt.sport, dport, pkt.in_iface,
-                  pkt.out_iface, pkt.mark, pkt.ctmark, pkt.dst, pkt.dport, pkt.src_known)
+    return _new_step(Packet, (pkt.src, host or pkt.dst, pkt.proto, pkt.sport, dport,
+                              pkt.in_iface, pkt.out_iface, pkt.mark, pkt.ctmark, pkt.dst,
+                              pkt.dport, pkt.src_known))
 
 
 def _mark(r: ParsedRule, pkt: Packet) -> tuple[Packet, str]:
@@ -683,7 +720,7 @@ def _mark(r: ParsedRule, pkt: Packet) -> tuple[Packet, str]:
     try:
         if "--set-xmark" in o:
             v, m = parse_mark(o["--set-xmark"])
-            return pkt._replace(mark=(pkt.mark & ~m & 0xFFFFFFFF) ^ v), ""
+            return _with_mark(pkt, (pkt.mark & ~m & 0xFFFFFFFF) ^ v), ""
         if "--set-mark" in o:
             v, m = parse_mark(o["--set-mark"])
             return pkt._replace(mark=(pkt.mark & ~m & 0xFFFFFFFF) | v), ""
@@ -696,6 +733,12 @@ def _mark(r: ParsedRule, pkt: Packet) -> tuple[Packet, str]:
     except ValueError as e:
         return pkt, f"bad mark value: {e}"
     return pkt, "MARK without --set-xmark/--set-mark/--or-mark/--and-mark/--xor-mark"
+
+
+def _with_mark(pkt: Packet, mark: int) -> Packet:
+    """``pkt._replace(mark=mark)``, positionally (kube-proxy's KUBE-MARK-MASQ on every
+    masqueraded path)."""
+    return _new_step(Packet, (*pkt[:7], mark, *pkt[8:]))
 
 
 def _connmark(r: ParsedRule, pkt: Packet) -> tuple[Packet, str]:
@@ -719,24 +762,41 @@ def _connmark(r: ParsedRule, pkt: Packet) -> tuple[Packet, str]:
 # a rule whose first match is on the source (kube-proxy's endpoint chains start with
 # "-s ENDPOINT -j KUBE-MARK-MASQ", its service chains' cluster IP rule with "! -s
 # CLUSTER-CIDR"): the tokens the parser would read, before any quote
-_LEADING_SRC = re.compile(r'-A [^\s"]+ (! )?-s ([^\s"]+) ')
+def leading_src(text: str) -> tuple[bool, str] | None:
+    """(negated, address) of a rule's leading `[!] -s ADDRESS`: what the regex
+    ``-A [^\\s"]+ (! )?-s ([^\\s"]+) `` matches at its start, by string operations (the
+    regex tested each character against Unicode's blanks: a few percent of a walk);
+    None when it would not match."""
+    at = text.find(" ", 3) + 1
+    if text.startswith("-s ", at):
+        negated, start = False, at + 3
+    elif text.startswith("! -s ", at):
+        negated, start = True, at + 5
+    else:
+        return None  # (the cheap test first: most rules do not start so)
+    end = text.find(" ", start)
+    if end <= start or not text.startswith("-A "):
+        return None
+    chain, address = text[3:at - 1], text[start:end]
+    # [^\s"]+: one or more characters, none a quote or a blank of any kind
+    if '"' in chain or '"' in address or chain.split() != [chain] or \
+            address.split() != [address]:
+        return None
+    return negated, address
 
 
 def _src_rules_out(text: str, pkt: Packet) -> bool:
     """Does the rule's first match, `[!] -s X`, fail for ``pkt``? Then the rule cannot
     match, whatever follows (the walk stops at the first match that fails): no need to
     parse it."""
-    at = text.find(" ", 3) + 1
-    if not text.startswith("-s ", at) and not text.startswith("! -s ", at):
-        return False  # (the cheap test first: most rules do not start so)
-    m = _LEADING_SRC.match(text)
-    if m is None:
+    got = leading_src(text)
+    if got is None:
         return False
     try:
-        v = _t_src(None, (m.group(2),), pkt)[0]
+        v = _t_src(None, (got[1],), pkt)[0]
     except (ValueError, TypeError, IndexError):
         return False
-    return v == (TRUE if m.group(1) else FALSE)
+    return v == (TRUE if got[0] else FALSE)
 
 
 # -- the matches nearly every rule has, without the general dispatch of TableWalker._cond
@@ -779,8 +839,15 @@ def _t_mark(w: TableWalker | None, a: tuple[str, ...], pkt: Packet) -> tuple[int
 
 
 def _t_ctstate(w: TableWalker | None, a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
-    states = {"NEW"} | ({"DNAT"} if pkt.orig_dst else set())
-    return (TRUE if states & set(a[0].split(",")) else FALSE), ""
+    return _ctstate(a[0], bool(pkt.orig_dst)), ""
+
+
+@functools.lru_cache(maxsize=256)
+def _ctstate(listed: str, dnat: bool) -> int:
+    """Does `--ctstate LISTED` hold for the walked packet: a new connection, DNATed or
+    not? (A handful of lists, asked on every path through FORWARD and INPUT.)"""
+    states = {"NEW"} | ({"DNAT"} if dnat else set())
+    return TRUE if states & set(listed.split(",")) else FALSE
 
 
 _TESTS: dict[str, Test] = {
