@@ -192,3 +192,15 @@ def test_no_lb_ip_in_nftables_mode_names_the_nftables_place_it_looked() -> None:
     (unknown,) = [f for f in v["findings"] if f["id"] == "lb-ips-unknown"]
     assert "service-ips" in unknown["evidence"][0]
     assert "KUBE-LOAD-BALANCER" not in " ".join(unknown["evidence"])
+
+
+def test_an_ipv6_lb_ip_without_the_ip6_table_names_the_nft_command() -> None:
+    # nftables mode, only `ip kube-proxy` given: the IPv6 LB IP is undecided, and the
+    # verdict asks for the ip6 table, not for ip6tables-save (not read in this mode)
+    script = (OVERALL / "nft-transaction.txt").read_text()
+    v = verdict(("nft-transaction.txt", script), ("services.json", UNSYNCED6))
+    assert by_ip(v)["2001:db8:9999::9"] == {"pod-to-lb-undetermined"}, by_ip(v)
+    f = next(f for f in v["findings"] if f["lb_ip"] == "2001:db8:9999::9")
+    said = " ".join([f["summary"], f["remedy"], *f["evidence"]])
+    assert "`nft list table ip6 kube-proxy`" in said, said
+    assert "ip6tables" not in said, said

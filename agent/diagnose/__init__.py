@@ -184,7 +184,9 @@ def _ipv6_not_walked(targets: list[LbTarget], snap: NodeSnapshot | None = None,
                      mode: str = "") -> list[Finding]:
     """An IPv6 LB IP whose rules are not in the input: undecided, never silently
     healthy."""
-    why = ("IPv6 rules are not walked in nftables mode here" if mode == "nftables" else
+    nft = mode == "nftables"
+    why = ("kube-proxy's IPv6 table is not in the input (`nft list table ip6 kube-proxy` "
+           "shows it)" if nft else
            "the IPv6 rules are not in the input (`ip6tables-save` shows them)")
     out, seen = [], set()
     for t in targets:
@@ -198,8 +200,11 @@ def _ipv6_not_walked(targets: list[LbTarget], snap: NodeSnapshot | None = None,
             lb_ip=t.ip, port=t.port or None, protocol=t.protocol, service=t.service,
             evidence=("learned from " + "; ".join(t.learned_from),
                       f"IPv6 is not walked: {why}"),
-            remedy="Give `ip6tables-save` output (the bundle has it as ip6tables-save.txt), "
-                   "or check the IPv6 nat rules by hand, as for IPv4."))
+            remedy=("Give `nft list table ip6 kube-proxy` output (the bundle's "
+                    "nft-kube-proxy.json holds the whole ruleset), or check the ip6 table's "
+                    "rules by hand, as for IPv4." if nft else
+                    "Give `ip6tables-save` output (the bundle has it as ip6tables-save.txt), "
+                    "or check the IPv6 nat rules by hand, as for IPv4.")))
     return out
 
 
