@@ -175,3 +175,17 @@ def test_an_undecided_ipv6_walk_names_the_ipv6_commands() -> None:
     texts = [e for (fid, _), v in f.items() for e in (v["summary"], *v["evidence"])]
     assert any("ip6tables -t nat -S KUBE-" in t for t in texts), texts
     assert not any("`iptables -t nat" in t for t in texts)
+
+
+def test_etp_local_walks_of_ipv6_name_the_ipv6_commands() -> None:
+    # `ip6tables -t nat -S KUBE-SERVICES` alone: the load balancer's walk to an
+    # eTP=Local NodePort meets KUBE-NODEPORTS, not in the excerpt; what shows it is
+    # ip6tables, and the address is written [addr]:port
+    chain = [ln for ln in V6.splitlines() if ln.startswith("-A KUBE-SERVICES ")]
+    text = "$ sudo ip6tables -t nat -S KUBE-SERVICES\n" + "\n".join(chain) + "\n"
+    v = diagnose(_load(("paste.txt", text),
+                       ("services.json", kube_files()["services.json"])), "n").to_dict()
+    said = [u["reason"] for u in v["unknowns"] if u["source"] == "etp-local-no-local-endpoint"]
+    assert any(r.startswith("[2001:db8:ff::8]:80: ") for r in said), said
+    assert any("`ip6tables -t nat -S KUBE-NODEPORTS`" in r for r in said), said
+    assert not any("`iptables -t" in r for r in said), said

@@ -7,6 +7,7 @@ import re
 
 from agent.diagnose.context import Context
 from agent.diagnose.model import Finding
+from agent.diagnose.rules.common import ipv6_commands
 from agent.snapshot import NodeSnapshot
 
 ID = "etp-local-no-local-endpoint"
@@ -106,9 +107,12 @@ def check(ctx: Context) -> list[Finding]:
             ev.append(f"externalTrafficPolicy=Local ({t.etp_how or 'kube-proxy rules'})")
         else:
             served = ctx.paths.outside_to_lb(t)
+            if ctx.family == 6:
+                served = ipv6_commands(served)
             if served.served is None:
                 if t.etp == "Local":
-                    ctx.unknown(ID, f"{t.ip}:{t.port}: {served.how}")
+                    host = f"[{t.ip}]" if ":" in t.ip else t.ip
+                    ctx.unknown(ID, f"{host}:{t.port}: {served.how}")
                 continue
             if served.served:
                 continue

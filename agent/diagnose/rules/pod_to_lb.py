@@ -9,7 +9,7 @@ from agent.diagnose.lb_ip import infer_service
 from agent.diagnose.model import Finding
 from agent.diagnose.paths import PathOutcome
 from agent.diagnose.remedies import for_not_masqueraded
-from agent.diagnose.rules.common import rp_filter_effective
+from agent.diagnose.rules.common import ipv6_commands, rp_filter_effective
 
 NOT_MASQUERADED = "pod-to-lb-not-masqueraded"
 CAPTURED = "pod-to-lb-captured"
@@ -37,7 +37,7 @@ def check(ctx: Context) -> list[Finding]:
                 o = PathOutcome("unknown", f"internal error walking it: "
                                 f"{type(e).__name__}: {e}", ())
             if ctx.family == 6:
-                o = _ipv6_commands(o)
+                o = ipv6_commands(o)
         host = f"[{t.ip}]" if ":" in t.ip else t.ip  # an IPv6 address before its port
         what = f"{host}:{t.port}/{t.protocol}" if t.port else f"{t.ip} (ports not in the input)"
         if t.kind == "ingress" and t.ingress:
@@ -123,18 +123,3 @@ def _has_kube_proxy_rules(ctx: Context) -> bool:
     if nf is None:
         return True  # unreadable rules are reported by the walk itself
     return nat is not None and any(c.name.startswith("KUBE-") for c in nat.chains)
-
-
-# the commands an IPv6 walk's messages name (the walk's are IPv4's)
-_V6_WORDS = (("`iptables -t ", "`ip6tables -t "), ("{.spec.podCIDR}", "{.spec.podCIDRs}"),
-             ("`ip route show table local`", "`ip -6 route show table local`"))
-
-
-def _ipv6_commands(o: PathOutcome) -> PathOutcome:
-    def said(text: str) -> str:
-        for v4, v6 in _V6_WORDS:
-            if v4 in text:
-                text = text.replace(v4, v6)
-        return text
-
-    return o._replace(how=said(o.how), evidence=tuple(map(said, o.evidence)))
