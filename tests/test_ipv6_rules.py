@@ -189,3 +189,19 @@ def test_etp_local_walks_of_ipv6_name_the_ipv6_commands() -> None:
     assert any(r.startswith("[2001:db8:ff::8]:80: ") for r in said), said
     assert any("`ip6tables -t nat -S KUBE-NODEPORTS`" in r for r in said), said
     assert not any("`iptables -t" in r for r in said), said
+
+
+def test_a_dumps_family_is_told_by_its_rules_not_its_comments() -> None:
+    # an IPv4 dump whose only IPv6-looking "-d" is inside a comment stays IPv4; an
+    # IPv6 one told only by kube-proxy's KUBE-6- sets (IPVS mode) or a DNAT to [addr]
+    # is IPv6; one with no address at all stays IPv4 (the default)
+    v4 = ("*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n"
+          '-A PREROUTING -m comment --comment "see -d fd00::1 in the docs" -j KUBE-SERVICES\n'
+          "COMMIT\n")
+    bare = "*nat\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n"
+    sets6 = ("-A KUBE-SERVICES -m set --match-set KUBE-6-LOAD-BALANCER dst,dst "
+             "-j KUBE-LOAD-BALANCER\n")
+    dnat6 = "-A KUBE-SEP-X -p tcp -m tcp -j DNAT --to-destination [fd00::5]:80\n"
+    for text, six in ((v4, False), (bare, False), (sets6, True), (dnat6, True)):
+        snap = _load(("paste.txt", text))
+        assert (snap.ip6tables is not None, snap.netfilter is None) == (six, six), text
