@@ -10,7 +10,7 @@ from pathlib import Path
 
 from agent.bundle import load_texts
 from agent.diagnose import diagnose
-from agent.snapshot import NodeSnapshot
+from agent.snapshot import NodeSnapshot, Unknown
 from lab.dual_stack import kube_files, rules
 
 
@@ -205,3 +205,25 @@ def test_a_dumps_family_is_told_by_its_rules_not_its_comments() -> None:
     for text, six in ((v4, False), (bare, False), (sets6, True), (dnat6, True)):
         snap = _load(("paste.txt", text))
         assert (snap.ip6tables is not None, snap.netfilter is None) == (six, six), text
+
+
+def test_a_node_without_ipv6_rules_says_what_it_could_not_read() -> None:
+    # an empty ip6tables-save.txt (no IPv6 table: IPv6 disabled or unused): IPv6 LB IPs
+    # are undecided with that reason, and no finding claims anything of their endpoints
+    # (loc6 has a local endpoint; nothing in the input says otherwise); IPv4 unaffected
+    files = kube_files()
+    snap = _load(("iptables-save.txt", V4), ("ip6tables-save.txt", ""),
+                 ("services.json", files["services.json"]), ("node.json", files["node.json"]))
+    v = diagnose(snap, "n").to_dict()
+    six = [f for f in v["findings"] if f["lb_ip"] and ":" in f["lb_ip"]]
+    assert {f["id"] for f in six} == {"pod-to-lb-undetermined"}, six
+    assert all("the IPv6 rules hold no table" in f["summary"] for f in six), six
+    assert ("pod-to-lb-captured", "10.0.1.100") in {(f["id"], f["lb_ip"]) for f in v["findings"]}
+    # ip6tables-save missing on a live node: its reason is in the finding
+    missing = replace(_load(("iptables-save.txt", V4),
+                            ("services.json", files["services.json"])),
+                      ip6tables=None)
+    missing = replace(missing, unknowns=(*missing.unknowns, Unknown(
+        "ip6tables", "unavailable: no ip6tables-save binary (install iptables)")))
+    f = _findings(missing)[("pod-to-lb-undetermined", "2001:db8:ff::7")]
+    assert "no ip6tables-save binary" in f["summary"], f["summary"]

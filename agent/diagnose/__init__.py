@@ -185,8 +185,12 @@ def _ipv6_not_walked(targets: list[LbTarget], snap: NodeSnapshot | None = None,
     """An IPv6 LB IP whose rules are not in the input: undecided, never silently
     healthy."""
     nft = mode == "nftables"
+    # a live read that failed says why (no ip6tables-save binary, the dump failed)
+    failed = next((u.reason for u in snap.unknowns if u.source == "ip6tables"), None) \
+        if snap is not None and snap.ip6tables is None and not nft else None
     why = ("kube-proxy's IPv6 table is not in the input (`nft list table ip6 kube-proxy` "
            "shows it)" if nft else
+           f"the IPv6 rules could not be read (ip6tables: {failed})" if failed else
            "the IPv6 rules are not in the input (`ip6tables-save` shows them)")
     out, seen = [], set()
     for t in targets:

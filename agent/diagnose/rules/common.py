@@ -68,3 +68,29 @@ def ipv6_commands(o: _T) -> _T:
     return o._replace(how=ipv6_said(o.how), evidence=tuple(map(ipv6_said, o.evidence))) \
         if hasattr(o, "_replace") else replace(o, how=ipv6_said(o.how),  # type: ignore[type-var]
                                                 evidence=tuple(map(ipv6_said, o.evidence)))
+
+
+def has_kube_proxy_rules(ctx: Context) -> bool:
+    """Do the rules this context walks hold kube-proxy's nat chains (iptables and IPVS
+    modes)? Walking rules without them would prove nothing."""
+    nf = ctx.snapshot.netfilter
+    nat = nf.table("nat") if nf else None
+    if nf is None:
+        return True  # unreadable rules are reported by the walk itself
+    return nat is not None and any(c.name.startswith("KUBE-") for c in nat.chains)
+
+
+def no_kube_proxy_rules(ctx: Context) -> str:
+    """Why a walk was not made: what the rules lack, in this context's family."""
+    nf = ctx.snapshot.netfilter
+    if ctx.family == 6 and nf is not None and not nf.tables:
+        return ("the IPv6 rules hold no table (`ip6tables-save` printed nothing): kube-proxy "
+                "wrote no IPv6 rules on this node (IPv6 disabled or unused here, or an "
+                f"IPv4-only kube-proxy; mode: {ctx.mode_how})")
+    if ctx.family == 6:
+        return ("kube-proxy's rules were not found in the IPv6 rules (`ip6tables-save`: no "
+                f"KUBE- chain in its nat table; mode: {ctx.mode_how}): an IPv4-only "
+                "kube-proxy, a replacement such as Cilium, or the other ip6tables backend?")
+    return ("kube-proxy's rules were not found in the iptables dump (mode: "
+            f"{ctx.mode_how}): kube-proxy in nftables mode, a replacement such as Cilium, "
+            "or the other iptables backend?")
