@@ -204,3 +204,23 @@ def test_an_ipv6_lb_ip_without_the_ip6_table_names_the_nft_command() -> None:
     said = " ".join([f["summary"], f["remedy"], *f["evidence"]])
     assert "`nft list table ip6 kube-proxy`" in said, said
     assert "ip6tables" not in said, said
+
+
+def test_an_ipv4_local_table_says_nothing_of_ipv6_addresses() -> None:
+    # `ip route show table local` pasted (IPv4 only): whether the unserved IPv6 LB IP is
+    # bound here (then the pod's SYN stays on the node) is not shown: undecided, naming
+    # the IPv6 table, never "not a local address" and a loop
+    script = (OVERALL / "nft-transaction.txt").read_text()
+    local4 = ("local 192.168.0.2 dev eth0 proto kernel scope host src 192.168.0.2\n"
+              "local 127.0.0.1 dev lo proto kernel scope host src 127.0.0.1\n")
+    v = verdict(("nft-transaction.txt", script + ipv6_of(script)),
+                ("services.json", UNSYNCED6), ("route-local.txt", local4))
+    assert by_ip(v)["2001:db8:9999::9"] == {"pod-to-lb-undetermined"}, by_ip(v)
+    f = next(f for f in v["findings"] if f["lb_ip"] == "2001:db8:9999::9")
+    assert "`ip -6 route show table local`" in f["summary"], f["summary"]
+    # the IPv6 local table given: decided (not local here, unmasqueraded: a loop)
+    v = verdict(("nft-transaction.txt", script + ipv6_of(script)),
+                ("services.json", UNSYNCED6),
+                ("route-local.txt", local4 + "local ::1 dev lo proto kernel metric 0 pref "
+                 "medium\nlocal 2001:db8::1 dev eth0 proto kernel metric 0 pref medium\n"))
+    assert by_ip(v)["2001:db8:9999::9"] == {"pod-to-lb-not-masqueraded"}, by_ip(v)

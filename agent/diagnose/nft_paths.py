@@ -12,6 +12,7 @@ import ipaddress
 import re
 from dataclasses import replace
 
+from agent.diagnose.family import v6_local_known
 from agent.diagnose.lb_ip import LbTarget
 from agent.diagnose.node_facts import NODE_STAND_IN, OUTSIDE_CLIENT, POD_STAND_IN, NodeFacts
 from agent.diagnose.paths import ASSUMED, PathFinder, PathOutcome, ServedOutcome
@@ -183,7 +184,8 @@ class NftPathFinder:
                 walkers["nat"] = ipt.nat.walk
             if ipt.filter is not None:
                 walkers["filter"] = ipt.filter.walk
-        self.walker = NftWalker(self.ruleset, _View(facts), walkers)
+        self._v6_local = v6_local_known(snap)
+        self.walker = NftWalker(self.ruleset, _View(facts, self._v6_local), walkers)
         kp = self.ruleset.kube_proxy
         self.cidr = cluster_cidr(kp) if kp else None
         kp6 = self.ruleset.kube_proxy_for(True)
@@ -207,6 +209,9 @@ class NftPathFinder:
         self.notes: tuple[str, ...] = tuple(notes)
 
     # -- pod -> LB ----------------------------------------------------------------------
+
+    def _local_known(self, addr: str) -> bool:
+        return ":" not in addr or self._v6_local
 
     def walks(self, ip: str) -> bool:
         """Whether kube-proxy's table of this address's family is in the input."""
@@ -270,11 +275,14 @@ class NftPathFinder:
                     out.append(PathOutcome("captured", how, (
                         *ev2, f"result: {how}; the packet never goes to the load balancer")))
             return out
-        local = self.facts.is_local(p.dst)
+        # an IPv4-only local table (an old bundle, a pasted `ip route show table local`)
+        # says nothing of IPv6 addresses
+        local = self.facts.is_local(p.dst) if self._local_known(p.dst) else None
         results: list[PathOutcome] = []
         if local is None:
+            table = "ip -6 route" if p.v6 else "ip route"
             results += self._to_node(p, (*ev, f"routing{ASSUMED} {p.dst} is a local "
-                                          "address [not given: `ip route show table local` "
+                                          f"address [not given: `{table} show table local` "
                                           "decides it] -> input"))
             ev = (*ev, f"routing{ASSUMED} {p.dst} is NOT a local address")
         elif local:
@@ -421,8 +429,9 @@ class _View:
     answers the IPv4 ones: the node's stand-in address is local when the node's IPv6
     address is unknown, the outside client is not local."""
 
-    def __init__(self, facts: NodeFacts) -> None:
+    def __init__(self, facts: NodeFacts, v6_local: bool = True) -> None:
         self.facts = facts
+        self.v6_local = v6_local  # the input shows the IPv6 local table
 
     def addr_type(self, addr: str) -> str | None:
         if addr == OUTSIDE_CLIENT6 and self.facts.local_route(addr) is None:
@@ -430,6 +439,8 @@ class _View:
         if addr == NODE_STAND_IN6 and not self.facts.node_ip6 and \
                 self.facts.local_route(addr) is None:
             return "LOCAL"
+        if ":" in addr and not self.v6_local and addr not in self.facts.assumed_local:
+            return None  # which IPv6 addresses are local is not in the input
         return self.facts.addr_type(addr)
 
 
