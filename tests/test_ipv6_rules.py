@@ -10,6 +10,7 @@ from pathlib import Path
 
 from agent.bundle import load_texts
 from agent.diagnose import diagnose
+from agent.report import render
 from agent.snapshot import NodeSnapshot, Unknown
 from lab.dual_stack import kube_files, rules
 
@@ -227,3 +228,15 @@ def test_a_node_without_ipv6_rules_says_what_it_could_not_read() -> None:
         "ip6tables", "unavailable: no ip6tables-save binary (install iptables)")))
     f = _findings(missing)[("pod-to-lb-undetermined", "2001:db8:ff::7")]
     assert "no ip6tables-save binary" in f["summary"], f["summary"]
+
+
+def test_what_the_ipv6_walk_assumed_is_in_the_verdict() -> None:
+    # `ip6tables -t nat -S KUBE-SERVICES` alone: the IPv6 walk assumes kube-proxy's jump
+    # from PREROUTING; the verdict and the text report say so, as they do for IPv4
+    chain = [ln for ln in V6.splitlines() if ln.startswith("-A KUBE-SERVICES ")]
+    text = "$ sudo ip6tables -t nat -S KUBE-SERVICES\n" + "\n".join(chain) + "\n"
+    v = diagnose(_load(("paste.txt", text)), "n")
+    assumed = v.to_dict()["context"]["assumed_rules"]
+    assert "IPv6 rules: nat PREROUTING -> KUBE-SERVICES: assumed: kube-proxy's jump; the " \
+           "excerpt does not show this chain" in assumed, assumed
+    assert "IPv6 rules: nat PREROUTING -> KUBE-SERVICES" in render(v, width=200)

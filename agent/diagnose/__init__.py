@@ -145,7 +145,10 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
             "ip6tables_backend": snap.ip6tables.backend if snap.ip6tables else None}
            if v6_targets else {}),
         "iptables_backend": snap.netfilter.backend if snap.netfilter else None,
-        "assumed_rules": list(ctx.paths.notes),
+        # (the IPv6 walk's own: kube-proxy's jumps it assumed in an ip6tables restore input)
+        "assumed_rules": list(dict.fromkeys((
+            *ctx.paths.notes,
+            *(f"IPv6 rules: {n}" for n in (v6_ctx.paths.notes if v6_ctx else ()))))),
         **({"given_by_user": dict(snap.given)} if snap.given else {}),
     }
     now = now or dt.datetime.now(dt.timezone.utc)
