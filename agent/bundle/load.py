@@ -78,6 +78,7 @@ class _Evidence:
     kube_proxy_lines: list[str] = field(default_factory=list)
     nft: list[NftDump] = field(default_factory=list)  # kube-proxy nftables mode's rules
     ip6_none: bool = False  # an empty ip6tables-save.txt: the node has no IPv6 table
+    ip4_none: bool = False  # an empty iptables-save.txt: no IPv4 table
 
     def saw(self, format_: str, where: str) -> None:
         self.seen.setdefault(format_, []).append(where)
@@ -116,10 +117,16 @@ def load_texts(texts: Iterable[tuple[str, str | InputError, str]], origin: str
         if isinstance(text, InputError):
             refused.append(str(text))
             continue
-        if source.rsplit("/", 1)[-1] == bundle_files.IP6TABLES and not text.strip():
-            # ip6tables-save prints nothing where no IPv6 table exists (IPv6 unused)
-            ev.saw(IP6TABLES, f"{source} (empty)")
-            ev.ip6_none = True
+        base = source.rsplit("/", 1)[-1]
+        if base in (bundle_files.IPTABLES, bundle_files.IP6TABLES) and not text.strip():
+            # (ip6)tables-save prints nothing where no table exists, and the live probe
+            # reads that as "no rules"; `bundle` writes no file where the dump failed
+            if base == bundle_files.IP6TABLES:
+                ev.saw(IP6TABLES, f"{source} (empty)")
+                ev.ip6_none = True
+            else:
+                ev.saw(fmt.IPTABLES, f"{source} (empty)")
+                ev.ip4_none = True
             continue
         if hint in (fmt.IPSET, fmt.IPVSADM) and (not text or text.isspace()):
             # `ipset save` / `ipvsadm -Ln` print nothing on a node without sets or IPVS:
@@ -668,7 +675,7 @@ def _refusal(source: str, text: str, sections: list[Section], named: bool) -> st
 
 def _snapshot(ev: _Evidence, origin: str, refused: list[str]) -> NodeSnapshot:
     unknowns: list[Unknown] = []
-    netfilter = None
+    netfilter = Netfilter("unknown", ()) if ev.ip4_none else None
     if ev.rules.count() or ev.rules.tables_seen:
         netfilter = settle(ev.rules)
         if ev.rules.inferred:
