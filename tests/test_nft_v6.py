@@ -224,3 +224,14 @@ def test_an_ipv4_local_table_says_nothing_of_ipv6_addresses() -> None:
                 ("route-local.txt", local4 + "local ::1 dev lo proto kernel metric 0 pref "
                  "medium\nlocal 2001:db8::1 dev eth0 proto kernel metric 0 pref medium\n"))
     assert by_ip(v)["2001:db8:9999::9"] == {"pod-to-lb-not-masqueraded"}, by_ip(v)
+
+
+def test_an_ipv6_only_node_leaves_by_the_interface_of_its_ipv6_address() -> None:
+    # no IPv4 address at all (no IPv4 uplink): a CNI masquerading what leaves eth0 is
+    # decided for the IPv6 walk, which leaves by eth0 (it holds the node's IPv6 address)
+    addr = "\n".join(ln for ln in ADDR6.splitlines() if " inet " not in ln) + "\n"
+    cni = CNI6.replace("ip6 saddr fd00:10::/64 ip6 daddr != fd00:10::/64", 'oifname "eth0"')
+    script = ipv6_of((OVERALL / "nft-transaction.txt").read_text())
+    v = verdict(("nft-transaction.txt", script), ("addr.txt", addr),
+                ("services.json", UNSYNCED6), ("nft-cni.txt", cni))
+    assert by_ip(v)["2001:db8:9999::9"] == {"pod-to-lb-masqueraded"}, by_ip(v)

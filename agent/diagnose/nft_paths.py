@@ -14,7 +14,13 @@ from dataclasses import replace
 
 from agent.diagnose.family import v6_local_known
 from agent.diagnose.lb_ip import LbTarget
-from agent.diagnose.node_facts import NODE_STAND_IN, OUTSIDE_CLIENT, POD_STAND_IN, NodeFacts
+from agent.diagnose.node_facts import (
+    NODE_STAND_IN,
+    OUTSIDE_CLIENT,
+    POD_STAND_IN,
+    NodeFacts,
+    uplink6,
+)
 from agent.diagnose.paths import ASSUMED, PathFinder, PathOutcome, ServedOutcome
 from agent.netfilter.nft_model import NftRuleset, NftTable
 from agent.netfilter.nft_read import ruleset_of
@@ -210,6 +216,11 @@ class NftPathFinder:
 
     # -- pod -> LB ----------------------------------------------------------------------
 
+    def _uplink(self, v6: bool) -> str | None:
+        """Where the packet leaves (or the load balancer's enters): IPv6 by the interface
+        holding the node's IPv6 address (an IPv6-only node has no IPv4 uplink)."""
+        return (uplink6(self.facts) or self.facts.uplink) if v6 else self.facts.uplink
+
     def _local_known(self, addr: str) -> bool:
         return ":" not in addr or self._v6_local
 
@@ -287,7 +298,7 @@ class NftPathFinder:
             ev = (*ev, f"routing{ASSUMED} {p.dst} is NOT a local address")
         elif local:
             return self._to_node(p, (*ev, f"routing: {p.dst} is local -> input"))
-        out_iface = self.facts.uplink
+        out_iface = self._uplink(p.v6)
         ev = (*ev, f"routing: {p.dst} is not a local address -> forwarded out "
                    f"{out_iface or '(uplink unknown)'}")
         p = p._replace(out_iface=out_iface)
@@ -358,7 +369,6 @@ class NftPathFinder:
         return None, ""
 
     def outside_to_lb(self, t: LbTarget) -> ServedOutcome:
-        f = self.facts
         v6 = ":" in t.ip
         kp = self.ruleset.kube_proxy_for(v6)
         if kp is None:
@@ -371,7 +381,7 @@ class NftPathFinder:
         if node_ip is None:
             return ServedOutcome(None, None, (), "the node's address is unknown")
         pkt = NftPacket(src=OUTSIDE_CLIENT6 if v6 else OUTSIDE_CLIENT, dst=node_ip,
-                        proto=t.protocol.lower(), dport=t.node_port, in_iface=f.uplink)
+                        proto=t.protocol.lower(), dport=t.node_port, in_iface=self._uplink(v6))
         head = ((how,) if how else ()) + (
             f"packet: {pkt.describe()} (the load balancer forwarding a client)",)
         served_any = False
