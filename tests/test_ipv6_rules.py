@@ -240,3 +240,18 @@ def test_what_the_ipv6_walk_assumed_is_in_the_verdict() -> None:
     assert "IPv6 rules: nat PREROUTING -> KUBE-SERVICES: assumed: kube-proxy's jump; the " \
            "excerpt does not show this chain" in assumed, assumed
     assert "IPv6 rules: nat PREROUTING -> KUBE-SERVICES" in render(v, width=200)
+
+
+def test_an_ipv4_mapped_lb_ip_is_the_ipv4_one_kube_proxy_serves() -> None:
+    # kube-proxy reads ::ffff:10.0.1.100 as IPv4 (GetIPFamilyFromIP: To4() != nil) and
+    # writes its IPv4 rules for 10.0.1.100: the verdict walks that address, not an IPv6 one
+    files = kube_files()
+    svcs = files["services.json"].replace('"ip": "10.0.1.100"', '"ip": "::ffff:10.0.1.100"')
+    assert "::ffff:10.0.1.100" in svcs
+    snap = _load(("iptables-save.txt", V4), ("ip6tables-save.txt", V6), ("services.json", svcs))
+    v = diagnose(snap, "n").to_dict()
+    got = {(f["id"], f["lb_ip"]) for f in v["findings"]}
+    assert ("pod-to-lb-captured", "10.0.1.100") in got, got
+    assert not any(ip and ip.startswith("::ffff") for _, ip in got), got
+    assert {r["ip"] for r in v["lb_ips"]} >= {"10.0.1.100"}
+    assert not any(r["ip"].startswith("::ffff") for r in v["lb_ips"])

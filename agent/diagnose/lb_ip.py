@@ -121,8 +121,10 @@ def discover(snap: NodeSnapshot) -> list[LbTarget]:
                 return  # no Service has it: a damaged or foreign rule, not an LB port
             t = replace(t, protocol=t.protocol.upper())
         if ":" in t.ip:
-            # IPv6 is written many ways; the tools (`ip route`, ipvsadm) print one
-            canonical = canonical_ip(t.ip)
+            # IPv6 is written many ways; the tools (`ip route`, ipvsadm) print one. An
+            # IPv4-mapped one (::ffff:10.0.0.1) is IPv4 to kube-proxy (GetIPFamilyFromIP:
+            # To4() != nil), which writes its rules for 10.0.0.1
+            canonical = _mapped_v4(t.ip) or canonical_ip(t.ip)
             if canonical and canonical != t.ip:
                 t = replace(t, ip=canonical)
         key = t.key
@@ -425,6 +427,17 @@ def _from_rules(snap: NodeSnapshot, add) -> None:  # type: ignore[no-untyped-def
         add(LbTarget(ip, port, proto, kind, service,
                      (f"nat KUBE-SERVICES rule ({r.source})" if r.source
                       else "nat KUBE-SERVICES rule",)))
+
+
+def _mapped_v4(text: str) -> str | None:
+    """The IPv4 address of an IPv4-mapped IPv6 one (::ffff:a.b.c.d), else None."""
+    if "." not in text and not text.lower().startswith("::ffff:"):
+        return None
+    try:
+        mapped = ipaddress.IPv6Address(text).ipv4_mapped
+    except ValueError:
+        return None
+    return str(mapped) if mapped else None
 
 
 def _ip_proto_port(member: str) -> tuple[str, str, int] | None:
