@@ -255,3 +255,15 @@ def test_an_ipv4_mapped_lb_ip_is_the_ipv4_one_kube_proxy_serves() -> None:
     assert not any(ip and ip.startswith("::ffff") for _, ip in got), got
     assert {r["ip"] for r in v["lb_ips"]} >= {"10.0.1.100"}
     assert not any(r["ip"].startswith("::ffff") for r in v["lb_ips"])
+
+
+def test_an_ipv4_local_table_leaves_ipv6_lb_ips_local_unknown() -> None:
+    # `ip route show table local` pasted (IPv4 only): the verdict's table of LB IPs says
+    # "local?" for the IPv6 ones, not "not local"; the IPv4 one is decided
+    local4 = ("local 10.0.0.10 dev eth0 proto kernel scope host src 10.0.0.10\n"
+              "local 127.0.0.1 dev lo proto kernel scope host src 127.0.0.1\n")
+    snap = _load(("iptables-save.txt", V4), ("ip6tables-save.txt", V6),
+                 ("services.json", kube_files()["services.json"]), ("route-local.txt", local4))
+    local = {r["ip"]: r["local"] for r in diagnose(snap, "n").to_dict()["lb_ips"]}
+    assert local["10.0.1.100"] is False
+    assert local["2001:db8:ff::7"] is None, local

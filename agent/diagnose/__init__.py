@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from agent import __version__
 from agent.capture.model import CaptureResult
 from agent.diagnose.context import Context
-from agent.diagnose.family import ipv6_facts, ipv6_snapshot
+from agent.diagnose.family import ipv6_facts, ipv6_snapshot, v6_local_known
 from agent.diagnose.lb_ip import ChainServices, LbTarget, discover, split_by_family
 from agent.diagnose.model import Finding, LbIpReport, Verdict, status_of
 from agent.diagnose.nft_paths import NftPathFinder, nft_mode, nft_targets
@@ -118,6 +118,7 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
     # 10k LB IPs share a few port lists ("TCP/80") and each has one Service: one tuple
     # for each different one
     shared: dict[tuple[str, ...], tuple[str, ...]] = {}
+    v6_known = v6_local_known(snap)
     reports = tuple(
         LbIpReport(
             ip=ip,
@@ -127,7 +128,8 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
             learned_from=ts[0].learned_from if len(ts) == 1 and len(
                 set(ts[0].learned_from)) == len(ts[0].learned_from) else
             tuple(dict.fromkeys(s for t in ts for s in t.learned_from)),
-            local=facts.is_local(ip),
+            # (an IPv4-only local table says nothing of an IPv6 address)
+            local=facts.is_local(ip) if ":" not in ip or v6_known else None,
         )
         for ip, ts in lb_ips.items()
     )
