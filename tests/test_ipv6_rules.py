@@ -267,3 +267,22 @@ def test_an_ipv4_local_table_leaves_ipv6_lb_ips_local_unknown() -> None:
     local = {r["ip"]: r["local"] for r in diagnose(snap, "n").to_dict()["lb_ips"]}
     assert local["10.0.1.100"] is False
     assert local["2001:db8:ff::7"] is None, local
+
+
+def test_a_headerless_ip6tables_listing_is_ipv6() -> None:
+    # `ip6tables -t nat -L KUBE-SERVICES -n` pasted without its prompt: IPv6 by its
+    # "::/0" columns, or by its addresses where no column is a wildcard
+    head = ("Chain KUBE-SERVICES (2 references)\n"
+            "target     prot opt source               destination\n")
+    lb = ("KUBE-EXT-X  tcp  --  fd00:10:244::/56      2001:db8:ff::7       "
+          "/* default/web6:http loadbalancer IP */ tcp dpt:80\n")
+    wild = ("KUBE-NODEPORTS  all  --  ::/0                 ::/0                 "
+            "/* kubernetes service nodeports */ ADDRTYPE match dst-type LOCAL\n")
+    for text in (head + lb + wild, head + lb):
+        snap = _load(("paste.txt", text))
+        assert snap.netfilter is None and snap.ip6tables is not None, text
+        assert snap.ip6tables.table("nat").chain("KUBE-SERVICES") is not None  # type: ignore[union-attr]
+    v4 = head + ("KUBE-EXT-Y  tcp  --  0.0.0.0/0            10.0.1.100           "
+                 "/* default/web4:http loadbalancer IP */ tcp dpt:80\n")
+    snap = _load(("paste.txt", v4))
+    assert snap.netfilter is not None and snap.ip6tables is None
