@@ -286,3 +286,17 @@ def test_a_headerless_ip6tables_listing_is_ipv6() -> None:
                  "/* default/web4:http loadbalancer IP */ tcp dpt:80\n")
     snap = _load(("paste.txt", v4))
     assert snap.netfilter is not None and snap.ip6tables is None
+
+
+def test_an_ipv6_address_on_kube_ipvs0_inside_the_nodes_subnet_is_an_lb_ip() -> None:
+    # as for IPv4 (MetalLB, internal LBs): service ranges lie apart from node subnets, so
+    # a ULA on kube-ipvs0 inside eth0's IPv6 subnet is an LB or external IP; one outside
+    # it (the service range's) is a ClusterIP
+    addr = ("2: eth0: <BROADCAST,UP,LOWER_UP> mtu 1500 state UP\n"
+            "    inet6 fd00:1::10/64 scope global\n"
+            "7: kube-ipvs0: <BROADCAST,NOARP> mtu 1500 qdisc noop state DOWN\n"
+            "    inet6 fd00:1::50/128 scope global\n"
+            "    inet6 fd00:96::1/128 scope global\n")
+    v = diagnose(_load(("addr.txt", addr)), "n").to_dict()
+    assert {r["ip"] for r in v["lb_ips"]} == {"fd00:1::50"}, v["lb_ips"]
+    assert v["status"] != "healthy"

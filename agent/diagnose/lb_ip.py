@@ -358,7 +358,9 @@ def _from_kube_ipvs0(snap: NodeSnapshot, add, known: set[str]) -> None:  # type:
     # an address on kube-ipvs0 inside one (MetalLB, internal LBs) is an LB or external IP
     subnets = []
     for a in snap.addresses or ():
-        if a.ifname not in ("kube-ipvs0", "lo") and 8 <= a.prefixlen < 32 and ":" not in a.address:
+        host = 128 if ":" in a.address else 32  # (IPv6: a ULA LB IP in the node's ULA subnet)
+        if a.ifname not in ("kube-ipvs0", "lo") and 8 <= a.prefixlen < host and \
+                (host == 32 or a.scope == "global"):  # (not fe80::/64, on every link)
             subnets.append((ipaddress.ip_network(f"{a.address}/{a.prefixlen}", strict=False),
                             a.ifname))
     for ip, how in seen.items():
