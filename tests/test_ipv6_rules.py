@@ -300,3 +300,19 @@ def test_an_ipv6_address_on_kube_ipvs0_inside_the_nodes_subnet_is_an_lb_ip() -> 
     v = diagnose(_load(("addr.txt", addr)), "n").to_dict()
     assert {r["ip"] for r in v["lb_ips"]} == {"fd00:1::50"}, v["lb_ips"]
     assert v["status"] != "healthy"
+
+
+def test_a_dump_without_its_completed_line_ends_where_its_lines_end() -> None:
+    # an ip6tables-save pasted without its "# Completed" lines, then the IPv6 local table:
+    # the table is read as routes (it was swallowed as "not an iptables rule line")
+    cut = "\n".join(ln for ln in V6.splitlines() if not ln.startswith("# Completed"))
+    route = ("$ ip -6 route show table local\n"
+             "local ::1 dev lo proto kernel metric 0 pref medium\n"
+             "local 2001:db8:1::10 dev eth0 proto kernel metric 0 pref medium\n")
+    snap = _load(("paste.txt", cut + "\n" + route))
+    assert snap.local_routes is not None and {r.dst for r in snap.local_routes} == \
+        {"::1", "2001:db8:1::10"}
+    whole = _load(("paste.txt", V6)).ip6tables
+    assert snap.ip6tables is not None and whole is not None
+    assert [r.text for t in snap.ip6tables.tables for c in t.chains for r in c.rules] == \
+        [r.text for t in whole.tables for c in t.chains for r in c.rules]

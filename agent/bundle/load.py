@@ -190,7 +190,7 @@ def _ip6_dumps(text: str, source: str, ev: _Evidence) -> str:
         nxt = _ANY_HEADER.search(text, m.end())
         stop = nxt.start() if nxt else len(text)
         done = _COMPLETED.search(text, m.end(), stop)
-        end = done.end() if done else stop
+        end = done.end() if done else _dump_end(text, m.end(), stop)
         first = text.count("\n", 0, m.start()) + 1
         block = text[m.start():end]
         out.append(text[at:m.start()])
@@ -205,6 +205,27 @@ def _ip6_dumps(text: str, source: str, ev: _Evidence) -> str:
             ev.saw(IP6TABLES, f"{source}:{first}")
     out.append(text[at:])
     return "".join(out)
+
+
+# what an ip6tables-save dump is made of (and blank lines a paste may add)
+_DUMP_LINE = re.compile(r"\*\S|:\S|-[AIN] |\[\d+:\d+\]|COMMIT\s*$|\s*$")
+
+
+def _dump_end(text: str, start: int, stop: int) -> int:
+    """Where a dump without its "# Completed" line ends: at its last line of dump
+    content before a line that is not (the next command's prompt or output, which would
+    otherwise be read as IPv6 rules and lost to its own reader)."""
+    last = pos = start
+    while pos < stop:
+        nl = text.find("\n", pos + 1, stop)
+        line_end = nl if nl >= 0 else stop
+        line = text[pos + 1 if text.startswith("\n", pos) else pos:line_end]
+        if not _DUMP_LINE.match(line):
+            break
+        if line.strip():
+            last = line_end
+        pos = line_end
+    return last
 
 
 def _kube_proxy_lines(text: str, source: str, ev: _Evidence) -> None:
