@@ -316,3 +316,22 @@ def test_a_dump_without_its_completed_line_ends_where_its_lines_end() -> None:
     assert snap.ip6tables is not None and whole is not None
     assert [r.text for t in snap.ip6tables.tables for c in t.chains for r in c.rules] == \
         [r.text for t in whole.tables for c in t.chains for r in c.rules]
+
+
+def test_a_snat_with_the_nodes_address_unknown_is_undecided_not_a_loop() -> None:
+    # the IPv6 local table given (so routing is decided) but no `ip addr`: the node's IPv6
+    # address is unknown, so a CNI's SNAT of the pods to some address is not "not this
+    # node's address" (it said: "..., which is not this node's address None": critical)
+    files = kube_files()
+    snat = "-A POSTROUTING -s fd00:10:244::/56 ! -d fd00:10:244::/56 -j SNAT " \
+           "--to-source 2001:db8:1::10\n"
+    v6 = V6.replace("-A POSTROUTING -m comment", snat + "-A POSTROUTING -m comment", 1)
+    assert snat in v6
+    local6 = ("local ::1 dev lo proto kernel metric 0 pref medium\n"
+              "local 2001:db8:1::10 dev eth0 proto kernel metric 0 pref medium\n")
+    snap = _load(("ip6tables-save.txt", v6), ("services.json", files["services.json"]),
+                 ("node.json", files["node.json"]), ("route-local.txt", local6))
+    got = _findings(snap)
+    assert ("pod-to-lb-not-masqueraded", "2001:db8:ff::c") not in got, list(got)
+    f = got[("pod-to-lb-undetermined", "2001:db8:ff::c")]
+    assert "2001:db8:1::10" in f["summary"], f["summary"]
