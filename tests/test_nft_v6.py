@@ -235,3 +235,18 @@ def test_an_ipv6_only_node_leaves_by_the_interface_of_its_ipv6_address() -> None
     v = verdict(("nft-transaction.txt", script), ("addr.txt", addr),
                 ("services.json", UNSYNCED6), ("nft-cni.txt", cni))
     assert by_ip(v)["2001:db8:9999::9"] == {"pod-to-lb-masqueraded"}, by_ip(v)
+
+
+def test_a_snat_to_another_address_is_not_the_nodes_masquerade() -> None:
+    # a CNI's `snat to` an address that is not the node's (an egress address): the load
+    # balancer may pick this node for that source, as the iptables walk decides; it was
+    # called masqueraded "with the node's address" (healthy) for any snat
+    script = ipv6_of((OVERALL / "nft-transaction.txt").read_text())
+    files = [("nft-transaction.txt", script), ("addr.txt", ADDR6),
+             ("services.json", UNSYNCED6)]
+    other = CNI6.replace("masquerade fully-random", "snat to 2001:db8:e::99")
+    v = verdict(*files, ("nft-cni.txt", other))
+    assert by_ip(v)["2001:db8:9999::9"] == {"pod-to-lb-not-masqueraded"}, by_ip(v)
+    own = CNI6.replace("masquerade fully-random", "snat to 2001:db8::1")
+    v = verdict(*files, ("nft-cni.txt", own))
+    assert by_ip(v)["2001:db8:9999::9"] == {"pod-to-lb-masqueraded"}, by_ip(v)

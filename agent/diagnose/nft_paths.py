@@ -317,6 +317,20 @@ class NftPathFinder:
                     results.append(PathOutcome("unknown", pr.detail, (*ev3, pr.detail)))
                 elif pr.verdict in ("MASQUERADE", "SNAT"):
                     node_ip = self.facts.node_ip6 if p.v6 else self.facts.node_ip
+                    to = pr.packet.snat
+                    if pr.verdict == "SNAT" and to not in (None, "snat", "masquerade"):
+                        # `snat to ADDR`: the load balancer skips only the real server
+                        # whose address is the source (as agent.diagnose.paths decides)
+                        to = to.split("-")[0]
+                        if node_ip is None or _canon(to) != node_ip:
+                            how = (f"leaves {out_iface} SNATed to {to}, " + (
+                                "and the node's address is not in the input (`ip addr` "
+                                "shows it)" if node_ip is None else
+                                f"which is not this node's address {node_ip}: the load "
+                                "balancer may still pick this node"))
+                            kind = "unknown" if node_ip is None else "not-masqueraded"
+                            results.append(PathOutcome(kind, how, (*ev3, f"result: {how}")))
+                            continue
                     how = (f"leaves {out_iface} with the node's address "
                            f"{node_ip} ({pr.verdict.lower()}): the load balancer "
                            "will not send it back to this node")
@@ -426,6 +440,13 @@ class NftPathFinder:
 _EXCERPT = ("kube-proxy's nft table ({fam} kube-proxy) in the input has no nat prerouting "
             "chain (an excerpt of it?): walking it would miss its DNAT; `nft list table "
             "{fam} kube-proxy` shows it whole")
+
+
+def _canon(addr: str) -> str:
+    try:
+        return str(ipaddress.ip_address(addr))
+    except ValueError:
+        return addr
 
 
 def _has_nat_prerouting(t: NftTable) -> bool:
