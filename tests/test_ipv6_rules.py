@@ -335,3 +335,15 @@ def test_a_snat_with_the_nodes_address_unknown_is_undecided_not_a_loop() -> None
     assert ("pod-to-lb-not-masqueraded", "2001:db8:ff::c") not in got, list(got)
     f = got[("pod-to-lb-undetermined", "2001:db8:ff::c")]
     assert "2001:db8:1::10" in f["summary"], f["summary"]
+
+
+def test_ipv6_cluster_ips_on_kube_ipvs0_are_not_lb_ips() -> None:
+    # a global IPv6 service range (no ULA): kube-proxy lists its IPv6 ClusterIPs in
+    # KUBE-6-CLUSTER-IP, which says they are no LB IP (only KUBE-CLUSTER-IP was read)
+    addr = ("7: kube-ipvs0: <BROADCAST,NOARP> mtu 1500 qdisc noop state DOWN\n"
+            "    inet6 2600:1f00::5/128 scope global\n"
+            "    inet6 2600:1f00:ff::7/128 scope global\n")
+    sets = ("create KUBE-6-CLUSTER-IP hash:ip,port family inet6 hashsize 1024 maxelem 65536\n"
+            "add KUBE-6-CLUSTER-IP 2600:1f00::5,tcp:80\n")
+    v = diagnose(_load(("addr.txt", addr), ("ipset.txt", sets)), "n").to_dict()
+    assert {r["ip"] for r in v["lb_ips"]} == {"2600:1f00:ff::7"}, v["lb_ips"]

@@ -346,8 +346,10 @@ def _from_filter(snap: NodeSnapshot, add) -> None:  # type: ignore[no-untyped-de
 def _from_kube_ipvs0(snap: NodeSnapshot, add, known: set[str]) -> None:  # type: ignore[no-untyped-def]
     """IPVS mode binds every service address on kube-ipvs0. A globally routable one is
     no ClusterIP (service ranges are private): it is an LB or external IP, ports unknown."""
-    cluster = snap.ipset("KUBE-CLUSTER-IP")
-    cluster_ips = {m.split(",", 1)[0] for m in cluster.members} if cluster else set()
+    cluster_ips: set[str] = set()
+    for name in ("KUBE-CLUSTER-IP", "KUBE-6-CLUSTER-IP"):  # (IPv6's: pkg/proxy/ipvs/ipset.go)
+        cluster = snap.ipset(name)
+        cluster_ips |= {m.split(",", 1)[0] for m in cluster.members} if cluster else set()
     cluster_ips |= {s.cluster_ip for s in snap.services or () if s.cluster_ip}
     seen = {a.address: f"address {a.address} on kube-ipvs0" for a in snap.addresses or ()
             if a.ifname == "kube-ipvs0"}
