@@ -250,3 +250,18 @@ def test_a_snat_to_another_address_is_not_the_nodes_masquerade() -> None:
     own = CNI6.replace("masquerade fully-random", "snat to 2001:db8::1")
     v = verdict(*files, ("nft-cni.txt", own))
     assert by_ip(v)["2001:db8:9999::9"] == {"pod-to-lb-masqueraded"}, by_ip(v)
+
+
+def test_an_old_ip6_table_without_cluster_ips_keeps_its_clusterips_out() -> None:
+    # kube-proxy's v1.29-alpha generation has no @cluster-ips: an element going straight
+    # to its service- chain is a ClusterIP. Given Service objects (whose clusterIP is
+    # IPv4), the IPv6 ClusterIPs of the ip6 table were taken for LB or external IPs
+    alpha = REAL / "k8s-nftables-1.29alpha-overall-firewall-set-lbsourceranges"
+    script = ipv6_of((alpha / "nft-transaction.txt").read_text())
+    svc = json.dumps({"kind": "List", "items": [{
+        "kind": "Service", "metadata": {"namespace": "x", "name": "y"},
+        "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.1",
+                 "ports": [{"port": 443, "protocol": "TCP"}]}}]})
+    alone = {r["ip"] for r in verdict(("nft.txt", script))["lb_ips"]}
+    given = {r["ip"] for r in verdict(("nft.txt", script), ("services.json", svc))["lb_ips"]}
+    assert given == alone and not any(ip.startswith("fd00:10:96::") for ip in given), given

@@ -120,7 +120,9 @@ def _table_targets(snap: NodeSnapshot, t: NftTable, version: int,
         # straight to its service- chain; LB and external IPs go to an external- chain, or
         # (v1.29 alpha, with source ranges) to a firewall- chain that goes on to it
         chain = _through_firewall(t, verdict.split()[-1])
-        if ip in cluster_ips or (not cluster_ips and chain.startswith("service-")):
+        # (the Services' ClusterIPs are their primary family's only: a dual-stack
+        # Service's other one is in no Service field read here)
+        if ip in cluster_ips or (cluster is None and chain.startswith("service-")):
             continue
         try:
             if ipaddress.ip_address(ip).version != version:
