@@ -347,3 +347,10 @@ def test_ipv6_cluster_ips_on_kube_ipvs0_are_not_lb_ips() -> None:
             "add KUBE-6-CLUSTER-IP 2600:1f00::5,tcp:80\n")
     v = diagnose(_load(("addr.txt", addr), ("ipset.txt", sets)), "n").to_dict()
     assert {r["ip"] for r in v["lb_ips"]} == {"2600:1f00:ff::7"}, v["lb_ips"]
+
+
+def test_ipv6_lb_ips_are_listed_in_address_order_after_ipv4() -> None:
+    snap = _load(("iptables-save.txt", V4), ("ip6tables-save.txt", V6),
+                 ("services.json", kube_files()["services.json"]))
+    ips = [r["ip"] for r in diagnose(snap, "n").to_dict()["lb_ips"]]
+    assert ips == ["10.0.1.100", *(f"2001:db8:ff::{x}" for x in "789abc")], ips

@@ -458,4 +458,8 @@ def _ip_key(ip: str) -> tuple[int, ...]:
     try:
         return tuple(map(int, ip.split(".")))
     except ValueError:
-        return (999,)
+        pass
+    try:  # IPv6 after IPv4, in address order (not in the order they were found)
+        return (999, int(ipaddress.IPv6Address(ip.split("%", 1)[0])))
+    except ValueError:
+        return (1000,)
