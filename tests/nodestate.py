@@ -45,6 +45,7 @@ def capture(ns: Netns) -> dict[str, str]:
         state["ipvsadm"] = ns.run("ipvsadm", "-Sn").stdout
     state["routes"] = ns.run("ip", "route", "show", "table", "all").stdout
     state["rules"] = ns.run("ip", "rule").stdout
+    state["rules6"] = ns.run("ip", "-6", "rule", check=False).stdout  # (`ip rule`: IPv4 only)
     state["addresses"] = ns.run("ip", "addr", "show").stdout  # -d adds moving timers
     sysctl = ns.run("sysctl", "-a", "--pattern", r"^net\.(ipv4|ipv6|netfilter)\.",
                     check=False).stdout

@@ -159,3 +159,16 @@ def test_no_bundle_files(tmp_path: Path) -> None:
     (tmp_path / "other.txt").write_text("hello\n")
     with pytest.raises(InputError, match=r"nothing usable found: other.txt: no known command"):
         load_bundle(tmp_path)
+
+
+def test_empty_rules_files_are_no_tables_as_a_live_read_says(bundle: Path) -> None:
+    # `bundle` writes iptables-save.txt / ip6tables-save.txt empty only where the dump
+    # printed nothing (no table: the live probe's "no rules"); a failed dump leaves no
+    # file. Both families read an empty file the same way, as the live check does.
+    (bundle / bundle_files.IPTABLES).write_text("")
+    (bundle / bundle_files.IP6TABLES).write_text("\n")
+    snap = load_bundle(bundle)
+    assert snap.netfilter is not None and snap.netfilter.tables == ()
+    assert snap.ip6tables is not None and snap.ip6tables.tables == ()
+    assert not any(u.source in ("iptables", bundle_files.IPTABLES) for u in snap.unknowns), \
+        snap.unknowns

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from agent.bundle import load_texts
 from agent.diagnose import diagnose
-from agent.snapshot import NodeSnapshot
+from agent.report import render
+from agent.snapshot import NodeSnapshot, Unknown
 from lab.dual_stack import kube_files, rules
 
 
@@ -175,3 +176,181 @@ def test_an_undecided_ipv6_walk_names_the_ipv6_commands() -> None:
     texts = [e for (fid, _), v in f.items() for e in (v["summary"], *v["evidence"])]
     assert any("ip6tables -t nat -S KUBE-" in t for t in texts), texts
     assert not any("`iptables -t nat" in t for t in texts)
+
+
+def test_etp_local_walks_of_ipv6_name_the_ipv6_commands() -> None:
+    # `ip6tables -t nat -S KUBE-SERVICES` alone: the load balancer's walk to an
+    # eTP=Local NodePort meets KUBE-NODEPORTS, not in the excerpt; what shows it is
+    # ip6tables, and the address is written [addr]:port
+    chain = [ln for ln in V6.splitlines() if ln.startswith("-A KUBE-SERVICES ")]
+    text = "$ sudo ip6tables -t nat -S KUBE-SERVICES\n" + "\n".join(chain) + "\n"
+    v = diagnose(_load(("paste.txt", text),
+                       ("services.json", kube_files()["services.json"])), "n").to_dict()
+    said = [u["reason"] for u in v["unknowns"] if u["source"] == "etp-local-no-local-endpoint"]
+    assert any(r.startswith("[2001:db8:ff::8]:80: ") for r in said), said
+    assert any("`ip6tables -t nat -S KUBE-NODEPORTS`" in r for r in said), said
+    assert not any("`iptables -t" in r for r in said), said
+
+
+def test_a_dumps_family_is_told_by_its_rules_not_its_comments() -> None:
+    # an IPv4 dump whose only IPv6-looking "-d" is inside a comment stays IPv4; an
+    # IPv6 one told only by kube-proxy's KUBE-6- sets (IPVS mode) or a DNAT to [addr]
+    # is IPv6; one with no address at all stays IPv4 (the default)
+    v4 = ("*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n"
+          '-A PREROUTING -m comment --comment "see -d fd00::1 in the docs" -j KUBE-SERVICES\n'
+          "COMMIT\n")
+    bare = "*nat\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n"
+    sets6 = ("-A KUBE-SERVICES -m set --match-set KUBE-6-LOAD-BALANCER dst,dst "
+             "-j KUBE-LOAD-BALANCER\n")
+    dnat6 = "-A KUBE-SEP-X -p tcp -m tcp -j DNAT --to-destination [fd00::5]:80\n"
+    for text, six in ((v4, False), (bare, False), (sets6, True), (dnat6, True)):
+        snap = _load(("paste.txt", text))
+        assert (snap.ip6tables is not None, snap.netfilter is None) == (six, six), text
+
+
+def test_a_node_without_ipv6_rules_says_what_it_could_not_read() -> None:
+    # an empty ip6tables-save.txt (no IPv6 table: IPv6 disabled or unused): IPv6 LB IPs
+    # are undecided with that reason, and no finding claims anything of their endpoints
+    # (loc6 has a local endpoint; nothing in the input says otherwise); IPv4 unaffected
+    files = kube_files()
+    snap = _load(("iptables-save.txt", V4), ("ip6tables-save.txt", ""),
+                 ("services.json", files["services.json"]), ("node.json", files["node.json"]))
+    v = diagnose(snap, "n").to_dict()
+    six = [f for f in v["findings"] if f["lb_ip"] and ":" in f["lb_ip"]]
+    assert {f["id"] for f in six} == {"pod-to-lb-undetermined"}, six
+    assert all("the IPv6 rules hold no table" in f["summary"] for f in six), six
+    assert ("pod-to-lb-captured", "10.0.1.100") in {(f["id"], f["lb_ip"]) for f in v["findings"]}
+    # ip6tables-save missing on a live node: its reason is in the finding
+    missing = replace(_load(("iptables-save.txt", V4),
+                            ("services.json", files["services.json"])),
+                      ip6tables=None)
+    missing = replace(missing, unknowns=(*missing.unknowns, Unknown(
+        "ip6tables", "unavailable: no ip6tables-save binary (install iptables)")))
+    f = _findings(missing)[("pod-to-lb-undetermined", "2001:db8:ff::7")]
+    assert "no ip6tables-save binary" in f["summary"], f["summary"]
+
+
+def test_what_the_ipv6_walk_assumed_is_in_the_verdict() -> None:
+    # `ip6tables -t nat -S KUBE-SERVICES` alone: the IPv6 walk assumes kube-proxy's jump
+    # from PREROUTING; the verdict and the text report say so, as they do for IPv4
+    chain = [ln for ln in V6.splitlines() if ln.startswith("-A KUBE-SERVICES ")]
+    text = "$ sudo ip6tables -t nat -S KUBE-SERVICES\n" + "\n".join(chain) + "\n"
+    v = diagnose(_load(("paste.txt", text)), "n")
+    assumed = v.to_dict()["context"]["assumed_rules"]
+    assert "IPv6 rules: nat PREROUTING -> KUBE-SERVICES: assumed: kube-proxy's jump; the " \
+           "excerpt does not show this chain" in assumed, assumed
+    assert "IPv6 rules: nat PREROUTING -> KUBE-SERVICES" in render(v, width=200)
+
+
+def test_an_ipv4_mapped_lb_ip_is_the_ipv4_one_kube_proxy_serves() -> None:
+    # kube-proxy reads ::ffff:10.0.1.100 as IPv4 (GetIPFamilyFromIP: To4() != nil) and
+    # writes its IPv4 rules for 10.0.1.100: the verdict walks that address, not an IPv6 one
+    files = kube_files()
+    svcs = files["services.json"].replace('"ip": "10.0.1.100"', '"ip": "::ffff:10.0.1.100"')
+    assert "::ffff:10.0.1.100" in svcs
+    snap = _load(("iptables-save.txt", V4), ("ip6tables-save.txt", V6), ("services.json", svcs))
+    v = diagnose(snap, "n").to_dict()
+    got = {(f["id"], f["lb_ip"]) for f in v["findings"]}
+    assert ("pod-to-lb-captured", "10.0.1.100") in got, got
+    assert not any(ip and ip.startswith("::ffff") for _, ip in got), got
+    assert {r["ip"] for r in v["lb_ips"]} >= {"10.0.1.100"}
+    assert not any(r["ip"].startswith("::ffff") for r in v["lb_ips"])
+
+
+def test_an_ipv4_local_table_leaves_ipv6_lb_ips_local_unknown() -> None:
+    # `ip route show table local` pasted (IPv4 only): the verdict's table of LB IPs says
+    # "local?" for the IPv6 ones, not "not local"; the IPv4 one is decided
+    local4 = ("local 10.0.0.10 dev eth0 proto kernel scope host src 10.0.0.10\n"
+              "local 127.0.0.1 dev lo proto kernel scope host src 127.0.0.1\n")
+    snap = _load(("iptables-save.txt", V4), ("ip6tables-save.txt", V6),
+                 ("services.json", kube_files()["services.json"]), ("route-local.txt", local4))
+    local = {r["ip"]: r["local"] for r in diagnose(snap, "n").to_dict()["lb_ips"]}
+    assert local["10.0.1.100"] is False
+    assert local["2001:db8:ff::7"] is None, local
+
+
+def test_a_headerless_ip6tables_listing_is_ipv6() -> None:
+    # `ip6tables -t nat -L KUBE-SERVICES -n` pasted without its prompt: IPv6 by its
+    # "::/0" columns, or by its addresses where no column is a wildcard
+    head = ("Chain KUBE-SERVICES (2 references)\n"
+            "target     prot opt source               destination\n")
+    lb = ("KUBE-EXT-X  tcp  --  fd00:10:244::/56      2001:db8:ff::7       "
+          "/* default/web6:http loadbalancer IP */ tcp dpt:80\n")
+    wild = ("KUBE-NODEPORTS  all  --  ::/0                 ::/0                 "
+            "/* kubernetes service nodeports */ ADDRTYPE match dst-type LOCAL\n")
+    for text in (head + lb + wild, head + lb):
+        snap = _load(("paste.txt", text))
+        assert snap.netfilter is None and snap.ip6tables is not None, text
+        assert snap.ip6tables.table("nat").chain("KUBE-SERVICES") is not None  # type: ignore[union-attr]
+    v4 = head + ("KUBE-EXT-Y  tcp  --  0.0.0.0/0            10.0.1.100           "
+                 "/* default/web4:http loadbalancer IP */ tcp dpt:80\n")
+    snap = _load(("paste.txt", v4))
+    assert snap.netfilter is not None and snap.ip6tables is None
+
+
+def test_an_ipv6_address_on_kube_ipvs0_inside_the_nodes_subnet_is_an_lb_ip() -> None:
+    # as for IPv4 (MetalLB, internal LBs): service ranges lie apart from node subnets, so
+    # a ULA on kube-ipvs0 inside eth0's IPv6 subnet is an LB or external IP; one outside
+    # it (the service range's) is a ClusterIP
+    addr = ("2: eth0: <BROADCAST,UP,LOWER_UP> mtu 1500 state UP\n"
+            "    inet6 fd00:1::10/64 scope global\n"
+            "7: kube-ipvs0: <BROADCAST,NOARP> mtu 1500 qdisc noop state DOWN\n"
+            "    inet6 fd00:1::50/128 scope global\n"
+            "    inet6 fd00:96::1/128 scope global\n")
+    v = diagnose(_load(("addr.txt", addr)), "n").to_dict()
+    assert {r["ip"] for r in v["lb_ips"]} == {"fd00:1::50"}, v["lb_ips"]
+    assert v["status"] != "healthy"
+
+
+def test_a_dump_without_its_completed_line_ends_where_its_lines_end() -> None:
+    # an ip6tables-save pasted without its "# Completed" lines, then the IPv6 local table:
+    # the table is read as routes (it was swallowed as "not an iptables rule line")
+    cut = "\n".join(ln for ln in V6.splitlines() if not ln.startswith("# Completed"))
+    route = ("$ ip -6 route show table local\n"
+             "local ::1 dev lo proto kernel metric 0 pref medium\n"
+             "local 2001:db8:1::10 dev eth0 proto kernel metric 0 pref medium\n")
+    snap = _load(("paste.txt", cut + "\n" + route))
+    assert snap.local_routes is not None and {r.dst for r in snap.local_routes} == \
+        {"::1", "2001:db8:1::10"}
+    whole = _load(("paste.txt", V6)).ip6tables
+    assert snap.ip6tables is not None and whole is not None
+    assert [r.text for t in snap.ip6tables.tables for c in t.chains for r in c.rules] == \
+        [r.text for t in whole.tables for c in t.chains for r in c.rules]
+
+
+def test_a_snat_with_the_nodes_address_unknown_is_undecided_not_a_loop() -> None:
+    # the IPv6 local table given (so routing is decided) but no `ip addr`: the node's IPv6
+    # address is unknown, so a CNI's SNAT of the pods to some address is not "not this
+    # node's address" (it said: "..., which is not this node's address None": critical)
+    files = kube_files()
+    snat = "-A POSTROUTING -s fd00:10:244::/56 ! -d fd00:10:244::/56 -j SNAT " \
+           "--to-source 2001:db8:1::10\n"
+    v6 = V6.replace("-A POSTROUTING -m comment", snat + "-A POSTROUTING -m comment", 1)
+    assert snat in v6
+    local6 = ("local ::1 dev lo proto kernel metric 0 pref medium\n"
+              "local 2001:db8:1::10 dev eth0 proto kernel metric 0 pref medium\n")
+    snap = _load(("ip6tables-save.txt", v6), ("services.json", files["services.json"]),
+                 ("node.json", files["node.json"]), ("route-local.txt", local6))
+    got = _findings(snap)
+    assert ("pod-to-lb-not-masqueraded", "2001:db8:ff::c") not in got, list(got)
+    f = got[("pod-to-lb-undetermined", "2001:db8:ff::c")]
+    assert "2001:db8:1::10" in f["summary"], f["summary"]
+
+
+def test_ipv6_cluster_ips_on_kube_ipvs0_are_not_lb_ips() -> None:
+    # a global IPv6 service range (no ULA): kube-proxy lists its IPv6 ClusterIPs in
+    # KUBE-6-CLUSTER-IP, which says they are no LB IP (only KUBE-CLUSTER-IP was read)
+    addr = ("7: kube-ipvs0: <BROADCAST,NOARP> mtu 1500 qdisc noop state DOWN\n"
+            "    inet6 2600:1f00::5/128 scope global\n"
+            "    inet6 2600:1f00:ff::7/128 scope global\n")
+    sets = ("create KUBE-6-CLUSTER-IP hash:ip,port family inet6 hashsize 1024 maxelem 65536\n"
+            "add KUBE-6-CLUSTER-IP 2600:1f00::5,tcp:80\n")
+    v = diagnose(_load(("addr.txt", addr), ("ipset.txt", sets)), "n").to_dict()
+    assert {r["ip"] for r in v["lb_ips"]} == {"2600:1f00:ff::7"}, v["lb_ips"]
+
+
+def test_ipv6_lb_ips_are_listed_in_address_order_after_ipv4() -> None:
+    snap = _load(("iptables-save.txt", V4), ("ip6tables-save.txt", V6),
+                 ("services.json", kube_files()["services.json"]))
+    ips = [r["ip"] for r in diagnose(snap, "n").to_dict()["lb_ips"]]
+    assert ips == ["10.0.1.100", *(f"2001:db8:ff::{x}" for x in "789abc")], ips

@@ -192,3 +192,76 @@ def test_no_lb_ip_in_nftables_mode_names_the_nftables_place_it_looked() -> None:
     (unknown,) = [f for f in v["findings"] if f["id"] == "lb-ips-unknown"]
     assert "service-ips" in unknown["evidence"][0]
     assert "KUBE-LOAD-BALANCER" not in " ".join(unknown["evidence"])
+
+
+def test_an_ipv6_lb_ip_without_the_ip6_table_names_the_nft_command() -> None:
+    # nftables mode, only `ip kube-proxy` given: the IPv6 LB IP is undecided, and the
+    # verdict asks for the ip6 table, not for ip6tables-save (not read in this mode)
+    script = (OVERALL / "nft-transaction.txt").read_text()
+    v = verdict(("nft-transaction.txt", script), ("services.json", UNSYNCED6))
+    assert by_ip(v)["2001:db8:9999::9"] == {"pod-to-lb-undetermined"}, by_ip(v)
+    f = next(f for f in v["findings"] if f["lb_ip"] == "2001:db8:9999::9")
+    said = " ".join([f["summary"], f["remedy"], *f["evidence"]])
+    assert "`nft list table ip6 kube-proxy`" in said, said
+    assert "ip6tables" not in said, said
+
+
+def test_an_ipv4_local_table_says_nothing_of_ipv6_addresses() -> None:
+    # `ip route show table local` pasted (IPv4 only): whether the unserved IPv6 LB IP is
+    # bound here (then the pod's SYN stays on the node) is not shown: undecided, naming
+    # the IPv6 table, never "not a local address" and a loop
+    script = (OVERALL / "nft-transaction.txt").read_text()
+    local4 = ("local 192.168.0.2 dev eth0 proto kernel scope host src 192.168.0.2\n"
+              "local 127.0.0.1 dev lo proto kernel scope host src 127.0.0.1\n")
+    v = verdict(("nft-transaction.txt", script + ipv6_of(script)),
+                ("services.json", UNSYNCED6), ("route-local.txt", local4))
+    assert by_ip(v)["2001:db8:9999::9"] == {"pod-to-lb-undetermined"}, by_ip(v)
+    f = next(f for f in v["findings"] if f["lb_ip"] == "2001:db8:9999::9")
+    assert "`ip -6 route show table local`" in f["summary"], f["summary"]
+    # the IPv6 local table given: decided (not local here, unmasqueraded: a loop)
+    v = verdict(("nft-transaction.txt", script + ipv6_of(script)),
+                ("services.json", UNSYNCED6),
+                ("route-local.txt", local4 + "local ::1 dev lo proto kernel metric 0 pref "
+                 "medium\nlocal 2001:db8::1 dev eth0 proto kernel metric 0 pref medium\n"))
+    assert by_ip(v)["2001:db8:9999::9"] == {"pod-to-lb-not-masqueraded"}, by_ip(v)
+
+
+def test_an_ipv6_only_node_leaves_by_the_interface_of_its_ipv6_address() -> None:
+    # no IPv4 address at all (no IPv4 uplink): a CNI masquerading what leaves eth0 is
+    # decided for the IPv6 walk, which leaves by eth0 (it holds the node's IPv6 address)
+    addr = "\n".join(ln for ln in ADDR6.splitlines() if " inet " not in ln) + "\n"
+    cni = CNI6.replace("ip6 saddr fd00:10::/64 ip6 daddr != fd00:10::/64", 'oifname "eth0"')
+    script = ipv6_of((OVERALL / "nft-transaction.txt").read_text())
+    v = verdict(("nft-transaction.txt", script), ("addr.txt", addr),
+                ("services.json", UNSYNCED6), ("nft-cni.txt", cni))
+    assert by_ip(v)["2001:db8:9999::9"] == {"pod-to-lb-masqueraded"}, by_ip(v)
+
+
+def test_a_snat_to_another_address_is_not_the_nodes_masquerade() -> None:
+    # a CNI's `snat to` an address that is not the node's (an egress address): the load
+    # balancer may pick this node for that source, as the iptables walk decides; it was
+    # called masqueraded "with the node's address" (healthy) for any snat
+    script = ipv6_of((OVERALL / "nft-transaction.txt").read_text())
+    files = [("nft-transaction.txt", script), ("addr.txt", ADDR6),
+             ("services.json", UNSYNCED6)]
+    other = CNI6.replace("masquerade fully-random", "snat to 2001:db8:e::99")
+    v = verdict(*files, ("nft-cni.txt", other))
+    assert by_ip(v)["2001:db8:9999::9"] == {"pod-to-lb-not-masqueraded"}, by_ip(v)
+    own = CNI6.replace("masquerade fully-random", "snat to 2001:db8::1")
+    v = verdict(*files, ("nft-cni.txt", own))
+    assert by_ip(v)["2001:db8:9999::9"] == {"pod-to-lb-masqueraded"}, by_ip(v)
+
+
+def test_an_old_ip6_table_without_cluster_ips_keeps_its_clusterips_out() -> None:
+    # kube-proxy's v1.29-alpha generation has no @cluster-ips: an element going straight
+    # to its service- chain is a ClusterIP. Given Service objects (whose clusterIP is
+    # IPv4), the IPv6 ClusterIPs of the ip6 table were taken for LB or external IPs
+    alpha = REAL / "k8s-nftables-1.29alpha-overall-firewall-set-lbsourceranges"
+    script = ipv6_of((alpha / "nft-transaction.txt").read_text())
+    svc = json.dumps({"kind": "List", "items": [{
+        "kind": "Service", "metadata": {"namespace": "x", "name": "y"},
+        "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.1",
+                 "ports": [{"port": 443, "protocol": "TCP"}]}}]})
+    alone = {r["ip"] for r in verdict(("nft.txt", script))["lb_ips"]}
+    given = {r["ip"] for r in verdict(("nft.txt", script), ("services.json", svc))["lb_ips"]}
+    assert given == alone and not any(ip.startswith("fd00:10:96::") for ip in given), given

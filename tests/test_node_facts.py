@@ -86,3 +86,21 @@ def test_given_pod_cidr_per_family() -> None:
     assert f.pod is not None and f.pod.prefix == "10.244.1.0/24"
     assert f.pod6 is not None and f.pod6.prefix == "fd00:1::/64"
     assert f.pod6.pod_ip == "fd00:1::1"
+
+
+def test_the_ipv6_uplinks_subnet_is_never_the_pod_network() -> None:
+    # an IPv6-only node whose pods sit on routed veths (no bridge address): the node's
+    # own subnet on eth0 is no pod network (it was taken for one: "pod bridge eth0"),
+    # and the IPv6 walk leaves by eth0, the interface holding the node's IPv6 address
+    from agent.diagnose.family import ipv6_facts
+
+    addrs = (Address("eth0", "2001:db8:0:1::10", 64), Address("eth0", "fe80::1", 64, "link"),
+             Address("lo", "::1", 128, "host"))
+    f = build_facts(NodeSnapshot(addresses=addrs))
+    assert f.node_ip6 == "2001:db8:0:1::10"
+    assert f.pod6 is None and "no IPv6 pod network" in f.pod6_unknown, f.pod6
+    assert ipv6_facts(f).uplink == "eth0"
+    # IPv4 on ens5, IPv6 on eth0 (a second NIC): eth0's IPv6 subnet is no pod network
+    f = build_facts(NodeSnapshot(addresses=(*addrs, Address("ens5", "10.0.0.5", 24))))
+    assert f.uplink == "ens5" and f.pod6 is None, f.pod6
+    assert ipv6_facts(f).uplink == "eth0"

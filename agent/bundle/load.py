@@ -78,6 +78,7 @@ class _Evidence:
     kube_proxy_lines: list[str] = field(default_factory=list)
     nft: list[NftDump] = field(default_factory=list)  # kube-proxy nftables mode's rules
     ip6_none: bool = False  # an empty ip6tables-save.txt: the node has no IPv6 table
+    ip4_none: bool = False  # an empty iptables-save.txt: no IPv4 table
 
     def saw(self, format_: str, where: str) -> None:
         self.seen.setdefault(format_, []).append(where)
@@ -116,10 +117,16 @@ def load_texts(texts: Iterable[tuple[str, str | InputError, str]], origin: str
         if isinstance(text, InputError):
             refused.append(str(text))
             continue
-        if source.rsplit("/", 1)[-1] == bundle_files.IP6TABLES and not text.strip():
-            # ip6tables-save prints nothing where no IPv6 table exists (IPv6 unused)
-            ev.saw(IP6TABLES, f"{source} (empty)")
-            ev.ip6_none = True
+        base = source.rsplit("/", 1)[-1]
+        if base in (bundle_files.IPTABLES, bundle_files.IP6TABLES) and not text.strip():
+            # (ip6)tables-save prints nothing where no table exists, and the live probe
+            # reads that as "no rules"; `bundle` writes no file where the dump failed
+            if base == bundle_files.IP6TABLES:
+                ev.saw(IP6TABLES, f"{source} (empty)")
+                ev.ip6_none = True
+            else:
+                ev.saw(fmt.IPTABLES, f"{source} (empty)")
+                ev.ip4_none = True
             continue
         if hint in (fmt.IPSET, fmt.IPVSADM) and (not text or text.isspace()):
             # `ipset save` / `ipvsadm -Ln` print nothing on a node without sets or IPVS:
@@ -183,7 +190,7 @@ def _ip6_dumps(text: str, source: str, ev: _Evidence) -> str:
         nxt = _ANY_HEADER.search(text, m.end())
         stop = nxt.start() if nxt else len(text)
         done = _COMPLETED.search(text, m.end(), stop)
-        end = done.end() if done else stop
+        end = done.end() if done else _dump_end(text, m.end(), stop)
         first = text.count("\n", 0, m.start()) + 1
         block = text[m.start():end]
         out.append(text[at:m.start()])
@@ -198,6 +205,27 @@ def _ip6_dumps(text: str, source: str, ev: _Evidence) -> str:
             ev.saw(IP6TABLES, f"{source}:{first}")
     out.append(text[at:])
     return "".join(out)
+
+
+# what an ip6tables-save dump is made of (and blank lines a paste may add)
+_DUMP_LINE = re.compile(r"\*\S|:\S|-[AIN] |\[\d+:\d+\]|COMMIT\s*$|\s*$")
+
+
+def _dump_end(text: str, start: int, stop: int) -> int:
+    """Where a dump without its "# Completed" line ends: at its last line of dump
+    content before a line that is not (the next command's prompt or output, which would
+    otherwise be read as IPv6 rules and lost to its own reader)."""
+    last = pos = start
+    while pos < stop:
+        nl = text.find("\n", pos + 1, stop)
+        line_end = nl if nl >= 0 else stop
+        line = text[pos + 1 if text.startswith("\n", pos) else pos:line_end]
+        if not _DUMP_LINE.match(line):
+            break
+        if line.strip():
+            last = line_end
+        pos = line_end
+    return last
 
 
 def _kube_proxy_lines(text: str, source: str, ev: _Evidence) -> None:
@@ -295,9 +323,7 @@ def _read_section(s: Section, ev: _Evidence) -> None:
             read_rules_text(s.text if s.text is not None else s.lines, s.source, ev.rules6,
                             table=table)
         else:
-            pairs, problems = listing_to_rules(s.lines, s.hint.get("chain"))
-            ev.problems += [(s.source, n, why) for n, why in problems]
-            read_rules_text(pairs, s.source, ev.rules6, table=s.hint.get("table") or "filter")
+            _iptables_list(s, ev, ev.rules6)
         if ev.rules6.count() > before:
             ev.saw(IP6TABLES, where)
         return
@@ -321,11 +347,13 @@ def _read_section(s: Section, ev: _Evidence) -> None:
 
 IP6TABLES = "ip6tables"  # what ev.seen calls the IPv6 rules
 # an IPv6 address or prefix as a rule's -s/-d (ip6tables prints "addr/128"), or a match
-# only ip6tables has; each starts with a literal, so a 30 MB dump is scanned in tenths of
-# a second (a leading "(?:^|\s)" made the engine try every position: 1.8 s at 10k services)
+# only ip6tables has; each alternative starts with a literal, so a 30 MB dump is scanned in
+# tenths of a second (a leading "(?:^|\s)" made the engine try every position: 1.8 s at
+# 10k services)
 _V6_RULE = re.compile(r"-[sd] [0-9a-fA-F]*:[0-9a-fA-F:.]*(?:/\d+)?(?=\s)|"
                       r"--(?:source|destination) [0-9a-fA-F]*:|-p (?:ipv6-icmp|icmpv6)\b|"
-                      r"--reject-with icmp6-|icmp6-type\b")
+                      r"--reject-with icmp6-|icmp6-type\b|--to-(?:destination|source) \[|"
+                      r"--match-set KUBE-6-")  # (kube-proxy's IPv6 ipsets: IPVS mode)
 _V4_RULE = re.compile(r"-[sd] \d+\.\d+\.\d+\.\d+|--(?:source|destination) \d+\.\d+\.\d+\.\d+|"
                       r"--reject-with icmp-|--to-destination \d+\.")
 
@@ -338,8 +366,29 @@ def _is_ipv6_rules(s: Section) -> bool:
     text = s.text if s.text is not None else "\n".join(line for _, line in s.lines)
     if text.lstrip().startswith("# Generated by ip6tables"):
         return True
+    if s.format == fmt.IPTABLES_LIST:
+        # `ip6tables -L -n` prints "::/0" for any address (iptables "0.0.0.0/0"); other
+        # addresses are told as in rules, once the listing is read as rules
+        if "::/0" in text and _ANY6.search(text):
+            return True
+        pairs, _ = listing_to_rules(s.lines, s.hint.get("chain"))
+        text = "\n".join(line for _, line in pairs)
     # IPv4 first: in an IPv4 dump its first rule with an address settles it
-    return not _V4_RULE.search(text) and bool(_V6_RULE.search(text))
+    return not _outside_comments(_V4_RULE, text) and _outside_comments(_V6_RULE, text)
+
+
+_ANY6 = re.compile(r"(?<!\S)::/0(?!\S)")
+
+
+def _outside_comments(pattern: re.Pattern[str], text: str) -> bool:
+    """Does ``pattern`` match ``text`` outside a quoted comment (an address in a comment
+    says nothing of the rule's family)? Most dumps have no match at all: that costs one
+    search."""
+    for m in pattern.finditer(text):
+        start = text.rfind("\n", 0, m.start()) + 1
+        if text.count('"', start, m.start()) % 2 == 0:
+            return True
+    return False
 
 
 def _iptables(s: Section, ev: _Evidence) -> bool:
@@ -349,14 +398,16 @@ def _iptables(s: Section, ev: _Evidence) -> bool:
     return ev.rules.count() > before
 
 
-def _iptables_list(s: Section, ev: _Evidence) -> bool:
+def _iptables_list(s: Section, ev: _Evidence, into: RulesText | None = None) -> bool:
+    """An `iptables -L` listing (``into``: the IPv6 rules for an ip6tables one)."""
+    rules = ev.rules if into is None else into
     pairs, problems = listing_to_rules(s.lines, s.hint.get("chain"))
     ev.problems += [(s.source, n, why) for n, why in problems]
     if not pairs:
         return False
     table = s.hint.get("table")  # `iptables -L` lists filter, `-t T -L` table T
     if table is not None:
-        read_rules_text(pairs, s.source, ev.rules, table=table)
+        read_rules_text(pairs, s.source, rules, table=table)
         return True
     # a listing pasted without its command: each chain's rules go together, to the table
     # its name and targets say, else rule by rule (and the verdict says it was inferred)
@@ -367,9 +418,9 @@ def _iptables_list(s: Section, ev: _Evidence) -> bool:
         targets = [t.group(1) for _, line in block for t in [_JUMP.search(line)] if t]
         guessed = chain_table(chain, targets)
         if guessed is not None:
-            ev.rules.inferred[guessed] = ev.rules.inferred.get(guessed, 0) + sum(
+            rules.inferred[guessed] = rules.inferred.get(guessed, 0) + sum(
                 1 for _, line in block if line.startswith("-A "))
-        read_rules_text(block, s.source, ev.rules, table=guessed)
+        read_rules_text(block, s.source, rules, table=guessed)
     return True
 
 
@@ -658,7 +709,7 @@ def _refusal(source: str, text: str, sections: list[Section], named: bool) -> st
 
 def _snapshot(ev: _Evidence, origin: str, refused: list[str]) -> NodeSnapshot:
     unknowns: list[Unknown] = []
-    netfilter = None
+    netfilter = Netfilter("unknown", ()) if ev.ip4_none else None
     if ev.rules.count() or ev.rules.tables_seen:
         netfilter = settle(ev.rules)
         if ev.rules.inferred:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
 import socket
 from dataclasses import dataclass
 
 from agent import __version__
 from agent.capture.model import CaptureResult
 from agent.diagnose.context import Context
-from agent.diagnose.family import ipv6_facts, ipv6_snapshot
+from agent.diagnose.family import ipv6_facts, ipv6_snapshot, v6_local_known
 from agent.diagnose.lb_ip import ChainServices, LbTarget, discover, split_by_family
 from agent.diagnose.model import Finding, LbIpReport, Verdict, status_of
 from agent.diagnose.nft_paths import NftPathFinder, nft_mode, nft_targets
@@ -118,6 +119,7 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
     # 10k LB IPs share a few port lists ("TCP/80") and each has one Service: one tuple
     # for each different one
     shared: dict[tuple[str, ...], tuple[str, ...]] = {}
+    v6_known = v6_local_known(snap)
     reports = tuple(
         LbIpReport(
             ip=ip,
@@ -127,7 +129,8 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
             learned_from=ts[0].learned_from if len(ts) == 1 and len(
                 set(ts[0].learned_from)) == len(ts[0].learned_from) else
             tuple(dict.fromkeys(s for t in ts for s in t.learned_from)),
-            local=facts.is_local(ip),
+            # (an IPv4-only local table says nothing of an IPv6 address)
+            local=facts.is_local(ip) if ":" not in ip or v6_known else None,
         )
         for ip, ts in lb_ips.items()
     )
@@ -145,7 +148,10 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
             "ip6tables_backend": snap.ip6tables.backend if snap.ip6tables else None}
            if v6_targets else {}),
         "iptables_backend": snap.netfilter.backend if snap.netfilter else None,
-        "assumed_rules": list(ctx.paths.notes),
+        # (the IPv6 walk's own: kube-proxy's jumps it assumed in an ip6tables restore input)
+        "assumed_rules": list(dict.fromkeys((
+            *ctx.paths.notes,
+            *(f"IPv6 rules: {n}" for n in (v6_ctx.paths.notes if v6_ctx else ()))))),
         **({"given_by_user": dict(snap.given)} if snap.given else {}),
     }
     now = now or dt.datetime.now(dt.timezone.utc)
@@ -184,7 +190,13 @@ def _ipv6_not_walked(targets: list[LbTarget], snap: NodeSnapshot | None = None,
                      mode: str = "") -> list[Finding]:
     """An IPv6 LB IP whose rules are not in the input: undecided, never silently
     healthy."""
-    why = ("IPv6 rules are not walked in nftables mode here" if mode == "nftables" else
+    nft = mode == "nftables"
+    # a live read that failed says why (no ip6tables-save binary, the dump failed)
+    failed = next((u.reason for u in snap.unknowns if u.source == "ip6tables"), None) \
+        if snap is not None and snap.ip6tables is None and not nft else None
+    why = ("kube-proxy's IPv6 table is not in the input (`nft list table ip6 kube-proxy` "
+           "shows it)" if nft else
+           f"the IPv6 rules could not be read (ip6tables: {failed})" if failed else
            "the IPv6 rules are not in the input (`ip6tables-save` shows them)")
     out, seen = [], set()
     for t in targets:
@@ -198,8 +210,11 @@ def _ipv6_not_walked(targets: list[LbTarget], snap: NodeSnapshot | None = None,
             lb_ip=t.ip, port=t.port or None, protocol=t.protocol, service=t.service,
             evidence=("learned from " + "; ".join(t.learned_from),
                       f"IPv6 is not walked: {why}"),
-            remedy="Give `ip6tables-save` output (the bundle has it as ip6tables-save.txt), "
-                   "or check the IPv6 nat rules by hand, as for IPv4."))
+            remedy=("Give `nft list table ip6 kube-proxy` output (the bundle's "
+                    "nft-kube-proxy.json holds the whole ruleset), or check the ip6 table's "
+                    "rules by hand, as for IPv4." if nft else
+                    "Give `ip6tables-save` output (the bundle has it as ip6tables-save.txt), "
+                    "or check the IPv6 nat rules by hand, as for IPv4.")))
     return out
 
 
@@ -209,4 +224,8 @@ def _ip_key(ip: str | None) -> tuple[int, ...]:
     try:
         return tuple(map(int, ip.split(".")))
     except ValueError:
-        return (999,)
+        pass
+    try:  # IPv6 after IPv4, in address order (not in the order they were found)
+        return (999, int(ipaddress.IPv6Address(ip.split("%", 1)[0])))
+    except ValueError:
+        return (1000,)

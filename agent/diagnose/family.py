@@ -12,6 +12,7 @@ from agent.diagnose.node_facts import (
     OUTSIDE_CLIENT6,
     POD_STAND_IN6,
     NodeFacts,
+    uplink6,
 )
 from agent.snapshot import NodeSnapshot
 
@@ -38,11 +39,14 @@ def ipv6_facts(facts: NodeFacts) -> NodeFacts:
     """The facts a walk of IPv6 packets needs, from the node's facts (lookup tables are
     shared: they hold both families' addresses)."""
     snap6 = ipv6_snapshot(facts.snapshot)
+    up6 = uplink6(facts) or facts.uplink
     f6 = NodeFacts(
         snap6, local_ips=facts.local_ips, local_nets=facts.local_nets,
-        broadcast=facts.broadcast, uplink=facts.uplink, node_ip=facts.node_ip6,
+        broadcast=facts.broadcast, uplink=up6, node_ip=facts.node_ip6,
         uplink_how=(f"{facts.uplink_how}; its IPv6 address {facts.node_ip6}"
-                    if facts.uplink_how and facts.node_ip6 else facts.uplink_how),
+                    if facts.uplink_how and facts.node_ip6 and up6 == facts.uplink else
+                    f"IPv6 uplink {up6}: holds the node's IPv6 address {facts.node_ip6}"
+                    if up6 != facts.uplink else facts.uplink_how),
         pod=facts.pod6, pod_unknown=facts.pod6_unknown, node_ip6=facts.node_ip6,
         pod6=facts.pod6, pod6_unknown=facts.pod6_unknown, family=6,
         outside_client=OUTSIDE_CLIENT6, node_stand_in=NODE_STAND_IN6,

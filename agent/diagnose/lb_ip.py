@@ -121,8 +121,10 @@ def discover(snap: NodeSnapshot) -> list[LbTarget]:
                 return  # no Service has it: a damaged or foreign rule, not an LB port
             t = replace(t, protocol=t.protocol.upper())
         if ":" in t.ip:
-            # IPv6 is written many ways; the tools (`ip route`, ipvsadm) print one
-            canonical = canonical_ip(t.ip)
+            # IPv6 is written many ways; the tools (`ip route`, ipvsadm) print one. An
+            # IPv4-mapped one (::ffff:10.0.0.1) is IPv4 to kube-proxy (GetIPFamilyFromIP:
+            # To4() != nil), which writes its rules for 10.0.0.1
+            canonical = _mapped_v4(t.ip) or canonical_ip(t.ip)
             if canonical and canonical != t.ip:
                 t = replace(t, ip=canonical)
         key = t.key
@@ -344,8 +346,10 @@ def _from_filter(snap: NodeSnapshot, add) -> None:  # type: ignore[no-untyped-de
 def _from_kube_ipvs0(snap: NodeSnapshot, add, known: set[str]) -> None:  # type: ignore[no-untyped-def]
     """IPVS mode binds every service address on kube-ipvs0. A globally routable one is
     no ClusterIP (service ranges are private): it is an LB or external IP, ports unknown."""
-    cluster = snap.ipset("KUBE-CLUSTER-IP")
-    cluster_ips = {m.split(",", 1)[0] for m in cluster.members} if cluster else set()
+    cluster_ips: set[str] = set()
+    for name in ("KUBE-CLUSTER-IP", "KUBE-6-CLUSTER-IP"):  # (IPv6's: pkg/proxy/ipvs/ipset.go)
+        cluster = snap.ipset(name)
+        cluster_ips |= {m.split(",", 1)[0] for m in cluster.members} if cluster else set()
     cluster_ips |= {s.cluster_ip for s in snap.services or () if s.cluster_ip}
     seen = {a.address: f"address {a.address} on kube-ipvs0" for a in snap.addresses or ()
             if a.ifname == "kube-ipvs0"}
@@ -356,7 +360,9 @@ def _from_kube_ipvs0(snap: NodeSnapshot, add, known: set[str]) -> None:  # type:
     # an address on kube-ipvs0 inside one (MetalLB, internal LBs) is an LB or external IP
     subnets = []
     for a in snap.addresses or ():
-        if a.ifname not in ("kube-ipvs0", "lo") and 8 <= a.prefixlen < 32 and ":" not in a.address:
+        host = 128 if ":" in a.address else 32  # (IPv6: a ULA LB IP in the node's ULA subnet)
+        if a.ifname not in ("kube-ipvs0", "lo") and 8 <= a.prefixlen < host and \
+                (host == 32 or a.scope == "global"):  # (not fe80::/64, on every link)
             subnets.append((ipaddress.ip_network(f"{a.address}/{a.prefixlen}", strict=False),
                             a.ifname))
     for ip, how in seen.items():
@@ -427,6 +433,17 @@ def _from_rules(snap: NodeSnapshot, add) -> None:  # type: ignore[no-untyped-def
                       else "nat KUBE-SERVICES rule",)))
 
 
+def _mapped_v4(text: str) -> str | None:
+    """The IPv4 address of an IPv4-mapped IPv6 one (::ffff:a.b.c.d), else None."""
+    if "." not in text and not text.lower().startswith("::ffff:"):
+        return None
+    try:
+        mapped = ipaddress.IPv6Address(text).ipv4_mapped
+    except ValueError:
+        return None
+    return str(mapped) if mapped else None
+
+
 def _ip_proto_port(member: str) -> tuple[str, str, int] | None:
     parts = member.split(",")
     if len(parts) < 2 or ":" not in parts[1]:
@@ -441,4 +458,8 @@ def _ip_key(ip: str) -> tuple[int, ...]:
     try:
         return tuple(map(int, ip.split(".")))
     except ValueError:
-        return (999,)
+        pass
+    try:  # IPv6 after IPv4, in address order (not in the order they were found)
+        return (999, int(ipaddress.IPv6Address(ip.split("%", 1)[0])))
+    except ValueError:
+        return (1000,)

@@ -12,8 +12,15 @@ import ipaddress
 import re
 from dataclasses import replace
 
+from agent.diagnose.family import v6_local_known
 from agent.diagnose.lb_ip import LbTarget
-from agent.diagnose.node_facts import NODE_STAND_IN, OUTSIDE_CLIENT, POD_STAND_IN, NodeFacts
+from agent.diagnose.node_facts import (
+    NODE_STAND_IN,
+    OUTSIDE_CLIENT,
+    POD_STAND_IN,
+    NodeFacts,
+    uplink6,
+)
 from agent.diagnose.paths import ASSUMED, PathFinder, PathOutcome, ServedOutcome
 from agent.netfilter.nft_model import NftRuleset, NftTable
 from agent.netfilter.nft_read import ruleset_of
@@ -113,7 +120,9 @@ def _table_targets(snap: NodeSnapshot, t: NftTable, version: int,
         # straight to its service- chain; LB and external IPs go to an external- chain, or
         # (v1.29 alpha, with source ranges) to a firewall- chain that goes on to it
         chain = _through_firewall(t, verdict.split()[-1])
-        if ip in cluster_ips or (not cluster_ips and chain.startswith("service-")):
+        # (the Services' ClusterIPs are their primary family's only: a dual-stack
+        # Service's other one is in no Service field read here)
+        if ip in cluster_ips or (cluster is None and chain.startswith("service-")):
             continue
         try:
             if ipaddress.ip_address(ip).version != version:
@@ -183,7 +192,8 @@ class NftPathFinder:
                 walkers["nat"] = ipt.nat.walk
             if ipt.filter is not None:
                 walkers["filter"] = ipt.filter.walk
-        self.walker = NftWalker(self.ruleset, _View(facts), walkers)
+        self._v6_local = v6_local_known(snap)
+        self.walker = NftWalker(self.ruleset, _View(facts, self._v6_local), walkers)
         kp = self.ruleset.kube_proxy
         self.cidr = cluster_cidr(kp) if kp else None
         kp6 = self.ruleset.kube_proxy_for(True)
@@ -207,6 +217,14 @@ class NftPathFinder:
         self.notes: tuple[str, ...] = tuple(notes)
 
     # -- pod -> LB ----------------------------------------------------------------------
+
+    def _uplink(self, v6: bool) -> str | None:
+        """Where the packet leaves (or the load balancer's enters): IPv6 by the interface
+        holding the node's IPv6 address (an IPv6-only node has no IPv4 uplink)."""
+        return (uplink6(self.facts) or self.facts.uplink) if v6 else self.facts.uplink
+
+    def _local_known(self, addr: str) -> bool:
+        return ":" not in addr or self._v6_local
 
     def walks(self, ip: str) -> bool:
         """Whether kube-proxy's table of this address's family is in the input."""
@@ -270,16 +288,19 @@ class NftPathFinder:
                     out.append(PathOutcome("captured", how, (
                         *ev2, f"result: {how}; the packet never goes to the load balancer")))
             return out
-        local = self.facts.is_local(p.dst)
+        # an IPv4-only local table (an old bundle, a pasted `ip route show table local`)
+        # says nothing of IPv6 addresses
+        local = self.facts.is_local(p.dst) if self._local_known(p.dst) else None
         results: list[PathOutcome] = []
         if local is None:
+            table = "ip -6 route" if p.v6 else "ip route"
             results += self._to_node(p, (*ev, f"routing{ASSUMED} {p.dst} is a local "
-                                          "address [not given: `ip route show table local` "
+                                          f"address [not given: `{table} show table local` "
                                           "decides it] -> input"))
             ev = (*ev, f"routing{ASSUMED} {p.dst} is NOT a local address")
         elif local:
             return self._to_node(p, (*ev, f"routing: {p.dst} is local -> input"))
-        out_iface = self.facts.uplink
+        out_iface = self._uplink(p.v6)
         ev = (*ev, f"routing: {p.dst} is not a local address -> forwarded out "
                    f"{out_iface or '(uplink unknown)'}")
         p = p._replace(out_iface=out_iface)
@@ -298,6 +319,20 @@ class NftPathFinder:
                     results.append(PathOutcome("unknown", pr.detail, (*ev3, pr.detail)))
                 elif pr.verdict in ("MASQUERADE", "SNAT"):
                     node_ip = self.facts.node_ip6 if p.v6 else self.facts.node_ip
+                    to = pr.packet.snat
+                    if pr.verdict == "SNAT" and to not in (None, "snat", "masquerade"):
+                        # `snat to ADDR`: the load balancer skips only the real server
+                        # whose address is the source (as agent.diagnose.paths decides)
+                        to = to.split("-")[0]
+                        if node_ip is None or _canon(to) != node_ip:
+                            how = (f"leaves {out_iface} SNATed to {to}, " + (
+                                "and the node's address is not in the input (`ip addr` "
+                                "shows it)" if node_ip is None else
+                                f"which is not this node's address {node_ip}: the load "
+                                "balancer may still pick this node"))
+                            kind = "unknown" if node_ip is None else "not-masqueraded"
+                            results.append(PathOutcome(kind, how, (*ev3, f"result: {how}")))
+                            continue
                     how = (f"leaves {out_iface} with the node's address "
                            f"{node_ip} ({pr.verdict.lower()}): the load balancer "
                            "will not send it back to this node")
@@ -350,7 +385,6 @@ class NftPathFinder:
         return None, ""
 
     def outside_to_lb(self, t: LbTarget) -> ServedOutcome:
-        f = self.facts
         v6 = ":" in t.ip
         kp = self.ruleset.kube_proxy_for(v6)
         if kp is None:
@@ -363,7 +397,7 @@ class NftPathFinder:
         if node_ip is None:
             return ServedOutcome(None, None, (), "the node's address is unknown")
         pkt = NftPacket(src=OUTSIDE_CLIENT6 if v6 else OUTSIDE_CLIENT, dst=node_ip,
-                        proto=t.protocol.lower(), dport=t.node_port, in_iface=f.uplink)
+                        proto=t.protocol.lower(), dport=t.node_port, in_iface=self._uplink(v6))
         head = ((how,) if how else ()) + (
             f"packet: {pkt.describe()} (the load balancer forwarding a client)",)
         served_any = False
@@ -410,6 +444,13 @@ _EXCERPT = ("kube-proxy's nft table ({fam} kube-proxy) in the input has no nat p
             "{fam} kube-proxy` shows it whole")
 
 
+def _canon(addr: str) -> str:
+    try:
+        return str(ipaddress.ip_address(addr))
+    except ValueError:
+        return addr
+
+
 def _has_nat_prerouting(t: NftTable) -> bool:
     """kube-proxy's table as a whole has its nat prerouting base chain; a pasted map or
     chain of it does not."""
@@ -421,8 +462,9 @@ class _View:
     answers the IPv4 ones: the node's stand-in address is local when the node's IPv6
     address is unknown, the outside client is not local."""
 
-    def __init__(self, facts: NodeFacts) -> None:
+    def __init__(self, facts: NodeFacts, v6_local: bool = True) -> None:
         self.facts = facts
+        self.v6_local = v6_local  # the input shows the IPv6 local table
 
     def addr_type(self, addr: str) -> str | None:
         if addr == OUTSIDE_CLIENT6 and self.facts.local_route(addr) is None:
@@ -430,6 +472,8 @@ class _View:
         if addr == NODE_STAND_IN6 and not self.facts.node_ip6 and \
                 self.facts.local_route(addr) is None:
             return "LOCAL"
+        if ":" in addr and not self.v6_local and addr not in self.facts.assumed_local:
+            return None  # which IPv6 addresses are local is not in the input
         return self.facts.addr_type(addr)
 
 

@@ -218,6 +218,13 @@ def _find_node_ip6(f: NodeFacts) -> None:
         return
 
 
+def uplink6(f: NodeFacts) -> str | None:
+    """The interface that holds the node's IPv6 address (where IPv6 leaves the node)."""
+    if f.node_ip6 is None:
+        return None
+    return next((a.ifname for a in f.addresses_of(f.node_ip6)), None)
+
+
 def _canon(addr: str) -> str:
     try:
         return str(ipaddress.ip_address(addr))
@@ -268,8 +275,11 @@ def _find_pod_network(f: NodeFacts, version: int) -> tuple[PodNetwork | None, st
             and not pod_cidrs_in_rules(snap, 6) and not _pod_routes(snap, 6):
         return None, ("no addresses, no IPv6 podCIDR on the Node and no rule naming the "
                       "IPv6 pod CIDR: cannot tell the IPv6 pod network (give --pod-cidr)")
+    # the uplink's subnet is the node's, never its pods' (IPv6: the interface holding the
+    # node's IPv6 address, which an IPv6-only node's IPv4 uplink does not name)
+    uplinks = {f.uplink} if version == 4 else {f.uplink, uplink6(f)}
     connected = [a for a in _global(snap, version)
-                 if a.prefixlen < (32 if version == 4 else 128) and a.ifname != f.uplink]
+                 if a.prefixlen < (32 if version == 4 else 128) and a.ifname not in uplinks]
 
     def iface_for(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> Address | None:
         for a in connected:

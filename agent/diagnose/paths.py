@@ -287,6 +287,13 @@ class PathFinder:
                 elif pr.verdict in ("MASQUERADE", "SNAT"):
                     to = _snat_address(pr)
                     node_ip = self.facts.node_ip
+                    if pr.verdict == "SNAT" and node_ip is None:
+                        # not "not this node's address None": that address is unknown
+                        how = (f"leaves {out_iface} SNATed to {to}; whether that is the "
+                               "node's address the load balancer sends to is not in the "
+                               "input (`ip addr` shows it)")
+                        results.append(PathOutcome("unknown", how, (*ev3, how)))
+                        continue
                     if pr.verdict == "SNAT" and to != node_ip:
                         # the LB only skips the real server whose IP equals the source
                         how = (f"leaves {out_iface} SNATed to {to}, which is not this node's "

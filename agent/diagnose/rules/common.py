@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any, TypeVar
+
 from agent.diagnose.context import Context
+
+_T = TypeVar("_T", bound=Any)
 
 
 def sysctl(ctx: Context, iface: str | None, name: str) -> str | None:
@@ -43,3 +48,49 @@ def rp_filter_effective(ctx: Context) -> int | None:
     if rp_if is None and rp_all is None:
         return None
     return max(int(rp_if or 0), int(rp_all or 0))
+
+
+# the commands an IPv6 walk's messages name (the walk's are IPv4's)
+_V6_WORDS = (("`iptables -t ", "`ip6tables -t "), ("{.spec.podCIDR}", "{.spec.podCIDRs}"),
+             ("`ip route show table local`", "`ip -6 route show table local`"))
+
+
+def ipv6_said(text: str) -> str:
+    """``text`` of an IPv6 walk with the IPv6 commands in place of the IPv4 ones."""
+    for v4, v6 in _V6_WORDS:
+        if v4 in text:
+            text = text.replace(v4, v6)
+    return text
+
+
+def ipv6_commands(o: _T) -> _T:
+    """A walk's outcome (PathOutcome, ServedOutcome) as an IPv6 walk says it."""
+    return o._replace(how=ipv6_said(o.how), evidence=tuple(map(ipv6_said, o.evidence))) \
+        if hasattr(o, "_replace") else replace(o, how=ipv6_said(o.how),  # type: ignore[type-var]
+                                                evidence=tuple(map(ipv6_said, o.evidence)))
+
+
+def has_kube_proxy_rules(ctx: Context) -> bool:
+    """Do the rules this context walks hold kube-proxy's nat chains (iptables and IPVS
+    modes)? Walking rules without them would prove nothing."""
+    nf = ctx.snapshot.netfilter
+    nat = nf.table("nat") if nf else None
+    if nf is None:
+        return True  # unreadable rules are reported by the walk itself
+    return nat is not None and any(c.name.startswith("KUBE-") for c in nat.chains)
+
+
+def no_kube_proxy_rules(ctx: Context) -> str:
+    """Why a walk was not made: what the rules lack, in this context's family."""
+    nf = ctx.snapshot.netfilter
+    if ctx.family == 6 and nf is not None and not nf.tables:
+        return ("the IPv6 rules hold no table (`ip6tables-save` printed nothing): kube-proxy "
+                "wrote no IPv6 rules on this node (IPv6 disabled or unused here, or an "
+                f"IPv4-only kube-proxy; mode: {ctx.mode_how})")
+    if ctx.family == 6:
+        return ("kube-proxy's rules were not found in the IPv6 rules (`ip6tables-save`: no "
+                f"KUBE- chain in its nat table; mode: {ctx.mode_how}): an IPv4-only "
+                "kube-proxy, a replacement such as Cilium, or the other ip6tables backend?")
+    return ("kube-proxy's rules were not found in the iptables dump (mode: "
+            f"{ctx.mode_how}): kube-proxy in nftables mode, a replacement such as Cilium, "
+            "or the other iptables backend?")

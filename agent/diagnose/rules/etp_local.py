@@ -7,6 +7,11 @@ import re
 
 from agent.diagnose.context import Context
 from agent.diagnose.model import Finding
+from agent.diagnose.rules.common import (
+    has_kube_proxy_rules,
+    ipv6_commands,
+    no_kube_proxy_rules,
+)
 from agent.snapshot import NodeSnapshot
 
 ID = "etp-local-no-local-endpoint"
@@ -105,10 +110,18 @@ def check(ctx: Context) -> list[Finding]:
             ev.append(f"kube-proxy's rule: {said}")
             ev.append(f"externalTrafficPolicy=Local ({t.etp_how or 'kube-proxy rules'})")
         else:
+            if ctx.mode != "nftables" and not has_kube_proxy_rules(ctx):
+                # no kube-proxy chain to walk: "not served" would be a claim on nothing
+                if t.etp == "Local":
+                    ctx.unknown(ID, no_kube_proxy_rules(ctx))
+                continue
             served = ctx.paths.outside_to_lb(t)
+            if ctx.family == 6:
+                served = ipv6_commands(served)
             if served.served is None:
                 if t.etp == "Local":
-                    ctx.unknown(ID, f"{t.ip}:{t.port}: {served.how}")
+                    host = f"[{t.ip}]" if ":" in t.ip else t.ip
+                    ctx.unknown(ID, f"{host}:{t.port}: {served.how}")
                 continue
             if served.served:
                 continue

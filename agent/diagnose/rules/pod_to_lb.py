@@ -9,7 +9,12 @@ from agent.diagnose.lb_ip import infer_service
 from agent.diagnose.model import Finding
 from agent.diagnose.paths import PathOutcome
 from agent.diagnose.remedies import for_not_masqueraded
-from agent.diagnose.rules.common import rp_filter_effective
+from agent.diagnose.rules.common import (
+    has_kube_proxy_rules,
+    ipv6_commands,
+    no_kube_proxy_rules,
+    rp_filter_effective,
+)
 
 NOT_MASQUERADED = "pod-to-lb-not-masqueraded"
 CAPTURED = "pod-to-lb-captured"
@@ -20,16 +25,13 @@ UNDETERMINED = "pod-to-lb-undetermined"
 
 def check(ctx: Context) -> list[Finding]:
     out = []
-    walkable = ctx.mode == "nftables" or (ctx.mode != "unknown" and _has_kube_proxy_rules(ctx))
+    walkable = ctx.mode == "nftables" or (ctx.mode != "unknown" and has_kube_proxy_rules(ctx))
     etp_lines: dict[tuple[str, str], str] = {}  # one string per policy, not per finding
     for t in ctx.targets:
         if not walkable:
             # kube-proxy's rules are not in this backend's dump (nftables mode, a
             # kube-proxy replacement, the other backend): walking them would prove nothing
-            o = PathOutcome("unknown", "kube-proxy's rules were not found in the iptables "
-                            f"dump (mode: {ctx.mode_how}): kube-proxy in nftables mode, a "
-                            "replacement such as Cilium, or the other iptables backend?",
-                            ())
+            o = PathOutcome("unknown", no_kube_proxy_rules(ctx), ())
         else:
             try:
                 o = ctx.paths.pod_to_lb(t)
@@ -37,7 +39,7 @@ def check(ctx: Context) -> list[Finding]:
                 o = PathOutcome("unknown", f"internal error walking it: "
                                 f"{type(e).__name__}: {e}", ())
             if ctx.family == 6:
-                o = _ipv6_commands(o)
+                o = ipv6_commands(o)
         host = f"[{t.ip}]" if ":" in t.ip else t.ip  # an IPv6 address before its port
         what = f"{host}:{t.port}/{t.protocol}" if t.port else f"{t.ip} (ports not in the input)"
         if t.kind == "ingress" and t.ingress:
@@ -115,26 +117,3 @@ def check(ctx: Context) -> list[Finding]:
                                       "the evidence names what could not be evaluated.",
                                **common))
     return out
-
-
-def _has_kube_proxy_rules(ctx: Context) -> bool:
-    nf = ctx.snapshot.netfilter
-    nat = nf.table("nat") if nf else None
-    if nf is None:
-        return True  # unreadable rules are reported by the walk itself
-    return nat is not None and any(c.name.startswith("KUBE-") for c in nat.chains)
-
-
-# the commands an IPv6 walk's messages name (the walk's are IPv4's)
-_V6_WORDS = (("`iptables -t ", "`ip6tables -t "), ("{.spec.podCIDR}", "{.spec.podCIDRs}"),
-             ("`ip route show table local`", "`ip -6 route show table local`"))
-
-
-def _ipv6_commands(o: PathOutcome) -> PathOutcome:
-    def said(text: str) -> str:
-        for v4, v6 in _V6_WORDS:
-            if v4 in text:
-                text = text.replace(v4, v6)
-        return text
-
-    return o._replace(how=said(o.how), evidence=tuple(map(said, o.evidence)))
