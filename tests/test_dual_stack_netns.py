@@ -128,7 +128,7 @@ while time.monotonic() < end:
 _CONNECT = """
 import socket, sys
 s = socket.socket(socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET)
-s.settimeout(1.0)
+s.settimeout(float(sys.argv[3]) if len(sys.argv) > 3 else 1.0)
 try:
     s.connect((sys.argv[1], int(sys.argv[2])))
     print("open")
@@ -204,6 +204,11 @@ def _ipvs_conns(ns: Netns, vip: str) -> int:
     return int(next(line for line in stats.splitlines() if line.startswith("TCP")).split()[2])
 
 
+def _icmp6_out_unreachable(ns: Netns) -> int:
+    snmp6 = ns.run("cat", "/proc/net/snmp6").stdout
+    return int(re.search(r"^Icmp6OutDestUnreachs\s+(\d+)", snmp6, re.M)[1])  # type: ignore[index]
+
+
 def test_ipvs_mode_ipv6_live_equals_the_bundle(tmp_path: Path) -> None:
     """kube-proxy's IPv6 IPVS proxier: KUBE-6-* ipsets read live, the VIPs on kube-ipvs0
     local (with IPv6's fate, no IPv4 sysctl), pod traffic to them stays on the node. With
@@ -243,10 +248,13 @@ def test_ipvs_mode_ipv6_live_equals_the_bundle(tmp_path: Path) -> None:
                        for e in cap)
         served = ("2001:db8:ff::7", "2001:db8:ff::8")  # Cluster and Local, a local endpoint
         conns = {ip: _ipvs_conns(lab.node, ip) for ip in served} if real else {}
+        unreach = _icmp6_out_unreachable(lab.node)
         endpoint = _listener(lab.endpoint_pod, "::", ds.EP_PORT)
         outside = _listener(lab.vpc, "::", 80)
         try:
-            answers = {ip: lab.client_pod.run(sys.executable, "-c", _CONNECT, ip, "80",
+            # 3 s: the first ICMPv6 error may meet the socket still locked by connect()
+            # (a soft error); the SYN's retransmission a second later gets the hard one
+            answers = {ip: lab.client_pod.run(sys.executable, "-c", _CONNECT, ip, "80", "3",
                                               timeout=30).stdout.strip()
                        for ip in (*served, ds.IPVS_NO_REAL_SERVERS)}
         finally:
@@ -254,15 +262,17 @@ def test_ipvs_mode_ipv6_live_equals_the_bundle(tmp_path: Path) -> None:
         assert at_vpc == [], at_vpc  # captured, as the walk says: nothing leaves the node
         if real:
             # IPVS (Masq) took each SYN to the endpoint pod, which saw the pod's own
-            # address; none6's virtual server has no real server: IPVS answers ICMPv6
-            # port unreachable
+            # address; none6's virtual server has no real server: IPVS itself answers
+            # ICMPv6 port unreachable (ip_vs_leave), where the node's TCP would send a RST
             assert answers == {**dict.fromkeys(served, "open"),
                                ds.IPVS_NO_REAL_SERVERS: "ConnectionRefusedError"}, answers
             assert at_endpoint == [ds.CLIENT6] * len(served), at_endpoint
             assert all(_ipvs_conns(lab.node, ip) == conns[ip] + 1 for ip in served)
-        else:  # no virtual server: the node's own stack refuses it
+            assert _icmp6_out_unreachable(lab.node) > unreach
+        else:  # no virtual server: the node's own TCP refuses it (a RST, no ICMPv6)
             assert answers == dict.fromkeys(answers, "ConnectionRefusedError"), answers
             assert at_endpoint == [], at_endpoint
+            assert _icmp6_out_unreachable(lab.node) == unreach
 
         bundle = tmp_path / "bundle"
         assert _agent(lab.node, "bundle", str(bundle), "--no-kube-api").returncode == 0
