@@ -261,12 +261,15 @@ def test_ipvs_mode_ipv6_live_equals_the_bundle(tmp_path: Path) -> None:
             at_endpoint, at_vpc = _peers(endpoint), _peers(outside)
         assert at_vpc == [], at_vpc  # captured, as the walk says: nothing leaves the node
         if real:
-            # IPVS (Masq) took each SYN to the endpoint pod, which saw the pod's own
-            # address; none6's virtual server has no real server: IPVS itself answers
-            # ICMPv6 port unreachable (ip_vs_leave), where the node's TCP would send a RST
+            # IPVS (Masq) took each SYN to the endpoint pod. web6 (Cluster): KUBE-LOAD-
+            # BALANCER marked it, KUBE-POSTROUTING masqueraded it to the node's cni0
+            # address (net.ipv4.vs.conntrack=1 lets nat see IPVS's connections); loc6
+            # (Local, KUBE-6-LOAD-BALANCER-LOCAL returns): the pod's own address. none6's
+            # virtual server has no real server: IPVS itself answers ICMPv6 port
+            # unreachable (ip_vs_leave), where the node's TCP would send a RST
             assert answers == {**dict.fromkeys(served, "open"),
                                ds.IPVS_NO_REAL_SERVERS: "ConnectionRefusedError"}, answers
-            assert at_endpoint == [ds.CLIENT6] * len(served), at_endpoint
+            assert at_endpoint == [ds.BRIDGE6, ds.CLIENT6], at_endpoint
             assert all(_ipvs_conns(lab.node, ip) == conns[ip] + 1 for ip in served)
             assert _icmp6_out_unreachable(lab.node) > unreach
         else:  # no virtual server: the node's own TCP refuses it (a RST, no ICMPv6)
