@@ -28,6 +28,7 @@ from pathlib import Path
 from lab import netns as _netns
 from lab.kube_proxy_rules import LbService, iptables_mode, ipvs_mode, services_json
 from lab.netns import Netns
+from lab.node import REAL, ipvs_kind
 
 NODE_NAME = "node-dual"
 NODE_IP4, NODE_IP6 = "10.0.0.10", "2001:db8:1::10"
@@ -84,18 +85,33 @@ EXPECT = {
 
 
 # IPVS mode's IPv6 proxier (an IPv6-only kube-proxy here: its IPv4 side is the iptables
-# scenario's business): every VIP bound on kube-ipvs0, the sets KUBE-6-*
+# scenario's business): every VIP bound on kube-ipvs0, the sets KUBE-6-*; eTP Cluster and
+# Local, each with and without a local endpoint
 IPVS_SERVICES = (
-    SERVICES[0],
+    SERVICES[0],  # web6: Cluster, a local endpoint
     LbService(namespace="default", name="loc6", cluster_ip="fd00:96::8",
               lb_ip="2001:db8:ff::8", node_port=30081, etp="Local",
-              health_check_node_port=32081, remote_endpoints=(REMOTE_EP6,)),)
-IPVS_EXPECT = {
-    # bound on kube-ipvs0: a local address (IPv6's fate for health checks from the VIP)
-    # and a pod's SYN to it never leaves the node
-    "2001:db8:ff::7": {"lb-ip-local", "pod-to-lb-captured"},
-    "2001:db8:ff::8": {"lb-ip-local", "pod-to-lb-captured"},
-}
+              health_check_node_port=32081, local_endpoints=(EP6,)),
+    # Local, its only endpoint on another node: kube-proxy (>= 1.21, kubernetes PR 97081)
+    # gives the virtual server that remote endpoint so that pods still reach the VIP
+    LbService(namespace="default", name="far6", cluster_ip="fd00:96::9",
+              lb_ip="2001:db8:ff::9", node_port=30082, etp="Local",
+              health_check_node_port=32082, remote_endpoints=(REMOTE_EP6,)),
+    # Cluster, its only endpoint on another node
+    LbService(namespace="default", name="farc6", cluster_ip="fd00:96::d",
+              lb_ip="2001:db8:ff::d", node_port=30086, remote_endpoints=(REMOTE_EP6,)),
+    # Local and no ready endpoint anywhere: a virtual server without real servers
+    LbService(namespace="default", name="none6", cluster_ip="fd00:96::e",
+              lb_ip="2001:db8:ff::e", node_port=30087, etp="Local",
+              health_check_node_port=32087),
+)
+IPVS_NO_REAL_SERVERS = "2001:db8:ff::e"
+# bound on kube-ipvs0: a local address (IPv6's fate for health checks from the VIP), and
+# a pod's SYN to it never leaves the node
+IPVS_EXPECT = {s.lb_ip: {"lb-ip-local", "pod-to-lb-captured"} for s in IPVS_SERVICES}
+# with real IPVS the agent reads the virtual servers: none6's has no real server
+IPVS_EXPECT_REAL = {**IPVS_EXPECT, IPVS_NO_REAL_SERVERS: {
+    "lb-ip-local", "pod-to-lb-captured", "etp-local-no-local-endpoint"}}
 
 
 def ipvs_state(backend: str = "legacy"):  # type: ignore[no-untyped-def]
@@ -160,8 +176,9 @@ class DualLab:
 def build_dual_stack(backend: str = "legacy", mode: str = "iptables") -> Iterator[DualLab]:
     """The dual-stack node, its VPC side, a client pod and a local endpoint pod; every
     namespace is deleted when the block ends, also on error. ``mode`` "ipvs": kube-proxy's
-    IPv6 IPVS proxier instead (ipsets, ip6tables rules, VIPs on a DOWN kube-ipvs0; no
-    virtual server: this kernel may have no IP_VS, and the lab never loads a module)."""
+    IPv6 IPVS proxier instead (ipsets, ip6tables rules, VIPs on a DOWN kube-ipvs0, and
+    where lab.node.ipvs_kind() is real its IPv6 virtual servers; elsewhere none: the
+    kernel may have no IP_VS, and the lab never loads a module)."""
     with ExitStack() as stack:
         vpc = stack.enter_context(_netns.netns("lbv"))
         node = stack.enter_context(_netns.netns("lbn"))
@@ -215,10 +232,18 @@ def build_dual_stack(backend: str = "legacy", mode: str = "iptables") -> Iterato
             state = ipvs_state(backend)
             node.run("ipset", "restore", input=state.ipset_restore)
             node.run(f"ip6tables-{backend}-restore", input=state.iptables_restore)
-            node.run("ip", "link", "add", "kube-ipvs0", "type", "bridge")  # left DOWN
+            real = ipvs_kind() == REAL
+            # kube-proxy's dummy, left DOWN (a DOWN bridge stands in without the driver);
+            # IPv6 VIPs bound with IFA_F_NODAD as kube-proxy's EnsureAddressBind does
+            node.run("ip", "link", "add", "kube-ipvs0", "type", "dummy" if real else "bridge")
             node.run("ip", "-batch", "-", input="".join(
                 f"address add {a}/128 dev kube-ipvs0 nodad\n"
                 for a in state.kube_ipvs0_addresses))
+            if real:  # the virtual servers as kube-proxy writes them (lab.node._rules)
+                node.run("sysctl", "-q", "-w", "net.ipv4.vs.conntrack=1",
+                         "net.ipv4.vs.expire_nodest_conn=1",
+                         "net.ipv4.vs.expire_quiescent_template=1")
+                node.run("ipvsadm", "-R", input=state.ipvsadm_save)
         _settle(node)
         kube_dir = Path(tempfile.mkdtemp(prefix="lbl-kube-"))
         stack.callback(shutil.rmtree, kube_dir, True)

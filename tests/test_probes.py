@@ -86,6 +86,84 @@ def test_ipvs_conversion_ipv6_and_pyroute2_default_trap() -> None:
     assert ipvs.real_server_from_message(msg) == IpvsRealServer("fd00::9", 443, "Masq", 1)
 
 
+# IPVS generic netlink as the kernel writes it (net/netfilter/ipvs/ip_vs_ctl.c:
+# ip_vs_genl_fill_service puts AF first; ip_vs_genl_fill_dest puts ADDR first and
+# ADDR_FAMILY after it; both addresses are a 16-byte union nf_inet_addr)
+def _nla(kind: int, payload: bytes) -> bytes:
+    import struct
+
+    size = 4 + len(payload)
+    return struct.pack("HH", size, kind) + payload + bytes(-size % 4)
+
+
+def _genl(cmd: int, nested_type: int, attrs: bytes) -> Any:
+    import struct
+
+    from pyroute2.netlink.generic.ipvs import ipvsmsg
+
+    body = struct.pack("BBH", cmd, 1, 0) + _nla(nested_type | 0x8000, attrs)
+    msg = ipvsmsg(struct.pack("IHHII", 16 + len(body), 0x20, 2, 1, 0) + body)
+    msg.decode()
+    return msg
+
+
+def _inet(addr: str) -> bytes:
+    import socket
+
+    raw = socket.inet_pton(socket.AF_INET6 if ":" in addr else socket.AF_INET, addr)
+    return raw + bytes(16 - len(raw))
+
+
+def _kernel_service(af: int, addr: str, port: int) -> Any:
+    import struct
+
+    return _genl(4, 1, _nla(1, struct.pack("H", af)) + _nla(2, struct.pack("H", 6))
+                 + _nla(3, _inet(addr)) + _nla(4, struct.pack(">H", port))
+                 + _nla(6, b"rr\0") + _nla(7, struct.pack("II", 0, 0xFFFFFFFF)))
+
+
+def _kernel_dest(af: int, addr: str, port: int, fwd: int, weight: int) -> Any:
+    import struct
+
+    return _genl(8, 2, _nla(1, _inet(addr)) + _nla(2, struct.pack(">H", port))
+                 + _nla(3, struct.pack("I", fwd)) + _nla(4, struct.pack("I", weight))
+                 + _nla(11, struct.pack("H", af)))
+
+
+def test_ipvs_ipv6_virtual_and_real_servers_from_kernel_messages() -> None:
+    """kube-proxy's IPv6 proxier's servers as netlink bytes, decoded by pyroute2: the
+    addresses follow the family attributes (an IPv6 service may hold an IPv4 tunnel
+    real server), and the dest dump asks for the IPv6 service by AF_INET6 and its
+    16 bytes, as ip_vs_genl_parse_service reads them."""
+    import socket
+
+    from pyroute2.netlink.generic.ipvs import ipvsmsg
+
+    v6, v4 = socket.AF_INET6, socket.AF_INET
+    svc = _kernel_service(v6, "2001:db8:ff::7", 80)
+    dests = [_kernel_dest(v6, "fd00:10:244:1::10", 8080, 0, 1),
+             _kernel_dest(v4, "10.0.0.20", 8080, 2, 1)]
+    assert ipvs.virtual_server_from_message(svc, dests) == IpvsVirtualServer(
+        protocol="TCP", address="2001:db8:ff::7", port=80, scheduler="rr", real_servers=(
+            IpvsRealServer("10.0.0.20", 8080, "Tunnel", 1),
+            IpvsRealServer("fd00:10:244:1::10", 8080, "Masq", 1)))
+    # no real server (eTP=Local, no endpoint): the virtual server is still listed
+    empty = ipvs.virtual_server_from_message(_kernel_service(v6, "2001:db8:ff::e", 80), [])
+    assert (empty.address, empty.real_servers) == ("2001:db8:ff::e", ())
+
+    req = ipvsmsg()
+    req["cmd"], req["version"] = 8, 1
+    req["attrs"] = [("IPVS_CMD_ATTR_SERVICE", ipvs.dest_dump_key(svc).dump_key())]
+    req.encode()
+    sent = ipvsmsg(bytes(req.data))
+    sent.decode()
+    key = dict(sent.get_attr("IPVS_CMD_ATTR_SERVICE")["attrs"])
+    assert (key["IPVS_SVC_ATTR_AF"], key["IPVS_SVC_ATTR_PROTOCOL"], key["IPVS_SVC_ATTR_PORT"],
+            key["IPVS_SVC_ATTR_ADDR"]) == (v6, 6, 80, "2001:db8:ff::7")
+    raw = bytes(req.data)
+    assert _nla(3, _inet("2001:db8:ff::7")) in raw  # the 16-byte address, as sent
+
+
 def test_ipvs_unavailable_without_proc_file(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ipvs, "PROC_IP_VS", "/nonexistent/ip_vs")
     result = ipvs.collect(ProbeContext())

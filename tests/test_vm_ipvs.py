@@ -11,6 +11,8 @@ real virtual servers (``ipvsadm -R``, as kube-proxy's rules would), and the gues
 - the capture tests and the lab's traffic tests: a real health check from a VIP bound
   on kube-ipvs0 dropped as martian source, the TKE variant whose pod traffic loops
   through the CLB.
+- the dual-stack node's IPv6 IPVS proxier (lab.dual_stack): real IPv6 virtual servers
+  read live == from the bundle, and a pod's IPv6 SYN through them to the endpoint pod.
 
 The VM boots once for the whole guest run, in the background from the moment pytest
 has collected it (tests/vm_guest.py), so it overlaps the host's tests. If it cannot

@@ -32,6 +32,9 @@ CAPTURE = ("test_same_node_pod_loop_is_observed",
            "test_healthcheck_from_a_non_local_source_is_healthy",
            "test_pod_on_another_node_is_healthy",
            "test_cluster_policy_masquerades_and_the_clb_picks_the_other_node")
+# the dual-stack node's IPv6 IPVS proxier with real IPv6 virtual servers: live == bundle,
+# eTP Cluster/Local with and without a local endpoint, a pod's IPv6 SYN through IPVS
+DUAL_STACK = ("tests/test_dual_stack_netns.py::test_ipvs_mode_ipv6_live_equals_the_bundle",)
 GUEST_TESTS = [
     "tests/guest",
     *(f"tests/test_check_netns.py::test_live_check_finds_what_the_scenario_expects[{i}]"
@@ -41,9 +44,10 @@ GUEST_TESTS = [
     # findings' grouping, not IPVS: it stays on the host, where it takes 7 s, not minutes)
     *(f"tests/test_capture_netns.py::{t}" for t in CAPTURE),
     *(f"tests/test_lab_traffic.py::test_{t}" for t in LAB_TRAFFIC),
+    *DUAL_STACK,
 ]
 # the guest must have run all of these (a selection that silently shrinks fails)
-MIN_GUEST_TESTS = 3 + len(IPVS_CHECKS) + 1 + 6 + len(LAB_TRAFFIC)
+MIN_GUEST_TESTS = 3 + len(IPVS_CHECKS) + 1 + 6 + len(LAB_TRAFFIC) + len(DUAL_STACK)
 # a hang's bound; the run itself took 468 s alone and takes longer beside the host's tests
 GUEST_TIMEOUT = 1500.0
 

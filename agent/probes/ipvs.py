@@ -93,16 +93,22 @@ def ipvs_available() -> bool:
     return os.path.exists(PROC_IP_VS)
 
 
+def dest_dump_key(smsg: Any) -> Any:
+    """The service key of a dest dump for a dumped service (pyroute2's documented way):
+    its address family, protocol, address and port, or its firewall mark. The kernel
+    finds an IPv6 service by AF_INET6 and the 16-byte address (tests/test_probes.py)."""
+    from pyroute2.ipvs import IPVSService
+
+    return IPVSService.from_message(smsg)
+
+
 def read_ipvs() -> tuple[IpvsVirtualServer, ...]:
     from pyroute2 import IPVS
-    from pyroute2.ipvs import IPVSService
 
     out = []
     with IPVS() as sock:
         for smsg in list(sock.service("dump")):
-            # The documented pyroute2 way to key a dest dump on a dumped service.
-            key = IPVSService.from_message(smsg)
-            dests = list(sock.dest("dump", service=key))
+            dests = list(sock.dest("dump", service=dest_dump_key(smsg)))
             out.append(virtual_server_from_message(smsg, dests))
     out.sort(key=lambda v: (v.protocol, v.address, v.port))
     return tuple(out)
