@@ -51,10 +51,12 @@ while True:
     c, peer = s.accept()
     c.sendall(f"peer={peer[0]} local={c.getsockname()[0]}\\n".encode()); c.close()
 """
+# 4 s: room for the SYN's two retransmissions (1 s, 3 s) when the first is lost while a
+# neighbour is resolved under load (an IPv6 NodePort probe timed out at 2 s, 1 run in 3)
 _CLIENT = """
 import socket, sys
 s = socket.socket(socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET)
-s.settimeout(2)
+s.settimeout(4)
 if len(sys.argv) > 3:
     s.bind((sys.argv[3], 0))
 try:

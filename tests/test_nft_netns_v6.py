@@ -86,7 +86,7 @@ def test_dual_stack_nftables_node_ipv6_lb_ips(tmp_path: Path) -> None:
             # not in any table: leaves the node with the pod's own address
             "pod unsynced": (pod, UNSYNCED, 80, None),
         }
-        with ThreadPoolExecutor(len(probes)) as pool:  # the drops wait 2 s each: at once
+        with ThreadPoolExecutor(len(probes)) as pool:  # the drops wait 4 s each: at once
             futures = {k: pool.submit(connect, *args) for k, args in probes.items()}
             kernel = {k: f.result() for k, f in futures.items()}
         assert kernel["pod lb-local"] == "peer=fd00:10::5 local=fd00:10:180::2", kernel
