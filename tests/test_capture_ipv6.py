@@ -541,3 +541,23 @@ def test_merged_local_sources_are_worded_by_their_family(v4: int, v6: int, says:
     assert not any(never in f["summary"] for f in found)
     v4_kept = [f for f in found if f not in merged and "2001:" not in f["summary"]]
     assert all("were dropped as martian source:" in f["summary"] for f in v4_kept)
+
+
+@pytest.mark.parametrize("given", ["fd00:10::/64", "10.244.0.0/16,fd00:10::/64"])
+def test_the_capture_knows_ipv6_pods_the_node_facts_found(given: str) -> None:
+    """An IPv6 pod network found other than on a pod bridge (here --pod-cidr; also
+    kube-proxy's rules or --cluster-cidr, as on a Calico node without bridge or Node
+    podCIDRs) classes the capture's IPv6 pod sources as pods, as IPv4's does."""
+    from dataclasses import replace
+
+    from agent.diagnose import prepare
+    from agent.watch import source_classifier
+
+    snap = load_bundle(Path(__file__).parent / "data" / "bundles" / "tke-etp-local")
+    assert not ipv6_pod_prefixes(snap.addresses)  # no IPv6 on a pod bridge here
+    prepared = prepare(replace(snap, given={"pod_cidr": given}))
+    assert prepared.facts.pod6 is not None and prepared.facts.pod6.prefix == "fd00:10::/64"
+    classify = source_classifier(prepared)
+    assert classify(POD6) == SRC_POD
+    assert classify("2001:db8:99::1") == SRC_OTHER
+    assert classify(prepared.facts.pod.pod_ip if prepared.facts.pod else "") == SRC_POD
