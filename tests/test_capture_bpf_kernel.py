@@ -40,7 +40,7 @@ from scapy.layers.inet6 import (
     PadN,
 )
 from scapy.layers.ipsec import AH
-from scapy.layers.l2 import Dot1AD, Dot1Q, Ether
+from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw
 
 from agent.capture import bpf
@@ -256,22 +256,23 @@ def _frames(seed: int, count: int, vb_mac: str) -> list[tuple[str, bytes]]:
             out = out[:rnd.randrange(start + 1, len(out) + 1)]
         return bytes(out)
 
+    packets = [ip() for _ in range(count // 6)]  # scapy builds slowly: reuse, damaged anew
+    to_vb = bytes.fromhex(vb_mac.replace(":", ""))
     frames = []
     for _ in range(count):
         where = rnd.choice(("va", "va", "va", "lo", "tun-in", "tun9"))
-        packet = ip()
+        packet = rnd.choice(packets)
         if where.startswith("tun"):
             frames.append((where, damaged(packet, 0)))
             continue
         tags = rnd.choice((0, 0, 0, 1, 2, 3))
         tpids = [0x88A8 if i == 0 and tags > 1 else 0x8100 for i in range(tags)]
-        types = [*tpids, 0x86DD if packet[0] >> 4 == 6 else 0x0800]
-        link: Packet = Ether(src="02:00:00:00:00:01", type=types[0],
-                             dst=vb_mac if rnd.random() < 0.7 else "02:00:00:00:00:09")
+        link = (to_vb if rnd.random() < 0.7 else bytes.fromhex("020000000009")) \
+            + bytes.fromhex("020000000001")
         for i, tpid in enumerate(tpids):
-            tag = Dot1AD if tpid == 0x88A8 else Dot1Q
-            link = link / tag(vlan=5 + i, type=types[i + 1])
-        frames.append((where, damaged(bytes(link) + packet, 12)))
+            link += tpid.to_bytes(2, "big") + (5 + i).to_bytes(2, "big")  # TPID, TCI
+        link += (0x86DD if packet[0] >> 4 == 6 else 0x0800).to_bytes(2, "big")
+        frames.append((where, damaged(link + packet, 12)))
     return frames
 
 
