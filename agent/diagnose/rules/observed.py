@@ -8,8 +8,10 @@ A health check from an address local here fails in one of two ways, told apart b
 the capture saw, not by the address family: IPv4 drops the SYN as martian source
 (``unanswered``); IPv6 (which has no martian check) and IPv4 with accept_local=1 take it
 in and answer, but the SYN-ACK's destination is local, so it is routed to lo and the
-node resets its own half-open connection there (``bypassed`` through lo). Same cause,
-same remedy, same finding id; the summary says which happened."""
+node resets its own half-open connection there (``bypassed`` through lo), or, when the
+NodePort is DNATed to a pod, the pod's SYN-ACK is taken in by the node and no answer
+leaves at all (``unanswered`` from an IPv6 source). Same cause, same remedy, same finding
+id; the summary says which happened."""
 
 from __future__ import annotations
 
@@ -319,7 +321,12 @@ def _iso(t: float | None) -> str | None:
 
 # How SYNs from a local source failed (HEALTHCHECK_DROPPED), by what the capture saw.
 _MARTIAN = "were dropped as martian source"
-_NO_ANSWER_V6 = "got no answer (IPv6 has no martian-source drop: something else dropped them)"
+# IPv6 takes the SYN in; with the NodePort DNATed to a pod (kube-proxy), the pod's SYN-ACK
+# comes back addressed to this node's own address and is taken in, never sent out
+# (tests/test_capture_ipv6_netns.py): the capture sees no answer, as for a drop
+_NO_ANSWER_V6 = ("got no answer out of the node (IPv6 has no martian-source drop: a pod "
+                 "behind the NodePort answered and its SYN-ACK, addressed to this node's "
+                 "own address, was taken in here, or something else dropped them)")
 _NO_ANSWER = "got no answer (dropped: as martian source if IPv4)"
 _TO_LO = ("were answered, but the SYN-ACK went to lo (its destination is this node's own "
           "address) and never left the node")
