@@ -564,3 +564,14 @@ def test_the_capture_knows_ipv6_pods_the_node_facts_found(given: str) -> None:
     assert classify(POD6) == SRC_POD
     assert classify("2001:db8:99::1") == SRC_OTHER
     assert classify(prepared.facts.pod.pod_ip if prepared.facts.pod else "") == SRC_POD
+
+
+def test_an_unanswered_ipv6_local_sample_does_not_say_dropped() -> None:
+    """Its sample line says what was seen (no SYN-ACK left), not a drop: behind a NodePort
+    DNATed to a pod the pod answered (tests/test_capture_ipv6_netns.py); IPv4's stays."""
+    snap = load_bundle(Path(__file__).parent / "data" / "bundles" / "tke-etp-local")
+    v = diagnose(snap, "n", capture=_health_checks(["drop6", "drop"])).to_dict()
+    lines = [e for f in v["findings"] if f["id"] == "healthcheck-dropped-local-source"
+             for e in f["evidence"] if " (local): " in e]
+    assert [e.split(": ", 1)[1] for e in lines if VIP6 in e] == ["no SYN-ACK left the node"]
+    assert [e.split(": ", 1)[1] for e in lines if VIP6 not in e] == ["no SYN-ACK: dropped"]

@@ -374,7 +374,9 @@ def _sample(s: HandshakeSample) -> str:
         BYPASSED: f"SYN-ACK left through {s.reply_iface}, not {s.in_iface}: "
                   + ("routed back into this node, it never left" if s.reply_iface == "lo"
                      else "it bypassed the load balancer"),
-        UNANSWERED: "no SYN-ACK: dropped",
+        # IPv6 drops no local source: a pod's answer may have been taken in here
+        UNANSWERED: "no SYN-ACK left the node" if s.source_class == SRC_LOCAL
+                    and ":" in s.src else "no SYN-ACK: dropped",
         RESET: f"answered by RST through {s.reply_iface}",
     }.get(s.outcome, s.outcome)
     tail = "; the client reset it (it expected the load balancer)" if s.peer_reset else ""
