@@ -484,7 +484,9 @@ def _health_checks(how: list[str]) -> CaptureResult:
 
 @pytest.mark.parametrize("how, says, never", [
     (["lo6"] * 2, "and were answered, but the SYN-ACK went to lo", "martian"),
-    (["drop6"], "got no answer (IPv6 has no martian-source drop", "martian source:"),
+    # IPv6 unanswered: a NodePort DNATed to a pod (tests/test_capture_ipv6_netns.py)
+    (["drop6"], "got no answer out of the node (IPv6 has no martian-source drop: a pod "
+     "behind the NodePort answered", "martian source:"),
     (["drop"] * 2, "and were dropped as martian source:", "went to lo"),
     (["lo"], "and were answered, but the SYN-ACK went to lo", "martian"),  # accept_local
     (["drop", "lo", "lo"], "and 1 were dropped as martian source, 2 were answered", "!"),
@@ -502,3 +504,74 @@ def test_a_local_source_finding_says_how_the_checks_failed(
     ipv6 = [e for e in f["evidence"] if VIP6 in e]
     assert all(e.startswith(f"[{VIP6}]:") and f"-> [{NODE6}]:{PORT} " in e for e in ipv6)
     assert len(ipv6) == sum(h.endswith("6") for h in how)
+
+
+def _many_local_sources(v4: int, v6: int) -> CaptureResult:
+    """One unanswered SYN to NodePort 30080 from each of ``v4`` IPv4 and ``v6`` IPv6
+    addresses local on the node (VIPs bound on kube-ipvs0, as IPVS binds every LB IP)."""
+    srcs = [f"10.0.1.{100 + i}" for i in range(v4)] + [f"2001:db8:ff::{i + 1:x}"
+                                                       for i in range(v6)]
+    local = set(srcs)
+    t = HandshakeTable(lambda ip: SRC_LOCAL if ip in local else SRC_OTHER,
+                       interfaces=FakeNames(NAMES, {VETH: "cni0", 3: "cni0"}))
+    for i, src in enumerate(srcs):
+        dst = NODE6 if ":" in src else "10.0.0.10"
+        _pkt(t, i * 0.01, ETH0, PACKET_HOST, src, dst, 40000 + i, PORT, 0x02)
+    return CaptureResult(30.0, (30000, 32767), ports=t.finish(100.0),
+                         failures=t.failures(1.7e9))
+
+
+@pytest.mark.parametrize("v4, v6, says, never", [
+    # more sources than findings per id: the smallest are merged into one finding,
+    # which has no single source address to tell the family by
+    (0, 25, "got no answer out of the node (IPv6 has no martian", "martian source:"),
+    (25, 0, "were dropped as martian source:", "IPv6"),
+    (0, 3, "got no answer out of the node (IPv6 has no martian", "martian source:"),
+    # the merged finding holds 3 of each family: each is worded by its own
+    (22, 3, "3 were dropped as martian source, 3 got no answer out of the node (IPv6",
+     "went to lo"),
+])
+def test_merged_local_sources_are_worded_by_their_family(v4: int, v6: int, says: str,
+                                                         never: str) -> None:
+    snap = load_bundle(Path(__file__).parent / "data" / "bundles" / "tke-etp-local")
+    v = diagnose(snap, "n", capture=_many_local_sources(v4, v6)).to_dict()
+    found = [f for f in v["findings"] if f["id"] == "healthcheck-dropped-local-source"]
+    assert len(found) == min(v4 + v6, 20)
+    merged = [f for f in found if "addresses local" in f["summary"]]
+    assert len(merged) == (v4 + v6 > 20)
+    for f in merged or found:
+        assert says in f["summary"], f["summary"]
+    assert not any(never in f["summary"] for f in found)
+    v4_kept = [f for f in found if f not in merged and "2001:" not in f["summary"]]
+    assert all("were dropped as martian source:" in f["summary"] for f in v4_kept)
+
+
+@pytest.mark.parametrize("given", ["fd00:10::/64", "10.244.0.0/16,fd00:10::/64"])
+def test_the_capture_knows_ipv6_pods_the_node_facts_found(given: str) -> None:
+    """An IPv6 pod network found other than on a pod bridge (here --pod-cidr; also
+    kube-proxy's rules or --cluster-cidr, as on a Calico node without bridge or Node
+    podCIDRs) classes the capture's IPv6 pod sources as pods, as IPv4's does."""
+    from dataclasses import replace
+
+    from agent.diagnose import prepare
+    from agent.watch import source_classifier
+
+    snap = load_bundle(Path(__file__).parent / "data" / "bundles" / "tke-etp-local")
+    assert not ipv6_pod_prefixes(snap.addresses)  # no IPv6 on a pod bridge here
+    prepared = prepare(replace(snap, given={"pod_cidr": given}))
+    assert prepared.facts.pod6 is not None and prepared.facts.pod6.prefix == "fd00:10::/64"
+    classify = source_classifier(prepared)
+    assert classify(POD6) == SRC_POD
+    assert classify("2001:db8:99::1") == SRC_OTHER
+    assert classify(prepared.facts.pod.pod_ip if prepared.facts.pod else "") == SRC_POD
+
+
+def test_an_unanswered_ipv6_local_sample_does_not_say_dropped() -> None:
+    """Its sample line says what was seen (no SYN-ACK left), not a drop: behind a NodePort
+    DNATed to a pod the pod answered (tests/test_capture_ipv6_netns.py); IPv4's stays."""
+    snap = load_bundle(Path(__file__).parent / "data" / "bundles" / "tke-etp-local")
+    v = diagnose(snap, "n", capture=_health_checks(["drop6", "drop"])).to_dict()
+    lines = [e for f in v["findings"] if f["id"] == "healthcheck-dropped-local-source"
+             for e in f["evidence"] if " (local): " in e]
+    assert [e.split(": ", 1)[1] for e in lines if VIP6 in e] == ["no SYN-ACK left the node"]
+    assert [e.split(": ", 1)[1] for e in lines if VIP6 not in e] == ["no SYN-ACK: dropped"]

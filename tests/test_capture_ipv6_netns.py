@@ -28,7 +28,14 @@ from typing import Any
 import pytest
 
 from agent.capture.handshakes import DEFAULT_TIMEOUT as HANDSHAKE_TIMEOUT
-from agent.capture.model import ANSWERED, BYPASSED, SRC_LOCAL, SRC_OTHER, SRC_POD
+from agent.capture.model import (
+    ANSWERED,
+    BYPASSED,
+    SRC_LOCAL,
+    SRC_OTHER,
+    SRC_POD,
+    UNANSWERED,
+)
 from lab.netns import Netns, netns, veth
 from tests.nodestate import settle
 from tests.test_capture_engine import Capture, counts
@@ -44,6 +51,7 @@ LB6 = "2001:db8:ff::8"  # an LB address the node does not hold: the LB DNATs it 
 POD_NET, POD_GW, POD6 = "fd00:10::/64", "fd00:10::1", "fd00:10::5"
 NODE_PORT = 30080  # the VIP's Service
 LB_NODE_PORT = 30081  # LB6's Service
+DNAT_NODE_PORT, POD_PORT = 30082, 8080  # a Service whose NodePort the node DNATs to the pod
 
 _SERVER = r"""
 import select, socket, sys
@@ -107,6 +115,15 @@ def lab6() -> Iterator[Node6]:
             ip link set vethpod0 master cni0
             ip link set vethpod0 up
             ip -6 route add default via {LB_SIDE6} dev eth0
+        """)
+        # kube-proxy's NodePort: DNAT to a pod (DNAT_NODE_PORT; the others are served here)
+        node.run("nft", "-f", "-", input=f"""
+            table ip6 kp {{
+                chain pre {{
+                    type nat hook prerouting priority -100;
+                    tcp dport {DNAT_NODE_PORT} dnat to [{POD6}]:{POD_PORT}
+                }}
+            }}
         """)
         lb.sh(f"""
             sysctl -q -w net.ipv6.conf.all.forwarding=1
@@ -172,6 +189,41 @@ def test_ipv6_handshakes_as_the_capture_sees_them(lab6: Node6) -> None:
     assert samples[SRC_OTHER]["src"] == LB_SIDE6
     failed = {(f["source_class"], f["outcome"]): f for f in result["failures"]}
     assert failed[(SRC_LOCAL, BYPASSED)]["src"] == VIP6
+
+
+def test_a_health_check_to_a_nodeport_dnated_to_a_pod_gets_no_answer_out(
+        lab6: Node6) -> None:
+    """kube-proxy's NodePort DNATs to a pod: the health check from the VIP bound here is
+    taken in (no martian drop), the pod answers, but its SYN-ACK is addressed to the VIP,
+    this node's own address, so the node takes it in and resets the pod's half-open
+    connection: nothing leaves, and the capture sees no answer (``unanswered``, not
+    ``bypassed`` through lo as for a listener on the node). The reset is counted in the
+    pod's namespace, not the node's (TcpExtEmbryonicRsts)."""
+    from agent.capture.corroborate import parse_netstat
+
+    def embryonic_rsts(ns: Netns) -> int:
+        return parse_netstat(ns.run("cat", "/proc/net/netstat").stdout)["TcpExtEmbryonicRsts"]
+
+    c = lab6
+    server = c.pod.popen([PY, "-c", _SERVER, str(POD_PORT)], stdout=subprocess.PIPE)
+    try:
+        assert server.stdout is not None and server.stdout.readline() == "listening\n"
+        assert connect(c.lb, NODE6, DNAT_NODE_PORT, timeout=3) == "connected"  # warm
+        before = embryonic_rsts(c.node), embryonic_rsts(c.pod)
+        cap = Capture(c.node, seconds=2.5, handshake_timeout=1.0,
+                      classes={VIP6: SRC_LOCAL, POD6: SRC_POD},
+                      local_addresses=[NODE6, VIP6, POD_GW, "::1"])
+        assert connect(c.lb, NODE6, DNAT_NODE_PORT) == "connected"
+        assert connect(c.lb, NODE6, DNAT_NODE_PORT, src=VIP6) == "TimeoutError"
+        result = cap.result()
+        after = embryonic_rsts(c.node), embryonic_rsts(c.pod)
+    finally:
+        server.kill()
+        server.wait()
+    assert result["problems"] == [] and result["kernel_drops"] == 0
+    assert counts(result) == {DNAT_NODE_PORT: {ANSWERED: {SRC_OTHER: 1},
+                                               UNANSWERED: {SRC_LOCAL: 1}}}
+    assert after[0] == before[0] and after[1] - before[1] >= 1
 
 
 # --- `check --capture` on the node --------------------------------------------------------

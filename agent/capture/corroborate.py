@@ -11,7 +11,9 @@ Five sources, each a sampler with ``start()`` and ``finish() -> Corroboration``:
 - ``TcpExtEmbryonicRsts`` (``NetstatSampler``): resets that ended a half-open
   (SYN_RECV) connection of this namespace. A bypassed handshake ends so: the client's
   RST (a pod that expected the LB), or, for a health check from a local address that
-  IPv6 (no martian drop) answers, the node's own RST after its SYN-ACK went to lo.
+  IPv6 (no martian drop) answers, the node's own RST after its SYN-ACK went to lo. A
+  pod's half-open connections count in the pod's namespace (a NodePort DNATed to a pod:
+  the node's RST to the pod's SYN-ACK moves the pod's counter, not this one).
 - ``kernel log`` (``KernelLogWatcher``): new lines with "martian source" read from
   ``/dev/kmsg``, opened read-only and non-blocking and positioned at the end at start,
   so only what the kernel logs during the capture is seen; never written to.

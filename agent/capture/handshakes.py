@@ -22,7 +22,8 @@ The table holds at most ``capacity`` entries: when full, the oldest 1/16 is evic
 keyed by (port, outcome, source class) plus at most ``samples_per`` samples per
 (port, outcome, class) and SAMPLE_BUDGET per (outcome, class) over all ports, so memory
 is bounded whatever the traffic (about 400 bytes of RSS per table entry: ~26 MiB for the
-default 65536).
+default 65536; IPv6 keys hold two 16-byte strings: ~33 MiB for a table and recent list
+filled from random IPv6 sources, against 26 for IPv4, measured in one run).
 
 ``feed_block`` is the hot path: it walks a TPACKET_V3 block in place and handles the
 common frame inline, without a function call per packet (see the benchmark in

@@ -8,8 +8,10 @@ A health check from an address local here fails in one of two ways, told apart b
 the capture saw, not by the address family: IPv4 drops the SYN as martian source
 (``unanswered``); IPv6 (which has no martian check) and IPv4 with accept_local=1 take it
 in and answer, but the SYN-ACK's destination is local, so it is routed to lo and the
-node resets its own half-open connection there (``bypassed`` through lo). Same cause,
-same remedy, same finding id; the summary says which happened."""
+node resets its own half-open connection there (``bypassed`` through lo), or, when the
+NodePort is DNATed to a pod, the pod's SYN-ACK is taken in by the node and no answer
+leaves at all (``unanswered`` from an IPv6 source). Same cause, same remedy, same finding
+id; the summary says which happened."""
 
 from __future__ import annotations
 
@@ -135,7 +137,7 @@ def check(ctx: Context) -> list[Finding]:
         if rest:
             out.append(_finding(cap, fid, None, _merge([r for _, rows in rest
                                                         for r in rows]),
-                                lb_ips, others=[key for key, _ in rest]))
+                                lb_ips, others=[key for key, _ in rest], parts=rest))
     return out
 
 
@@ -188,9 +190,11 @@ def _local_rows(port: NodePortStats, svc: str | None, lb_ip: str | None,
 
 
 def _finding(cap: CaptureResult, fid: str, key: str | None, rows: list[_Row],
-             lb_ips: set[str], others: list[str | None] | None = None) -> Finding:
+             lb_ips: set[str], others: list[str | None] | None = None,
+             parts: list[tuple[str | None, list[_Row]]] | None = None) -> Finding:
     """The finding of one cause; ``others``: the keys (source addresses, LB IPs) of
-    the causes merged into this one beyond MAX_PER_ID."""
+    the causes merged into this one beyond MAX_PER_ID, ``parts`` their rows unmerged
+    (a merged health-check finding words each family's share by its own source keys)."""
     severity, what, remedy = _TEXT[fid]
     total = sum(r.syns for r in rows)
     ports = [r.port.node_port for r in rows]
@@ -213,7 +217,7 @@ def _finding(cap: CaptureResult, fid: str, key: str | None, rows: list[_Row],
         origin = (f"came from {key}, an address local on this node," if key
                   else f"came from {len(others)} addresses local on this node" if others
                   else "came from an address that is local on this node")
-        summary = f"{total} SYNs to {where} {origin} {_local_how(rows, key)}{what}"
+        summary = f"{total} SYNs to {where} {origin} {_local_how(parts or [(key, rows)])}{what}"
     counts: dict[str, dict[str, int]] = {}
     for r in rows:
         for o, by in r.port.counts.items():
@@ -317,22 +321,43 @@ def _iso(t: float | None) -> str | None:
 
 # How SYNs from a local source failed (HEALTHCHECK_DROPPED), by what the capture saw.
 _MARTIAN = "were dropped as martian source"
-_NO_ANSWER_V6 = "got no answer (IPv6 has no martian-source drop: something else dropped them)"
+# IPv6 takes the SYN in; with the NodePort DNATed to a pod (kube-proxy), the pod's SYN-ACK
+# comes back addressed to this node's own address and is taken in, never sent out
+# (tests/test_capture_ipv6_netns.py): the capture sees no answer, as for a drop
+_NO_ANSWER_V6 = ("got no answer out of the node (IPv6 has no martian-source drop: a pod "
+                 "behind the NodePort answered and its SYN-ACK, addressed to this node's "
+                 "own address, was taken in here, or something else dropped them)")
+_NO_ANSWER = "got no answer (dropped: as martian source if IPv4)"
 _TO_LO = ("were answered, but the SYN-ACK went to lo (its destination is this node's own "
           "address) and never left the node")
 
 
-def _local_how(rows: list[_Row], key: str | None) -> str:
-    """``and were dropped as martian source``, ``and were answered, but ... lo``, or both
-    with their counts."""
-    bypassed = sum(r.bypassed for r in rows)
-    unanswered = sum(r.unanswered for r in rows)
-    dropped = _NO_ANSWER_V6 if key is not None and ":" in key else _MARTIAN
-    if not bypassed:
-        return f"and {dropped}"
-    if not unanswered:
-        return f"and {_TO_LO}"
-    return f"and {unanswered} {dropped}, {bypassed} {_TO_LO}"
+def _local_how(parts: list[tuple[str | None, list[_Row]]]) -> str:
+    """``and were dropped as martian source``, ``and were answered, but ... lo``, or
+    several with their counts. Unanswered SYNs are worded by their source's family (the
+    key, else the local samples' addresses): IPv4 drops them as martian, IPv6 has no
+    such drop; a merged finding of many sources counts each family's share."""
+    bypassed = sum(r.bypassed for _, rows in parts for r in rows)
+    unanswered: dict[int | None, int] = {}
+    for key, rows in parts:
+        family = _family(key, rows)
+        unanswered[family] = unanswered.get(family, 0) + sum(r.unanswered for r in rows)
+    said = [(n, text) for n, text in ((unanswered.get(4, 0), _MARTIAN),
+                                      (unanswered.get(6, 0), _NO_ANSWER_V6),
+                                      (unanswered.get(None, 0), _NO_ANSWER),
+                                      (bypassed, _TO_LO)) if n]
+    if len(said) == 1:
+        return f"and {said[0][1]}"
+    return "and " + ", ".join(f"{n} {text}" for n, text in said)
+
+
+def _family(key: str | None, rows: list[_Row]) -> int | None:
+    """4 or 6: the family of a local source (its key, else its samples' addresses, when
+    they agree); None when it cannot be told."""
+    srcs = {key} if key else {s.src for r in rows for s in r.port.samples
+                               if s.source_class == SRC_LOCAL}
+    families = {6 if ":" in s else 4 for s in srcs}
+    return families.pop() if len(families) == 1 else None
 
 
 def _counts_line(counts: dict[str, dict[str, int]]) -> str:
@@ -349,7 +374,9 @@ def _sample(s: HandshakeSample) -> str:
         BYPASSED: f"SYN-ACK left through {s.reply_iface}, not {s.in_iface}: "
                   + ("routed back into this node, it never left" if s.reply_iface == "lo"
                      else "it bypassed the load balancer"),
-        UNANSWERED: "no SYN-ACK: dropped",
+        # IPv6 drops no local source: a pod's answer may have been taken in here
+        UNANSWERED: "no SYN-ACK left the node" if s.source_class == SRC_LOCAL
+                    and ":" in s.src else "no SYN-ACK: dropped",
         RESET: f"answered by RST through {s.reply_iface}",
     }.get(s.outcome, s.outcome)
     tail = "; the client reset it (it expected the load balancer)" if s.peer_reset else ""
