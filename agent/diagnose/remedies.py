@@ -44,7 +44,7 @@ def for_lb_ip_local(t: LbTarget) -> str:
         return (f'Annotate the Service with {PREVENT_LOOPBACK}: "true" (with a kube-proxy '
                 "that supports it): the CLB then health-checks from 100.64.0.0/10 instead of "
                 "its own VIP, so the checks are no longer "
-                + ("answered to the node itself (IPv6)" if ":" in t.ip
+                + ("answered inside the node, where the answer stays (IPv6)" if ":" in t.ip
                    else "dropped as martian source")
                 + " while the VIP stays bound for in-cluster short-circuiting.")
     return ("If the load balancer health-checks from its VIP: have it check from another "
