@@ -109,9 +109,11 @@ IPVS_NO_REAL_SERVERS = "2001:db8:ff::e"
 # bound on kube-ipvs0: a local address (IPv6's fate for health checks from the VIP), and
 # a pod's SYN to it never leaves the node
 IPVS_EXPECT = {s.lb_ip: {"lb-ip-local", "pod-to-lb-captured"} for s in IPVS_SERVICES}
-# with real IPVS the agent reads the virtual servers: none6's has no real server
-IPVS_EXPECT_REAL = {**IPVS_EXPECT, IPVS_NO_REAL_SERVERS: {
-    "lb-ip-local", "pod-to-lb-captured", "etp-local-no-local-endpoint"}}
+# with real IPVS the agent reads the virtual servers: none6's has no real server, far6's
+# only one on another node
+IPVS_EXPECT_REAL = {**IPVS_EXPECT, **{ip: {
+    "lb-ip-local", "pod-to-lb-captured", "etp-local-no-local-endpoint"}
+    for ip in (IPVS_NO_REAL_SERVERS, "2001:db8:ff::9")}}
 
 
 def ipvs_state(backend: str = "legacy"):  # type: ignore[no-untyped-def]

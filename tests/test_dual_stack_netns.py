@@ -231,11 +231,10 @@ def test_ipvs_mode_ipv6_live_equals_the_bundle(tmp_path: Path) -> None:
         assert not any("sysctl" in e for e in local)
         if real:
             # far6 (Local, its endpoint elsewhere) has that endpoint as its real server
-            # (kubernetes PR 97081): the agent takes a real server for a local endpoint
-            # and says nothing of far6's failing health checks (agent/diagnose/rules/
-            # etp_local.py, not this test's to settle): its etp finding is not compared
-            far6 = got.get("2001:db8:ff::9", set()) - {"etp-local-no-local-endpoint"}
-            assert {**got, "2001:db8:ff::9": far6} == ds.IPVS_EXPECT_REAL, got
+            # (kubernetes PR 97081): not a local endpoint, its health checks fail here
+            assert got == ds.IPVS_EXPECT_REAL, got
+            far = by[("etp-local-no-local-endpoint", "2001:db8:ff::9")]["evidence"]
+            assert any("none in this node's pod network" in e for e in far), far
             assert any("IPVS virtual server TCP 2001:db8:ff::7:80 (1 real servers)" in e
                        for e in cap), cap
             none = by[("etp-local-no-local-endpoint", ds.IPVS_NO_REAL_SERVERS)]["evidence"]

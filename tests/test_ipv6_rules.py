@@ -8,6 +8,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from agent.bundle import load_texts
 from agent.diagnose import diagnose
 from agent.report import render
@@ -354,3 +356,30 @@ def test_ipv6_lb_ips_are_listed_in_address_order_after_ipv4() -> None:
                  ("services.json", kube_files()["services.json"]))
     ips = [r["ip"] for r in diagnose(snap, "n").to_dict()["lb_ips"]]
     assert ips == ["10.0.1.100", *(f"2001:db8:ff::{x}" for x in "789abc")], ips
+
+
+@pytest.mark.parametrize(("real_server", "no_local"), [
+    ("[fd00:10:244:2::10]:8080", True),  # another node's pod: kubernetes#97081's fallback
+    ("[fd00:10:244:1::11]:8080", False),  # a pod of this node
+])
+def test_ipvs_etp_local_counts_only_real_servers_on_this_node(real_server: str,
+                                                             no_local: bool) -> None:
+    # kube-proxy (1.21+) gives an eTP=Local virtual server the cluster's endpoints when
+    # the node has none (so its own pods still reach the VIP): a real server elsewhere is
+    # not a local endpoint, and the load balancer's health checks fail here
+    files = {f.name: f.read_text() for f in sorted(IPVS6.iterdir())}
+    files["ipvsadm.txt"] += f"  -> {real_server}     Masq    1      0          0\n"
+    # which pods are this node's: its podCIDRs (the rules name only the cluster's /56)
+    files["node.json"] = json.dumps({"kind": "Node", "apiVersion": "v1",
+                                     "metadata": {"name": "n"},
+                                     "spec": {"podCIDRs": ["10.244.1.0/24",
+                                                           "fd00:10:244:1::/64"]}})
+    snap = _load(*files.items(), ("sysctl.txt", "net.ipv4.conf.all.rp_filter = 1\n"))
+    v = diagnose(snap, "n").to_dict()
+    assert v["context"]["pod_network6"] == "fd00:10:244:1::/64"
+    got = {(f["id"], f["lb_ip"]): f for f in v["findings"]}
+    etp = got.get(("etp-local-no-local-endpoint", "2001:db8:ff::8"))
+    assert (etp is not None) == no_local, v["findings"]
+    if etp:
+        assert any(real_server.split("]")[0][1:] in e and "none in this node's pod network "
+                   "fd00:10:244:1::/64" in e for e in etp["evidence"]), etp["evidence"]

@@ -3,6 +3,7 @@ on this node; failing load-balancer health checks here are expected."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 
 from agent.diagnose.context import Context
@@ -99,11 +100,27 @@ def check(ctx: Context) -> list[Finding]:
                             "Local services have endpoints on this node")
                 continue
             vs = ctx.facts.virtual_server(t.protocol, t.ip, t.port)
+            host = f"[{t.ip}]" if ":" in t.ip else t.ip
             if vs is not None and vs.real_servers:
-                continue
-            ev.append(f"externalTrafficPolicy=Local ({t.etp_how})")
-            ev.append(f"IPVS virtual server {t.protocol} {t.ip}:{t.port} "
-                      + ("has no real servers" if vs else "does not exist"))
+                # kube-proxy (1.21+, kubernetes#97081) lists the whole cluster's endpoints
+                # when the node has none, for its own pods: only a real server on this
+                # node (in its pod network, or one of its addresses) is a local endpoint
+                pod = ctx.facts.pod
+                if pod is None or any(_on_this_node(ctx, r.address, pod.prefix)
+                                      for r in vs.real_servers):
+                    continue
+                ev.append(f"externalTrafficPolicy=Local ({t.etp_how})")
+                ev.append(f"IPVS virtual server {t.protocol} {host}:{t.port}: real servers "
+                          + ", ".join(r.address for r in vs.real_servers[:5])
+                          + (f" (+{len(vs.real_servers) - 5} more)"
+                             if len(vs.real_servers) > 5 else "")
+                          + f", none in this node's pod network {pod.prefix} ({pod.how}) "
+                          "nor one of its addresses: kube-proxy lists the cluster's "
+                          "endpoints when the node has none")
+            else:
+                ev.append(f"externalTrafficPolicy=Local ({t.etp_how})")
+                ev.append(f"IPVS virtual server {t.protocol} {host}:{t.port} "
+                          + ("has no real servers" if vs else "does not exist"))
         elif t.service in stated and (said := _stated_for(t, stated[t.service])):
             # the rule that says so is kube-proxy's statement of the endpoints it has: no
             # walk needed (a walk can be misled by an excerpt or a test's shared NodePort)
@@ -139,3 +156,12 @@ def check(ctx: Context) -> list[Finding]:
             lb_ip=t.ip, port=t.port, protocol=t.protocol, service=t.service,
             evidence=tuple(ev), remedy=None))
     return out
+
+
+def _on_this_node(ctx: Context, addr: str, pod_prefix: str) -> bool:
+    try:
+        if ipaddress.ip_address(addr) in ipaddress.ip_network(pod_prefix, strict=False):
+            return True
+    except ValueError:
+        return True  # not an address we can place: not claimed remote
+    return bool(ctx.facts.is_local(addr))
