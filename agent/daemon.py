@@ -227,20 +227,20 @@ class Daemon:
                 cycles += 1
                 key = verdict.change_key()
                 since_ship += 1
-                spool = key != last_key or since_ship >= self.cfg.heartbeat_every
-                # the key is the verdict's before the line names it; printed, then spooled:
-                # a kill in between loses this verdict, never ships one the log lacks
-                ikey = str(uuid.uuid4()) if spool else None
+                ikey = None  # the idempotency key the verdict was spooled under
+                if key != last_key or since_ship >= self.cfg.heartbeat_every:
+                    doc = verdict.to_dict()  # the JSON form, at the edges: spool, /verdict
+                    doc[IDEMPOTENCY_KEY] = str(uuid.uuid4())
+                    if self._spool(doc):
+                        last_key, since_ship = key, 0  # else: tried again next cycle
+                        ikey = doc[IDEMPOTENCY_KEY]
+                    del doc
+                # spooled, then printed: the line names the key only of a verdict that is
+                # stored (a kill in between ships a verdict the log lacks, never the reverse)
                 self._publish(verdict, ikey)
                 sys.stdout.write(self._log_line(verdict, ikey))
                 sys.stdout.flush()
                 self._kube_report(verdict)
-                if spool:
-                    doc = verdict.to_dict()  # the JSON form, at the edges: spool, /verdict
-                    doc[IDEMPOTENCY_KEY] = ikey
-                    if self._spool(doc):
-                        last_key, since_ship = key, 0  # else: tried again next cycle
-                    del doc
                 self.ship(deadline=None)
                 self.last_cycle_end = time.monotonic()
                 if self.stop.is_set() or (self.cfg.cycles and cycles >= self.cfg.cycles):
