@@ -12,6 +12,7 @@ the spool, exit 0.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as dt
 import json
@@ -82,6 +83,10 @@ class Metrics:
     def __init__(self, max_finding_series: int = MAX_FINDING_SERIES) -> None:
         self.max_finding_series = max_finding_series
         self._finding_keys: set[tuple[str, str, str, str]] = set()
+        # the findings the series were last set from; an unchanged cycle's verdict reuses
+        # the very tuple (a frozen one), so its series stay as they are
+        self._findings_seen: tuple[Any, ...] | None = None
+        self._dropped_last = 0
         r = self.registry = CollectorRegistry()
         p = "loopback_agent_"
         self.status = Gauge(p + "status", "1 for the node's current verdict status",
@@ -136,10 +141,15 @@ class Metrics:
     def verdict(self, v: Verdict) -> None:
         for s in ("healthy", "at-risk", "loopback"):
             self.status.labels(s).set(1 if v.status == s else 0)
-        self.findings.clear()
-        for f in v.findings:
-            self.findings.labels(f.id, f.severity).inc()
-        self._set_findings(v)
+        if v.findings is not self._findings_seen:  # 37k findings: 0.15 s a cycle
+            self.findings.clear()
+            by_key = collections.Counter((f.id, f.severity) for f in v.findings)
+            for (fid, severity), n in by_key.items():
+                self.findings.labels(fid, severity).set(n)
+            self._set_findings(v)
+            self._findings_seen = v.findings
+        elif self._dropped_last:
+            self.finding_dropped.inc(self._dropped_last)  # counted per verdict
         self.lb_ips_local.set(sum(1 for r in v.lb_ips if r.local))
         cap = v.capture
         if cap:
@@ -167,8 +177,9 @@ class Metrics:
                         (f.service or "")[:_LABEL_MAX]) for f in v.findings},
                       key=lambda k: (_SEVERITY_RANK.get(k[1], 3), k))
         kept = set(keys[:max(0, self.max_finding_series)])
-        if len(keys) > len(kept):
-            self.finding_dropped.inc(len(keys) - len(kept))
+        self._dropped_last = len(keys) - len(kept)
+        if self._dropped_last:
+            self.finding_dropped.inc(self._dropped_last)
         for gone in self._finding_keys - kept:
             self.finding.remove(*gone)
         for key in kept:

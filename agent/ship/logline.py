@@ -178,6 +178,8 @@ def _clean(value: object, cap: int) -> str:
     """A string any JSON parser takes: lone surrogates become U+FFFD (a valid pair is
     kept), at most ``cap`` characters (cut ones end in an ellipsis)."""
     s = (value if isinstance(value, str) else str(value))[:cap + 1]  # a huge one: cut first
+    if s.isascii() and len(s) <= cap:  # the usual case: nothing to do (37k a cycle)
+        return s
     s = s.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     return s if len(s) <= cap else s[:cap - 1] + _CUT
 
