@@ -204,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser(
         "run", help="daemon mode: a verdict every interval, shipped to a collector",
         description="The DaemonSet mode. Every interval: snapshot, watch NodePort handshakes, "
-                    "diagnose; one JSON line per verdict on stdout (human logs on stderr); "
+                    "diagnose; one bounded JSON summary line per verdict on stdout (at most "
+                    "16 KiB; human logs on stderr); "
                     "verdicts are spooled durably and shipped when they change and as a "
                     "heartbeat. The options marked [env ...] can also be set with that "
                     "environment variable (LOOPBACK_AGENT_<OPTION>, e.g. "
@@ -229,9 +230,11 @@ def build_parser() -> argparse.ArgumentParser:
              help="seconds per verdict, all of it capturing (without a capture the rest "
                   "is waited out; default 60)")
     _env_opt(r, "--heartbeat-every", metavar="N", type=int, default=10,
-             help="ship an unchanged verdict every N intervals (default 10)")
+             help="ship an unchanged verdict, and print its full summary line, every N "
+                  "intervals (default 10)")
     _env_opt(r, "--listen", metavar="HOST:PORT", default="0.0.0.0:9808", type=_listen,
-             help="/metrics and /healthz (default 0.0.0.0:9808; '' to disable)")
+             help="/metrics, /healthz and /verdict (the last full verdict, to this node "
+                  "only) (default 0.0.0.0:9808; '' to disable)")
     _env_opt(r, "--nodeport-range", metavar="LOW-HIGH", type=_port_range, default=(30000, 32767),
              help="NodePort range to watch (default 30000-32767)")
     _env_opt(r, "--max-finding-series", metavar="N", type=int, default=500,
@@ -542,7 +545,8 @@ def _run(args: argparse.Namespace) -> int:
     from agent.daemon import Daemon, DaemonConfig
 
     if not args.collector:
-        print("loopback-agent: no --collector: verdicts go to stdout and the spool only",
+        print("loopback-agent: no --collector: verdicts go to the spool only (and their "
+              "summaries to stdout)",
               file=sys.stderr)
     if args.kube_json and not Path(args.kube_json).is_dir():
         raise _Exit(EXIT_NOINPUT, f"{args.kube_json}: no such directory")

@@ -1,15 +1,18 @@
 """`loopback-agent run`: the DaemonSet mode.
 
 Every interval: snapshot the node, watch NodePort handshakes for the interval, diagnose,
-print the verdict as one JSON line on stdout (for the log pipeline), spool it when it
-changed or a heartbeat is due, and ship the spool to the collector. Without a capture
-(--no-capture, or none possible here) the rest of the interval is waited out. /metrics and
-/healthz are served on --listen (bounded: agent.daemon_http). SIGTERM: finish the current
-verdict, ship what the grace period allows, leave the rest in the spool, exit 0.
+print a bounded summary of the verdict as one JSON line on stdout (for the log pipeline:
+agent.ship.logline), spool the full verdict when it changed or a heartbeat is due, and
+ship the spool to the collector. Without a capture (--no-capture, or none possible here)
+the rest of the interval is waited out. /metrics, /healthz and (to this node only)
+/verdict, the last full verdict, are served on --listen (bounded: agent.daemon_http).
+SIGTERM: finish the current verdict, ship what the grace period allows, leave the rest in
+the spool, exit 0.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as dt
 import json
@@ -18,22 +21,25 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from agent.bundle import with_kube_json
 from agent.capture.model import OUTCOMES, SOURCE_CLASSES
-from agent.daemon_http import BoundedHTTPServer, QuietHandler
+from agent.daemon_http import BoundedHTTPServer, QuietHandler, from_this_host
 from agent.diagnose import Prepared, diagnose, node_name, prepare
 from agent.diagnose.model import Verdict
 from agent.probes import collect_live, kube_api
 from agent.probes.base import ProbeContext, ReadCache
+from agent.ship import logline
 from agent.ship.sender import Backoff, Sender, drain
-from agent.ship.spool import Spool
+from agent.ship.spool import IDEMPOTENCY_KEY, Spool
 from agent.snapshot import NodeSnapshot
 from agent.watch import watch_node
 
@@ -77,6 +83,10 @@ class Metrics:
     def __init__(self, max_finding_series: int = MAX_FINDING_SERIES) -> None:
         self.max_finding_series = max_finding_series
         self._finding_keys: set[tuple[str, str, str, str]] = set()
+        # the findings the series were last set from; an unchanged cycle's verdict reuses
+        # the very tuple (a frozen one), so its series stay as they are
+        self._findings_seen: tuple[Any, ...] | None = None
+        self._dropped_last = 0
         r = self.registry = CollectorRegistry()
         p = "loopback_agent_"
         self.status = Gauge(p + "status", "1 for the node's current verdict status",
@@ -131,10 +141,15 @@ class Metrics:
     def verdict(self, v: Verdict) -> None:
         for s in ("healthy", "at-risk", "loopback"):
             self.status.labels(s).set(1 if v.status == s else 0)
-        self.findings.clear()
-        for f in v.findings:
-            self.findings.labels(f.id, f.severity).inc()
-        self._set_findings(v)
+        if v.findings is not self._findings_seen:  # 37k findings: 0.15 s a cycle
+            self.findings.clear()
+            by_key = collections.Counter((f.id, f.severity) for f in v.findings)
+            for (fid, severity), n in by_key.items():
+                self.findings.labels(fid, severity).set(n)
+            self._set_findings(v)
+            self._findings_seen = v.findings
+        elif self._dropped_last:
+            self.finding_dropped.inc(self._dropped_last)  # counted per verdict
         self.lb_ips_local.set(sum(1 for r in v.lb_ips if r.local))
         cap = v.capture
         if cap:
@@ -162,8 +177,9 @@ class Metrics:
                         (f.service or "")[:_LABEL_MAX]) for f in v.findings},
                       key=lambda k: (_SEVERITY_RANK.get(k[1], 3), k))
         kept = set(keys[:max(0, self.max_finding_series)])
-        if len(keys) > len(kept):
-            self.finding_dropped.inc(len(keys) - len(kept))
+        self._dropped_last = len(keys) - len(kept)
+        if self._dropped_last:
+            self.finding_dropped.inc(self._dropped_last)
         for gone in self._finding_keys - kept:
             self.finding.remove(*gone)
         for key in kept:
@@ -191,6 +207,15 @@ class Daemon:
         self.next_ship = 0.0
         self.last_cycle_end = time.monotonic()
         self._server: BoundedHTTPServer | None = None
+        # the last verdict and its idempotency key (when spooled), for GET /verdict; its
+        # JSON is made at the first request, once per verdict (a 10k-IP node's is ~21 MB)
+        self._published: tuple[Verdict, str | None] | None = None
+        self._published_json: bytes | None = None
+        self._publish_lock = threading.Lock()
+        # the last full log line: what it showed (logline.same_key) and its verdict's time
+        self._line_key: Any = None
+        self._line_time = ""
+        self._since_line = 0
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -211,15 +236,22 @@ class Daemon:
                     self.wake.set()
                 verdict = self.cycle()
                 cycles += 1
-                doc = verdict.to_dict()  # the JSON form, at the edges: log line and spool
-                sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
-                sys.stdout.flush()
-                self._kube_report(verdict)
                 key = verdict.change_key()
                 since_ship += 1
-                if (key != last_key or since_ship >= self.cfg.heartbeat_every) \
-                        and self._spool(doc):
-                    last_key, since_ship = key, 0  # else: tried again next cycle
+                ikey = None  # the idempotency key the verdict was spooled under
+                if key != last_key or since_ship >= self.cfg.heartbeat_every:
+                    doc = verdict.to_dict()  # the JSON form, at the edges: spool, /verdict
+                    doc[IDEMPOTENCY_KEY] = str(uuid.uuid4())
+                    if self._spool(doc):
+                        last_key, since_ship = key, 0  # else: tried again next cycle
+                        ikey = doc[IDEMPOTENCY_KEY]
+                    del doc
+                # spooled, then printed: the line names the key only of a verdict that is
+                # stored (a kill in between ships a verdict the log lacks, never the reverse)
+                self._publish(verdict, ikey)
+                sys.stdout.write(self._log_line(verdict, ikey))
+                sys.stdout.flush()
+                self._kube_report(verdict)
                 self.ship(deadline=None)
                 self.last_cycle_end = time.monotonic()
                 if self.stop.is_set() or (self.cfg.cycles and cycles >= self.cfg.cycles):
@@ -287,6 +319,53 @@ class Daemon:
             self.metrics.probe_seconds.labels(phase).set(secs)
         self.metrics.verdict(v)
         return v
+
+    # -- the log line and /verdict -------------------------------------------------------
+
+    def _log_line(self, v: Verdict, ikey: str | None) -> str:
+        """The summary line; the short form while the summary would be the same as the
+        last full one, which is repeated every heartbeat_every cycles (a log query over
+        that window always finds one; a rotated log starts over within it)."""
+        key = logline.same_key(v)
+        self._since_line += 1
+        since = None
+        if key == self._line_key and self._since_line < self.cfg.heartbeat_every:
+            since = self._line_time
+        else:
+            self._line_key, self._line_time, self._since_line = key, v.time, 0
+        return logline.summary_line(v, self._where(v, ikey), unchanged_since=since)
+
+    def _where(self, v: Verdict, ikey: str | None) -> logline.Where:
+        http = None
+        if self.cfg.listen:
+            host, _, port = self.cfg.listen.rpartition(":")
+            host = host.strip("[]")
+            if host in ("", "0.0.0.0", "::"):  # served on every address: this node's own
+                host = "127.0.0.1"
+            http = f"http://{f'[{host}]' if ':' in host else host}:{port}/verdict"
+        collector = None
+        if self.cfg.collector:
+            collector = f"{self.cfg.collector.rstrip('/')}/v1/nodes/{quote(v.node, safe='')}"
+        return logline.Where(http=http, collector=collector,
+                             spool=str(Path(self.cfg.spool_dir).absolute()), key=ikey)
+
+    def _publish(self, v: Verdict, ikey: str | None) -> None:
+        with self._publish_lock:
+            self._published, self._published_json = (v, ikey), None
+
+    def verdict_json(self) -> bytes | None:
+        """The last verdict's full JSON (with its idempotency key when it was spooled),
+        made once per verdict whatever the number of requests."""
+        with self._publish_lock:
+            if self._published is None:
+                return None
+            if self._published_json is None:
+                v, ikey = self._published
+                doc = v.to_dict()
+                if ikey is not None:
+                    doc[IDEMPOTENCY_KEY] = ikey
+                self._published_json = json.dumps(doc, separators=(",", ":")).encode()
+            return self._published_json
 
     # -- Services/Ingresses/Node by list+watch ----------------------------------------------
 
@@ -410,6 +489,16 @@ class Daemon:
                 elif self.path == "/healthz":
                     ok, why = daemon.healthy()
                     body, ctype, code = why.encode() + b"\n", "text/plain", 200 if ok else 503
+                elif self.path == "/verdict":
+                    # the full verdict is the node's whole state: to this node only (its
+                    # own addresses, `kubectl port-forward`), not to whoever reaches :9808
+                    if from_this_host(self.request, str(self.client_address[0])):
+                        full = daemon.verdict_json()
+                        body, ctype, code = ((full, "application/json", 200) if full
+                                             else (b"no verdict yet\n", "text/plain", 503))
+                    else:
+                        body, ctype, code = (b"forbidden: from this node only\n",
+                                             "text/plain", 403)
                 else:
                     body, ctype, code = b"not found\n", "text/plain", 404
                 self.send_response(code)
@@ -423,5 +512,5 @@ class Daemon:
 
 
 def log(msg: str) -> None:
-    """Human logs go to stderr; stdout carries only the verdict JSON lines."""
+    """Human logs go to stderr; stdout carries only the verdicts' log lines."""
     print(f"loopback-agent: {msg}", file=sys.stderr, flush=True)

@@ -1,4 +1,4 @@
-"""The agent's small HTTP listener (/metrics, /healthz), hardened for a port that is open
+"""The agent's small HTTP listener (/metrics, /healthz, /verdict), hardened for a port that is open
 on every node address (hostNetwork).
 
 The standard library's ThreadingHTTPServer waits forever for a request and starts a thread
@@ -35,7 +35,7 @@ BACKLOG = 128
 RESERVED_LOCAL = 16
 
 
-def _from_this_host(request: Any, client: str) -> bool:
+def from_this_host(request: Any, client: str) -> bool:
     """A connection from this node: loopback, or to the very address it comes from."""
     try:
         return client.startswith("127.") or client in ("::1", "::ffff:127.0.0.1") or \
@@ -66,7 +66,7 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         # the kubelet probes a hostNetwork pod from the node itself (node IP to node IP):
         # such connections may also use RESERVED_LOCAL slots, so remote clients filling
         # the shared ones cannot fail the liveness probe and restart the agent
-        local = _from_this_host(request, client)
+        local = from_this_host(request, client)
         with self._lock:
             full = (len(self._open) >= self._max + (RESERVED_LOCAL if local else 0)
                     or self._per_client.get(client, 0) >= self._max_per_client)

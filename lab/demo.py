@@ -294,8 +294,9 @@ class DemoNode:
 
 
 def start_daemon(n: DemoNode, url: str, tmp: Path, interval: float) -> None:
-    """``loopback-agent run`` inside the node's namespace; its verdict lines are read by a
-    thread (every cycle's verdict is shipped: --heartbeat-every 1)."""
+    """``loopback-agent run`` inside the node's namespace; its log lines are read by a
+    thread (every cycle's verdict is shipped and summarised in full: --heartbeat-every 1;
+    a lab node's few findings all fit in a line)."""
     n.log = tmp / f"agent-{n.label}.log"
     args = ["run", "--collector", url, "--spool", str(tmp / f"spool-{n.label}"),
             "--interval", f"{interval:g}", "--heartbeat-every", "1", "--listen", "",

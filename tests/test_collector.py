@@ -280,8 +280,8 @@ def test_agent_killed_mid_run_loses_nothing_and_duplicates_nothing(tmp_path: Pat
         c.stop()
     keys = [v["idempotency_key"] for v in hist]
     assert len(keys) == len(set(keys))  # nothing stored twice
-    # a kill can land between printing a verdict and spooling it: at most one per kill
-    assert printed - 2 <= len(keys) <= printed, (printed, len(keys))
+    # a kill can land between spooling a verdict and printing its line: at most one per kill
+    assert printed <= len(keys) <= printed + 2, (printed, len(keys))
     assert not list(spool.glob("*.json"))  # and nothing is left behind
 
 

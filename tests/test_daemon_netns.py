@@ -1,5 +1,6 @@
-"""`loopback-agent run` on a lab node: JSON lines, shipping to a collector, /metrics and
-/healthz, SIGTERM leaving undelivered verdicts in the spool."""
+"""`loopback-agent run` on a lab node: bounded JSON log lines, the full verdict on /verdict
+and in the spool, shipping to a collector, /metrics and /healthz, SIGTERM leaving
+undelivered verdicts in the spool."""
 
 from __future__ import annotations
 
@@ -13,12 +14,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import jsonschema
 import pytest
 
-from agent.cli import schema_text
 from lab.node import Lab, build_lab
 from lab.scenarios import SCENARIOS
+from tests.daemon_output import agrees, log_line, log_lines, spooled
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces")]
@@ -46,12 +46,12 @@ def lab() -> Iterator[Lab]:
         yield lab
 
 
-def fetch(lab: Lab, url: str) -> tuple[int, str]:
+def fetch(lab: Lab, url: str, where: str = "node") -> tuple[int, str]:
     script = ("import sys, urllib.request, urllib.error\n"
               "try:\n r = urllib.request.urlopen(sys.argv[1], timeout=5)\n"
               " print(r.status); print(r.read().decode())\n"
               "except urllib.error.HTTPError as e:\n print(e.code); print(e.read().decode())\n")
-    out = lab.node.run(sys.executable, "-c", script, url).stdout
+    out = getattr(lab, where).run(sys.executable, "-c", script, url).stdout
     code, _, body = out.partition("\n")
     return int(code), body
 
@@ -63,11 +63,13 @@ def test_run_ships_verdicts_and_serves_metrics(lab: Lab, tmp_path: Path) -> None
     assert coll.stdout is not None and coll.stdout.readline().strip() == "ready"
     agent = lab.node.popen([sys.executable, "-m", "agent", "run", "--collector",
                             "http://127.0.0.1:18080", "--spool", str(tmp_path / "spool"),
-                            "--interval", "1", "--cycles", "4", "--listen", "127.0.0.1:19808",
+                            "--interval", "1", "--cycles", "4", "--listen", "0.0.0.0:19808",
                             "--no-kube-api", "--node-name", "lab-node"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    node_ip = lab.scenario.node_ip
     try:
-        time.sleep(2.5)
+        assert agent.stdout is not None
+        first = log_line(agent.stdout.readline())
         code, metrics = fetch(lab, "http://127.0.0.1:19808/metrics")
         assert code == 200
         assert 'loopback_agent_status{status="at-risk"} 1.0' in metrics
@@ -75,21 +77,40 @@ def test_run_ships_verdicts_and_serves_metrics(lab: Lab, tmp_path: Path) -> None
             in metrics
         code, body = fetch(lab, "http://127.0.0.1:19808/healthz")
         assert (code, body.strip()) == (200, "ok")
+        # the full verdict: to this node (also on its own address), not to the VPC
+        code, body = fetch(lab, f"http://{node_ip}:19808/verdict")
+        assert code == 200
+        served = json.loads(body)
+        code, refused = fetch(lab, f"http://{node_ip}:19808/verdict", "vpc")
+        assert (code, refused.strip()) == (403, "forbidden: from this node only")
+        code, metrics = fetch(lab, f"http://{node_ip}:19808/metrics", "vpc")
+        assert code == 200  # Prometheus scrapes from anywhere, as before
         out, err = agent.communicate(timeout=60)
     finally:
         for p in (agent, coll):
             if p.poll() is None:
                 p.kill()
     assert agent.returncode == 0, err
-    schema = json.loads(schema_text())
-    lines = [json.loads(line) for line in out.splitlines()]
+    lines = [first, *log_lines(out)]
     assert len(lines) == 4
-    for v in lines:
-        jsonschema.validate(v, schema)
-        assert v["node"] == "lab-node" and v["status"] == "at-risk"
-    # unchanged verdicts are not shipped again before the heartbeat: one arrived
+    for line in lines:
+        assert line["node"] == "lab-node" and line["status"] == "at-risk"
+        assert line["counts"]["by_severity"]["critical"] >= 1
+        assert line["full"]["http"] == "http://127.0.0.1:19808/verdict"
+        assert line["full"]["collector"] == "http://127.0.0.1:18080/v1/nodes/lab-node"
+        assert line["full"]["spool"] == str(tmp_path / "spool")
+    # the first is a summary of the verdict /verdict served (the one of its cycle, or a
+    # later one: the same but in its time); the unchanged ones after it are short
+    assert [ln["line"] for ln in lines] == ["summary"] + ["unchanged"] * 3
+    assert all(ln["unchanged_since"] == first["time"] for ln in lines[1:])
+    agrees({**first, "time": served["time"]}, served)
+    assert first["findings"][0]["id"] == "pod-to-lb-not-masqueraded"
+    # unchanged verdicts are not shipped again before the heartbeat: one arrived, the
+    # first line's (its key)
     shipped = [v for line in received.read_text().splitlines() for v in json.loads(line)]
-    assert len(shipped) == 1 and shipped[0]["idempotency_key"]
+    assert len(shipped) == 1 and shipped[0]["idempotency_key"] == first["full"]["key"]
+    assert all("key" not in ln["full"] for ln in lines[1:])
+    agrees(first, {k: v for k, v in shipped[0].items() if k != "idempotency_key"})
     assert not list((tmp_path / "spool").glob("*.json"))
     assert "Traceback" not in err
 
@@ -100,8 +121,8 @@ def test_sigterm_finishes_and_keeps_undelivered_verdicts(lab: Lab, tmp_path: Pat
                             "--interval", "2", "--listen", "", "--no-kube-api"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert agent.stdout is not None
-    first = agent.stdout.readline()  # the first verdict is out
-    assert json.loads(first)["schema"] == "loopback-agent/verdict/v1"
+    first = log_line(agent.stdout.readline())  # the first verdict is out
+    assert first["schema"] == "loopback-agent/log/v1"
     t0 = time.monotonic()
     agent.send_signal(signal.SIGTERM)
     _, err = agent.communicate(timeout=30)
@@ -131,7 +152,7 @@ def test_without_a_capture_a_verdict_still_takes_one_interval(lab: Lab, tmp_path
     stamps, lines = [], []
     for line in agent.stdout:
         stamps.append(time.monotonic())
-        lines.append(json.loads(line))
+        lines.append(log_line(line))
     _, err = agent.communicate(timeout=30)
     assert agent.returncode == 0, err
     assert len(lines) == 4
@@ -141,8 +162,8 @@ def test_without_a_capture_a_verdict_still_takes_one_interval(lab: Lab, tmp_path
     # imports; seen 1.24 s on a loaded machine)
     assert gaps[0] > 0.9 and min(gaps[1:]) > 1.3, f"verdicts {gaps} s apart, --interval 1.5"
     assert max(gaps) < 3.0, gaps  # waited out, not slept on top of the cycle
-    if how == "capture-unavailable":
-        assert "capture unavailable" in json.dumps(lines[0])
+    if how == "capture-unavailable":  # the first verdict is spooled (no collector): its key
+        assert "capture unavailable" in json.dumps(spooled(lines[0], tmp_path / "spool"))
 
 
 def test_a_poisoned_spool_neither_stops_nor_leaks(lab: Lab, tmp_path: Path) -> None:
@@ -354,3 +375,42 @@ def test_a_remote_flood_cannot_fail_the_kubelets_probe() -> None:
         finally:
             server.kill()
             server.wait(timeout=30)
+
+
+def test_a_big_node_with_hostile_names_still_prints_bounded_lines(lab: Lab,
+                                                                  tmp_path: Path) -> None:
+    # 1,000 more LoadBalancer Services (constructed: the lab's demo/web copied), named as
+    # no API server would let them be but a --kube-json file can: lone surrogates, an
+    # astral character, one name of 200,000 characters. Before, each cycle printed the
+    # whole verdict (~1.9 MB here) as its line: a CRI splits it into >100 partial lines.
+    services = json.loads((lab.kube_dir / "services.json").read_text())
+    web = next(s for s in services["items"] if s["spec"]["type"] == "LoadBalancer")
+    for i in range(1000):
+        svc = json.loads(json.dumps(web))
+        svc["metadata"]["name"] = (f"svc-{i}-\ud800\U0001f680\x00" if i else "x" * 200_000)
+        svc["status"]["loadBalancer"]["ingress"] = [{"ip": f"198.18.{i // 250}.{i % 250 + 1}"}]
+        services["items"].append(svc)
+    kube = tmp_path / "kube"
+    kube.mkdir()
+    for f in lab.kube_dir.iterdir():
+        (kube / f.name).write_text(f.read_text())
+    (kube / "services.json").write_text(json.dumps(services))
+    spool = tmp_path / "spool"
+    out = lab.node.run(*agent_cmd(tmp_path, "--listen", "", "--no-capture", "--cycles", "2",
+                                  "--heartbeat-every", "1", "--kube-json", str(kube),
+                                  interval="0.5"), timeout=180).stdout
+    lines = log_lines(out.encode())  # each: ASCII, one line, <= 16 KiB, the schema
+    assert len(lines) == 2
+    for line in lines:
+        verdict = spooled(line, spool)  # the full verdict, and the line agrees with it
+        assert len(json.dumps(verdict)) > 50 * 16384
+        c = line["counts"]
+        assert c["lb_ips"] == 1001 and c["lb_ips_affected"] == 1001
+        assert c["by_severity"]["critical"] == 1 and c["findings"] == 1001
+        assert line["findings"][0]["service"] == "demo/web"  # the critical one first
+        assert line["omitted"]["findings"] == 1001 - len(line["findings"])
+        assert line["omitted"]["lb_ips"] == 1001 - len(line["lb_ips"]) > 0
+        long = next(f for f in line["findings"] if f["lb_ip"] == "198.18.0.1")
+        assert long["service"] == "demo/" + "x" * 247 + "\u2026"
+        hostile = next(f for f in line["findings"] if f["lb_ip"] == "198.18.0.2")
+        assert hostile["service"] == "demo/svc-1-\ufffd\U0001f680\x00"

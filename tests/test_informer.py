@@ -20,6 +20,7 @@ from agent.kubewatch import JitteredBackoff
 from agent.probes import kube_api
 from agent.probes.base import ProbeContext
 from agent.snapshot import Ingress, NodeInfo, Service
+from tests.daemon_output import log_line, spooled
 from tests.kube_apiserver import FakeKubeAPI, ingress, kubeconfig, node, service
 
 pytest.importorskip("kubernetes")
@@ -261,18 +262,19 @@ def test_daemon_sees_a_service_change_within_seconds(api: FakeKubeAPI,
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
     env.pop("KUBERNETES_SERVICE_HOST", None)
     t0 = time.monotonic()
-    proc = subprocess.Popen(
+    spool = tmp_path / "spool"
+    proc = subprocess.Popen(  # every verdict spooled (no collector): the lines name them
         [sys.executable, "-m", "agent", "run", "--no-capture", "--interval", "60",
-         "--listen", "", "--spool", str(tmp_path / "spool"), "--kubeconfig", kc,
-         "--node-name", "n1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+         "--listen", "", "--spool", str(spool), "--kubeconfig", kc, "--heartbeat-every",
+         "1", "--node-name", "n1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     try:
-        first = json.loads(proc.stdout.readline())
+        first = spooled(log_line(proc.stdout.readline()), spool)
         ips = {r["ip"] for r in first["lb_ips"]}
         assert "198.51.100.1" in ips and "192.0.2.55" not in ips
         assert not any(u["source"] == "kubernetes API" for u in first["unknowns"])
         changed = time.monotonic()
         api.put("services", service("late", "192.0.2.55", node_port=31555))
-        second = json.loads(proc.stdout.readline())
+        second = spooled(log_line(proc.stdout.readline()), spool)
         took = time.monotonic() - changed
         assert "192.0.2.55" in {r["ip"] for r in second["lb_ips"]}
         assert took < 10, took  # the interval is 60 s
@@ -433,16 +435,20 @@ def test_daemon_coalesces_a_storm_of_changes(api: FakeKubeAPI, tmp_path: Path) -
     kc = kubeconfig(str(tmp_path / "kc"), api.url)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
     env.pop("KUBERNETES_SERVICE_HOST", None)
-    proc = subprocess.Popen(
+    spool = tmp_path / "spool"
+    proc = subprocess.Popen(  # every verdict spooled (no collector): the lines name them
         [sys.executable, "-m", "agent", "run", "--no-capture", "--interval", "60",
-         "--listen", "", "--spool", str(tmp_path / "spool"), "--kubeconfig", kc,
-         "--node-name", "n1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+         "--listen", "", "--spool", str(spool), "--kubeconfig", kc, "--heartbeat-every",
+         "1", "--node-name", "n1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        env=env)
     seen: list[tuple[float, set[str]]] = []
 
     def read() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
-            seen.append((time.monotonic(), {r["ip"] for r in json.loads(line)["lb_ips"]}))
+            t = time.monotonic()
+            verdict = spooled(log_line(line), spool)
+            seen.append((t, {r["ip"] for r in verdict["lb_ips"]}))
 
     threading.Thread(target=read, daemon=True).start()
     try:

@@ -23,6 +23,7 @@ from agent.kubereport import KubeReporter, condition_of
 from agent.kubereport.condition import CONDITION_TYPE, MESSAGE_MAX, NPD_LINE_MAX
 from agent.probes import kube_api
 from agent.probes.base import ProbeContext
+from tests.daemon_output import log_lines, spooled
 from tests.kube_apiserver import FakeKubeAPI, kubeconfig, node, service
 from tests.test_deploy import K8S_VERSIONS
 
@@ -240,11 +241,13 @@ def test_daemon_kube_report_on_and_off(tmp_path: Path) -> None:
             kc = kubeconfig(str(tmp_path / "kc"), api.url)
 
             def run(*extra: str) -> list[dict]:
+                # every verdict spooled (no collector): the full ones, by the lines' keys
                 out = lab.node.run(sys.executable, "-m", "agent", "run", "--no-capture",
                                    "--interval", "1", "--cycles", "3", "--listen", "",
                                    "--spool", str(tmp_path / "spool"), "--kubeconfig", kc,
-                                   "--node-name", name, *extra, timeout=120).stdout
-                return [json.loads(line) for line in out.splitlines()]
+                                   "--heartbeat-every", "1", "--node-name", name, *extra,
+                                   timeout=120).stdout
+                return [spooled(line, tmp_path / "spool") for line in log_lines(out)]
 
             verdicts = run()
             assert [v["status"] for v in verdicts] == ["at-risk"] * 3

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 import pytest
 
 from lab.netns import Netns, netns
+from tests.daemon_output import log_line, spooled
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)")]
@@ -256,8 +257,10 @@ def test_the_daemon_sees_a_change_made_between_its_cycles(backend: str, tmp_path
     """End to end: `run` reuses its reads while nothing changes, and the verdict after a
     new LoadBalancer rule names the new address."""
     with node(backend) as (ns, _):
+        # every verdict spooled (no collector): the full ones, by the lines' keys
         agent = ns.popen([PY, "-m", "agent", "run", "--no-capture", "--no-kube-api",
-                          "--listen", "", "--interval", "1", "--spool", str(tmp_path)],
+                          "--listen", "", "--interval", "1", "--spool", str(tmp_path),
+                          "--heartbeat-every", "1"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             assert agent.stdout is not None
@@ -265,7 +268,7 @@ def test_the_daemon_sees_a_change_made_between_its_cycles(backend: str, tmp_path
             def lb_ips() -> set[str]:
                 line = agent.stdout.readline()  # type: ignore[union-attr]
                 assert line, agent.stderr.read() if agent.stderr else "agent died"
-                return {r["ip"] for r in json.loads(line)["lb_ips"]}
+                return {r["ip"] for r in spooled(log_line(line), tmp_path)["lb_ips"]}
 
             assert lb_ips() == {"10.0.32.1", "10.0.32.2"}  # the rule and the ipset
             assert lb_ips() == {"10.0.32.1", "10.0.32.2"}  # the rule and the ipset

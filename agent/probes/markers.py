@@ -8,7 +8,7 @@ these markers first and reuses the previous read when its marker is the same:
   committed transaction of the network namespace (any table, any family). Exact: no
   commit, no change; reads (iptables -S, -C, nft list) and counters do not bump it.
 - legacy iptables: each table's blob (IPT_SO_GET_ENTRIES on a raw socket), hashed with
-  every rule's packet/byte counters left out. IPT_SO_GET_INFO's entry count and size
+  every rule's packet/byte counters zeroed. IPT_SO_GET_INFO's entry count and size
   alone miss a rewrite of the same size (an endpoint's address changed in a DNAT rule).
 - ipsets: the IPSET_CMD_LIST dump's bytes (headers and members), hashed. A set whose
   entries carry counters or timeouts changes on every dump: it is always re-read.
@@ -203,29 +203,40 @@ def legacy_info(table: str) -> LegacyInfo:
 
 
 def legacy_digest(table: str) -> str:
-    """The table's rules (IPT_SO_GET_ENTRIES) hashed without their counters."""
+    """The table's rules (IPT_SO_GET_ENTRIES) hashed without their counters.
+
+    The counters are zeroed in the buffer, then the blob is hashed at once: at 230k rules
+    the walk is one index read and two stores per entry (was two slices and two hash
+    updates per entry: ~4x the CPU, most of the daemon's cycle on an unchanged node)."""
     info = legacy_info(table)
     if info.size > LEGACY_MAX_BLOB:
         raise MarkerError(f"legacy table {table} is {info.size} bytes")
+    if info.size % 4:
+        raise MarkerError(f"legacy table {table}: {info.size} bytes, not entries")
     buf = ctypes.create_string_buffer(_IPT_GET_ENTRIES_HEAD + info.size)
     struct.pack_into("32sI", buf, 0, table.encode()[:31], info.size)
     with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW) as sock:
         # EAGAIN-like races (the table replaced between the two calls: another size)
         # come back as EINVAL; the caller re-reads the rules then.
         _getsockopt(sock.fileno(), IPT_SO_GET_ENTRIES, buf)
-    mv = memoryview(buf).cast("B")[_IPT_GET_ENTRIES_HEAD:]
-    h = hashlib.blake2b(digest_size=16)
-    h.update(struct.pack("=II", info.entries, info.size))
-    off = 0
-    unpack = struct.Struct("=H").unpack_from
-    update = h.update
-    while off < info.size:
-        nxt = unpack(mv, off + _IPT_ENTRY_NEXT_OFFSET)[0]
-        if nxt < _IPT_ENTRY_COUNTERS + 16 or off + nxt > info.size:
+    blob = memoryview(buf).cast("B")[_IPT_GET_ENTRIES_HEAD:]
+    half = blob.cast("H")  # native order, as the kernel wrote it
+    # entries are XT_ALIGN'd: 8 bytes on 64-bit, where the counters are two u64 stores
+    wide = blob.cast("Q") if info.size % 8 == 0 else None
+    size, off = info.size, 0
+    while off < size:
+        nxt = half[(off + _IPT_ENTRY_NEXT_OFFSET) >> 1]
+        if nxt < _IPT_ENTRY_COUNTERS + 16 or nxt & 3 or off + nxt > size:
             raise MarkerError(f"legacy table {table}: malformed entry at {off}")
-        update(mv[off:off + _IPT_ENTRY_COUNTERS])
-        update(mv[off + _IPT_ENTRY_COUNTERS + 16:off + nxt])
+        if wide is not None and not off & 7:
+            q = (off + _IPT_ENTRY_COUNTERS) >> 3
+            wide[q] = 0
+            wide[q + 1] = 0
+        else:
+            blob[off + _IPT_ENTRY_COUNTERS:off + _IPT_ENTRY_COUNTERS + 16] = bytes(16)
         off += nxt
+    h = hashlib.blake2b(struct.pack("=II", info.entries, info.size), digest_size=16)
+    h.update(blob)
     return h.hexdigest()
 
 
