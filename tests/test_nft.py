@@ -160,6 +160,7 @@ def test_mode_from_flags_without_the_table_is_undecided_not_healthy() -> None:
 
 def test_the_probe_says_when_nft_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(nft_rules, "kernel_module_present", lambda name: True)
+    monkeypatch.setattr(nft_rules, "kube_proxy_table", lambda: True)  # (netlink's answer)
     monkeypatch.setattr("agent.probes.base.shutil.which", lambda name: None)
     from agent.probes.base import ProbeContext
     r = nft_rules.collect(ProbeContext())

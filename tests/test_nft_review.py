@@ -7,6 +7,8 @@ kernel's answer for the ones it names.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -162,6 +164,8 @@ def _fake_nft(tmp_path: Path, monkeypatch, body: str) -> Path:  # type: ignore[n
     monkeypatch.setenv("PATH", f"{exe.parent}{os.pathsep}{os.environ.get('PATH', '')}")
     from agent.probes import nft_rules
     monkeypatch.setattr(nft_rules, "kernel_module_present", lambda name: True)
+    # netlink cannot say (this process's namespace is not the node under test): ask nft
+    monkeypatch.setattr(nft_rules, "kube_proxy_table", lambda: None)
     return tmp_path / "calls"
 
 
@@ -193,8 +197,8 @@ def test_the_probe_says_when_nft_hangs(tmp_path: Path, monkeypatch) -> None:  # 
     from agent.probes import nft_rules
     from agent.probes.base import ProbeContext
     _fake_nft(tmp_path, monkeypatch, "time.sleep(60)\n")
-    monkeypatch.setattr(nft_rules, "read_table",
-                        lambda timeout, f=nft_rules.read_table: f(min(timeout, 1.0)))
+    monkeypatch.setattr(nft_rules, "read_table", lambda timeout, has_table=None,
+                        f=nft_rules.read_table: f(min(timeout, 1.0), has_table))
     import time
     t0 = time.monotonic()
     r = nft_rules.collect(ProbeContext())
@@ -365,3 +369,48 @@ def test_one_line_blocks_of_a_config_file() -> None:
                    ("nftables.conf", conf), ("services.json", SVC_9), ("addr.txt", ADDR),
                    ("routes.txt", ROUTES))
     assert ids_by_ip(v)["9.9.9.9"] == {"pod-to-lb-masqueraded"}, ids_by_ip(v)
+
+
+_PROBE_IN_NS = """
+import json, sys
+from agent.probes import nft_rules
+from agent.probes.base import ProbeContext
+r = nft_rules.collect(ProbeContext())
+print(json.dumps([nft_rules.kube_proxy_table(), r.value is not None,
+                  [u.reason for u in r.unknowns]]))
+"""
+
+
+def test_netlink_says_whether_kube_proxys_table_exists_without_running_nft(
+        tmp_path: Path) -> None:
+    """`nft -j list tables` fetches the whole ruleset (over 10 s on an iptables-nft node
+    of 10k services, every cycle): the probe asks netlink for the table names and runs
+    nft only for an ip or ip6 kube-proxy table. Real tables in a namespace made here; a
+    recording nft first on PATH."""
+    import sys
+
+    from lab.netns import netns
+    real_nft = subprocess.run(["sh", "-c", "command -v nft"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    calls = tmp_path / "calls"
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "nft").write_text(
+        f"#!/bin/sh\necho \"$*\" >> {calls}\nexec {real_nft} \"$@\"\n")
+    (tmp_path / "bin" / "nft").chmod(0o755)
+    env_path = f"PATH={tmp_path / 'bin'}:{os.environ['PATH']}"
+    root = str(Path(__file__).resolve().parent.parent)
+    with netns("lbnl") as ns:
+        def probe() -> list:  # type: ignore[type-arg]
+            out = ns.run("env", env_path, f"PYTHONPATH={root}", sys.executable, "-c",
+                         _PROBE_IN_NS).stdout
+            return json.loads(out)
+
+        # iptables mode on the nft backend: a nat table of iptables-nft, no kube-proxy's
+        ns.run("nft", "add table ip nat")
+        ns.run("nft", "add chain ip nat POSTROUTING "
+               "{ type nat hook postrouting priority srcnat; }")
+        assert probe() == [False, False, []]
+        assert not calls.exists()  # nft never ran
+        ns.run("nft", "add table ip6 kube-proxy")  # an IPv6-only nftables-mode node
+        assert probe() == [True, True, []]
+        assert calls.read_text() == "-j list ruleset\n"
