@@ -344,8 +344,13 @@ def test_iptables_save_takes_no_xtables_lock(tmp_path: Path) -> None:
     strace = shutil.which("strace")
     if strace is None or os.geteuid() != 0:
         pytest.skip("needs root and strace (apt-get install strace)")
-    # what the agent runs: *-save only (the rules probe builds iptables-{backend}-save)
-    assert 'f"iptables-{backend}-save"' in Path(nat_rules.__file__).read_text()
+    # what the agent runs: *-save only (the rules probe builds {iptables,ip6tables}-
+    # {backend}-save, or the plain -save)
+    probe = Path(nat_rules.__file__).read_text()
+    assert 'prog = "ip6tables" if family == 6 else "iptables"' in probe
+    assert re.findall(r'f"\{prog\}-[^"]*"', probe) == [
+        'f"{prog}-save"', 'f"{prog}-{backend}-save"', 'f"{prog}-{backend}-save"',
+        'f"{prog}-save"', 'f"{prog}-save"']
     for path in (REPO / "agent").rglob("*.py"):
         for cmd in re.findall(r"run_command\(\[\s*[\"'](ip6?tables[^\"']*)", path.read_text()):
             assert cmd.endswith("-save"), f"{path}: runs {cmd}, which may take the lock"
