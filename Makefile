@@ -66,6 +66,8 @@ bench: deps venv
 	$(PY) tests/bench/api_requests.py
 	$(PY) tests/bench/live_read.py
 	$(PY) tests/bench/daemon_cost.py
+	$(PY) tests/bench/daemon_cost.py --backend legacy
+	$(PY) tests/bench/ipv6_scale.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
