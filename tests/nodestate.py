@@ -27,7 +27,8 @@ def settle(ns: Netns, timeout: float = 10.0) -> None:
 def capture(ns: Netns) -> dict[str, str]:
     settle(ns)
     state: dict[str, str] = {}
-    names = ns.run("cat", "/proc/net/ip_tables_names").stdout
+    # absent until ip_tables is loaded (a stock kernel's first legacy use): no table
+    names = ns.run("cat", "/proc/net/ip_tables_names", check=False).stdout
     state["ip_tables_names"] = names
     if names.strip():
         # plain -save (no -t) only dumps tables that exist; -t would create one
