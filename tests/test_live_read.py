@@ -85,8 +85,8 @@ def test_budget_scales_with_the_nft_chains(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_budget_scales_with_the_legacy_rules(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(markers, "legacy_table_names", lambda: ("filter", "nat"))
-    monkeypatch.setattr(markers, "legacy_info", lambda t: markers.LegacyInfo(
+    monkeypatch.setattr(markers, "legacy_table_names", lambda family=4: ("filter", "nat"))
+    monkeypatch.setattr(markers, "legacy_info", lambda t, family=4: markers.LegacyInfo(
         t, {"nat": 239_571, "filter": 10_099}[t], 0))
     b = nat_rules.read_budget("legacy", floor=5.0)
     assert b.seconds == pytest.approx(5 + 3 * 5e-6 * 249_670)

@@ -281,3 +281,57 @@ def test_the_daemon_sees_a_change_made_between_its_cycles(backend: str, tmp_path
         finally:
             agent.terminate()
             agent.wait(timeout=30)
+
+
+_V6_MARKER = """
+import json
+from agent.probes import markers, nat_rules
+from agent.probes.base import ProbeContext, ReadCache
+cache = ReadCache()
+ctx = ProbeContext(cache=cache)
+reads = []
+for _ in range(2):
+    nat_rules.collect6(ctx)
+    reads.append(cache.read_count.get(nat_rules.SOURCE6, 0))
+info = markers.legacy_info("nat", 6)
+print(json.dumps({"digest": {t: markers.legacy_digest(t, 6)
+                             for t in markers.legacy_table_names(6)},
+                  "entries": info.entries,
+                  "reads": reads, "budget": nat_rules.read_budget("legacy", 5.0, 6).sized_on}))
+"""
+
+
+def test_legacy_ip6tables_have_a_change_marker_too() -> None:
+    """The IPv6 legacy tables are digested as the IPv4 ones (IP6T_SO_GET_INFO/ENTRIES,
+    struct ip6t_entry's own offsets): an unchanged dual-stack legacy node reads its
+    ip6tables once, counters moving change nothing, a rewritten address does."""
+    with netns("lbm6") as ns:
+        ns.sh("ip link set lo up; ip -6 addr add fd00::1/128 dev lo nodad")
+        ns.sh("ip6tables-legacy -t nat -N KUBE-SERVICES; "
+              "ip6tables-legacy -t nat -A OUTPUT -j KUBE-SERVICES; "
+              "ip6tables-legacy -t nat -A KUBE-SERVICES -d 2001:db8::7/128 -p tcp "
+              "--dport 80 -j RETURN; ip6tables-legacy -A OUTPUT -j ACCEPT")
+
+        def marker() -> dict:  # type: ignore[type-arg]
+            return json.loads(ns.run(PY, "-c", _V6_MARKER).stdout)
+
+        first = marker()
+        assert first["reads"] == [1, 1]  # the second cycle reused the first read
+        # 5 built-in chains' policies, KUBE-SERVICES' head and RETURN, 2 rules, the end
+        assert first["entries"] == 9, first
+        # sized on both tables' entries (nat 9, filter 3 policies + a rule + the end)
+        assert first["budget"] == "14 rules in the legacy ip6tables tables", first
+        # traffic moves the counters (filter OUTPUT's rule counts it), not the digest
+        ns.run(PY, "-c", "import socket; s = socket.socket(socket.AF_INET6, "
+               "socket.SOCK_DGRAM); [s.sendto(b'x', ('fd00::1', 9)) for _ in range(3)]")
+        counted = ns.run("ip6tables-legacy", "-L", "OUTPUT", "-v", "-n", "-x").stdout
+        # (the 3 datagrams and the ICMPv6 port unreachable answers)
+        assert int(counted.splitlines()[2].split()[0]) >= 3, counted
+        assert marker()["digest"] == first["digest"]
+        # the same size, one address rewritten: another digest
+        ns.run("ip6tables-legacy", "-t", "nat", "-R", "KUBE-SERVICES", "1", "-d",
+               "2001:db8::8/128", "-p", "tcp", "--dport", "80", "-j", "RETURN")
+        again = marker()
+        assert again["entries"] == first["entries"]
+        assert again["digest"]["nat"] != first["digest"]["nat"]
+        assert again["digest"]["filter"] == first["digest"]["filter"]

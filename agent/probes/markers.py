@@ -45,15 +45,33 @@ IPSET_CMD_LIST, IPSET_ATTR_PROTOCOL, IPSET_PROTOCOL = 7, 1, 6
 NFPROTO_IPV4, NFPROTO_IPV6 = 2, 10
 _NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED / NLA_F_NET_BYTEORDER
 
+# IPT_SO_GET_* and IP6T_SO_GET_* have the same numbers (at IPPROTO_IP / IPPROTO_IPV6)
 IPT_SO_GET_INFO, IPT_SO_GET_ENTRIES = 64, 65
 _IPT_GETINFO = struct.Struct("32sI5I5III")  # name, valid_hooks, hook_entry, underflow, n, size
 _IPT_GET_ENTRIES_HEAD = 40  # char name[32]; unsigned int size; (8-aligned entrytable)
-_IPT_ENTRY_NEXT_OFFSET = 90  # struct ipt_entry: ipt_ip (84), nfcache, target_offset
-_IPT_ENTRY_COUNTERS = 96  # struct xt_counters {u64 pcnt, bcnt} at 96..112
 LEGACY_MAX_BLOB = 512 << 20  # a table larger than this is not hashed (re-read instead)
 
 PROC_IP_VS = Path("/proc/net/ip_vs")
 IP_TABLES_NAMES = Path("/proc/net/ip_tables_names")
+IP6_TABLES_NAMES = Path("/proc/net/ip6_tables_names")
+
+
+@dataclass(frozen=True)
+class _LegacyFamily:
+    names: Path  # the tables this namespace holds
+    sock: tuple[int, int]  # (address family, sockopt level)
+    next_offset: int  # of u16 next_offset in the entry
+    counters: int  # of struct xt_counters {u64 pcnt, bcnt} in the entry
+
+
+_LEGACY = {
+    # struct ipt_entry: ipt_ip (84), nfcache, target_offset, next_offset at 90, comefrom,
+    # counters at 96..112
+    4: _LegacyFamily(IP_TABLES_NAMES, (socket.AF_INET, socket.IPPROTO_IP), 90, 96),
+    # struct ip6t_entry: ip6t_ip6 (133, padded to 136), nfcache, target_offset, next_offset
+    # at 142, comefrom, counters 8-aligned at 152..168
+    6: _LegacyFamily(IP6_TABLES_NAMES, (socket.AF_INET6, socket.IPPROTO_IPV6), 142, 152),
+}
 # a real server line's connection counters (ActiveConn InActConn) change with traffic
 _IPVS_CONNS = re.compile(rb"^(  -> \S+\s+\S+\s+\S+)\s+\d+\s+\d+[ \t]*$", re.M)
 
@@ -165,20 +183,23 @@ def ipset_digest() -> str | None:
 _libc: ctypes.CDLL | None = None
 
 
-def _getsockopt(fd: int, opt: int, buf: ctypes.Array[ctypes.c_char]) -> None:
+def _getsockopt(fam: _LegacyFamily, opt: int, buf: ctypes.Array[ctypes.c_char]) -> None:
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     size = ctypes.c_uint(len(buf))
-    if _libc.getsockopt(fd, socket.IPPROTO_IP, opt, buf, ctypes.byref(size)) != 0:
+    with socket.socket(fam.sock[0], socket.SOCK_RAW, socket.IPPROTO_RAW) as sock:
+        failed = _libc.getsockopt(sock.fileno(), fam.sock[1], opt, buf, ctypes.byref(size))
+    if failed != 0:
         err = ctypes.get_errno()
         raise MarkerError(err, os.strerror(err))
 
 
-def legacy_table_names() -> tuple[str, ...]:
-    """The legacy tables this namespace holds (/proc/net/ip_tables_names)."""
+def legacy_table_names(family: int = 4) -> tuple[str, ...]:
+    """The legacy tables this namespace holds (/proc/net/ip{,6}_tables_names; missing
+    until ip{,6}_tables is loaded: none)."""
     try:
-        return tuple(sorted(IP_TABLES_NAMES.read_text().split()))
+        return tuple(sorted(_LEGACY[family].names.read_text().split()))
     except OSError:
         return ()
 
@@ -190,50 +211,49 @@ class LegacyInfo:
     size: int  # bytes of the table's blob
 
 
-def legacy_info(table: str) -> LegacyInfo:
-    """IPT_SO_GET_INFO of a table listed in /proc/net/ip_tables_names (asking for any
-    other name would load iptable_NAME or create the table in this namespace)."""
-    if table not in legacy_table_names():
+def legacy_info(table: str, family: int = 4) -> LegacyInfo:
+    """I(P6)T_SO_GET_INFO of a table listed in /proc/net/ip{,6}_tables_names (asking for
+    any other name would load iptable_NAME or create the table in this namespace)."""
+    if table not in legacy_table_names(family):
         raise MarkerError(f"no legacy table {table!r} here")
     buf = ctypes.create_string_buffer(table.encode()[:31], _IPT_GETINFO.size)
-    with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW) as sock:
-        _getsockopt(sock.fileno(), IPT_SO_GET_INFO, buf)
+    _getsockopt(_LEGACY[family], IPT_SO_GET_INFO, buf)
     fields = _IPT_GETINFO.unpack(buf.raw)
     return LegacyInfo(table, fields[-2], fields[-1])
 
 
-def legacy_digest(table: str) -> str:
+def legacy_digest(table: str, family: int = 4) -> str:
     """The table's rules (IPT_SO_GET_ENTRIES) hashed without their counters.
 
     The counters are zeroed in the buffer, then the blob is hashed at once: at 230k rules
     the walk is one index read and two stores per entry (was two slices and two hash
     updates per entry: ~4x the CPU, most of the daemon's cycle on an unchanged node)."""
-    info = legacy_info(table)
+    fam = _LEGACY[family]
+    info = legacy_info(table, family)
     if info.size > LEGACY_MAX_BLOB:
         raise MarkerError(f"legacy table {table} is {info.size} bytes")
     if info.size % 4:
         raise MarkerError(f"legacy table {table}: {info.size} bytes, not entries")
     buf = ctypes.create_string_buffer(_IPT_GET_ENTRIES_HEAD + info.size)
     struct.pack_into("32sI", buf, 0, table.encode()[:31], info.size)
-    with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW) as sock:
-        # EAGAIN-like races (the table replaced between the two calls: another size)
-        # come back as EINVAL; the caller re-reads the rules then.
-        _getsockopt(sock.fileno(), IPT_SO_GET_ENTRIES, buf)
+    # EAGAIN-like races (the table replaced between the two calls: another size) come
+    # back as EINVAL; the caller re-reads the rules then.
+    _getsockopt(fam, IPT_SO_GET_ENTRIES, buf)
     blob = memoryview(buf).cast("B")[_IPT_GET_ENTRIES_HEAD:]
     half = blob.cast("H")  # native order, as the kernel wrote it
     # entries are XT_ALIGN'd: 8 bytes on 64-bit, where the counters are two u64 stores
     wide = blob.cast("Q") if info.size % 8 == 0 else None
     size, off = info.size, 0
     while off < size:
-        nxt = half[(off + _IPT_ENTRY_NEXT_OFFSET) >> 1]
-        if nxt < _IPT_ENTRY_COUNTERS + 16 or nxt & 3 or off + nxt > size:
+        nxt = half[(off + fam.next_offset) >> 1]
+        if nxt < fam.counters + 16 or nxt & 3 or off + nxt > size:
             raise MarkerError(f"legacy table {table}: malformed entry at {off}")
         if wide is not None and not off & 7:
-            q = (off + _IPT_ENTRY_COUNTERS) >> 3
+            q = (off + fam.counters) >> 3
             wide[q] = 0
             wide[q + 1] = 0
         else:
-            blob[off + _IPT_ENTRY_COUNTERS:off + _IPT_ENTRY_COUNTERS + 16] = bytes(16)
+            blob[off + fam.counters:off + fam.counters + 16] = bytes(16)
         off += nxt
     h = hashlib.blake2b(struct.pack("=II", info.entries, info.size), digest_size=16)
     h.update(blob)
@@ -257,8 +277,9 @@ def ipvs_digest() -> str | None:
 # --- what the nat rules probe depends on ----------------------------------------------
 
 
-def netfilter_marker() -> tuple[object, ...]:
-    """Everything the nat rules probe's answer depends on: the nft generation and each
-    legacy table's digest. Raises MarkerError when a part cannot be read."""
-    legacy = tuple((t, legacy_digest(t)) for t in legacy_table_names())
+def netfilter_marker(family: int = 4) -> tuple[object, ...]:
+    """Everything the rules probe's answer depends on (iptables', or ip6tables' for
+    ``family`` 6): the nft generation and each legacy table's digest. Raises MarkerError
+    when a part cannot be read."""
+    legacy = tuple((t, legacy_digest(t, family)) for t in legacy_table_names(family))
     return ("nft", nft_generation(), "legacy", legacy)

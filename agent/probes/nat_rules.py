@@ -30,7 +30,6 @@ import re
 import shutil
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from agent.errors import InputError
 from agent.netfilter.rules_text import RulesText, parse_iptables_save, read_rules_text, settle
@@ -50,11 +49,8 @@ from agent.snapshot import Netfilter, Unknown
 
 SOURCE = "nat rules"
 SOURCE6 = "ip6tables"  # the IPv6 rules (ip6tables-save), read the same way
-IP_TABLES_NAMES = Path("/proc/net/ip_tables_names")
-IP6_TABLES_NAMES = Path("/proc/net/ip6_tables_names")
 NO_BINARY = "unavailable: no iptables-save binary (install iptables)"
 NO_BINARY6 = "unavailable: no ip6tables-save binary (install iptables)"
-NFPROTO_IPV6 = 10
 
 _HINT = re.compile(r"^:(KUBE-IPTABLES-HINT|KUBE-KUBELET-CANARY)\s", re.M)
 _TABLE = re.compile(r"^\*(\S+)", re.M)
@@ -87,20 +83,18 @@ class Budget:
 
 def read_budget(backend: str, floor: float = BUDGET_FLOOR, family: int = 4) -> Budget:
     """How long a dump of ``backend`` may take here, from counts read without a dump
-    (nft: each ip table's use count; legacy: IPT_SO_GET_INFO's entries; IPv6 legacy: the
-    floor, its counts are not read)."""
+    (nft: each ip/ip6 table's use count; legacy: I(P6)T_SO_GET_INFO's entries)."""
     try:
         if backend == "nft":
-            uses = markers.nft_table_uses(*((NFPROTO_IPV6,) if family == 6 else ()))
+            uses = markers.nft_table_uses(*((markers.NFPROTO_IPV6,) if family == 6 else ()))
             n = sum(uses.values())
             expected = NFT_SECONDS_PER_CHAIN_SQUARED * n * n + NFT_SECONDS_PER_CHAIN * n
             what = f"{n:,} chains and sets in the nft ip{'6' if family == 6 else ''} tables"
-        elif family == 6:
-            return Budget(floor, "the default (IPv6 legacy tables' sizes are not read)")
         else:
-            n = sum(markers.legacy_info(t).entries for t in markers.legacy_table_names())
+            n = sum(markers.legacy_info(t, family).entries
+                    for t in markers.legacy_table_names(family))
             expected = LEGACY_SECONDS_PER_RULE * n
-            what = f"{n:,} rules in the legacy tables"
+            what = f"{n:,} rules in the legacy {'ip6tables ' if family == 6 else ''}tables"
     except (OSError, ValueError):
         return Budget(floor, "the default (the tables' sizes could not be read)")
     return Budget(min(BUDGET_CEILING, floor + BUDGET_SLACK * expected), what)
@@ -135,11 +129,7 @@ def _commands(timeout: float, family: int = 4) -> dict[str, str]:
 
 def legacy_tables_present(family: int = 4) -> bool:
     """Does the legacy (x_tables) side hold any table in this network namespace?"""
-    try:
-        return bool((IP6_TABLES_NAMES if family == 6 else IP_TABLES_NAMES).read_text().split())
-    except OSError:
-        # Missing: ip_tables is not loaded, so there are no legacy tables.
-        return False
+    return bool(markers.legacy_table_names(family))
 
 
 def kube_score(text: str) -> tuple[int, int, int]:
@@ -308,8 +298,12 @@ def _collect(ctx: ProbeContext) -> ProbeResult:
                 reason += "".join(f"; {p}" for p in problems)
                 return ProbeResult(excerpt, (Unknown(SOURCE, reason),))
         return ProbeResult(None, (Unknown(SOURCE, reason),))
+    return _parsed(SOURCE, dump, errors)
+
+
+def _parsed(source: str, dump: Dump, errors: list[str]) -> ProbeResult:
     # A failure of the other backend is worth saying even when one dump worked.
-    unknowns = tuple(Unknown(SOURCE, f"other backend unreadable: {e}") for e in errors)
+    unknowns = tuple(Unknown(source, f"other backend unreadable: {e}") for e in errors)
     if not _TABLE.search(dump.text):
         # No table at all is a real answer on a live node (the parser rejects it because
         # an empty *file* in a bundle usually means a failed capture).
@@ -317,7 +311,7 @@ def _collect(ctx: ProbeContext) -> ProbeResult:
     try:
         netfilter = parse_iptables_save(dump.text, source=dump.command, backend=dump.backend)
     except InputError as exc:
-        return ProbeResult(None, (*unknowns, Unknown(SOURCE, f"cannot parse: {exc}")))
+        return ProbeResult(None, (*unknowns, Unknown(source, f"cannot parse: {exc}")))
     return ProbeResult(netfilter, unknowns)
 
 
@@ -327,17 +321,8 @@ PROBE = register(Probe(name=SOURCE, field="netfilter", collect=collect))
 # -- the IPv6 rules ----------------------------------------------------------------------
 
 
-def ip6tables_marker() -> tuple[object, ...]:
-    """What the IPv6 rules' dump depends on: the nft generation (any family's commit
-    bumps it). Legacy ip6tables tables have no digest here: with any of them present the
-    marker fails and the rules are read every cycle."""
-    if legacy_tables_present(6):
-        raise markers.MarkerError("legacy ip6tables tables present: no digest")
-    return ("nft", markers.nft_generation())
-
-
 def collect6(ctx: ProbeContext) -> ProbeResult:
-    return cached(ctx, SOURCE6, ip6tables_marker, lambda: _collect6(ctx))
+    return cached(ctx, SOURCE6, lambda: markers.netfilter_marker(6), lambda: _collect6(ctx))
 
 
 def _collect6(ctx: ProbeContext) -> ProbeResult:
@@ -348,14 +333,7 @@ def _collect6(ctx: ProbeContext) -> ProbeResult:
     if dump is None:
         reason = NO_BINARY6 if not sel.have_binary else "; ".join(errors)
         return ProbeResult(None, (Unknown(SOURCE6, reason),))
-    unknowns = tuple(Unknown(SOURCE6, f"other backend unreadable: {e}") for e in errors)
-    if not _TABLE.search(dump.text):
-        return ProbeResult(Netfilter(backend=dump.backend, tables=()), unknowns)
-    try:
-        rules = parse_iptables_save(dump.text, source=dump.command, backend=dump.backend)
-    except InputError as exc:
-        return ProbeResult(None, (*unknowns, Unknown(SOURCE6, f"cannot parse: {exc}")))
-    return ProbeResult(rules, unknowns)
+    return _parsed(SOURCE6, dump, errors)
 
 
 PROBE6 = register(Probe(name=SOURCE6, field="ip6tables", collect=collect6))
