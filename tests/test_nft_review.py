@@ -414,3 +414,22 @@ def test_netlink_says_whether_kube_proxys_table_exists_without_running_nft(
         ns.run("nft", "add table ip6 kube-proxy")  # an IPv6-only nftables-mode node
         assert probe() == [True, True, []]
         assert calls.read_text() == "-j list ruleset\n"
+
+
+def test_a_postrouting_rule_the_walk_cannot_follow_leaves_the_source_undecided() -> None:
+    """As in the iptables walk: a served LB IP whose postrouting walk ends UNKNOWN (here a
+    CNI table jumping to a chain the input lacks, constructed beside kube-proxy's real
+    ruleset) is undecided, not 'client source kept'."""
+    from agent.bundle import load_texts
+    from agent.diagnose import prepare
+    from agent.diagnose.nft_paths import NftPathFinder
+
+    case = CONSTRUCTED.parent / "realworld" / "k8s-nftables-overall-rules-lb-etp-local-sourceranges"
+    script = (case / "nft-transaction.txt").read_text() + (
+        "\ntable ip cni {\n\tchain post {\n\t\ttype nat hook postrouting priority srcnat - 10; "
+        "policy accept;\n\t\tjump not-in-the-paste\n\t}\n}\n")
+    prep = prepare(load_texts([("nft.txt", script, "unknown")], origin="bundle:t"))
+    target = next(t for t in prep.all_targets if t.ip == "5.6.7.8")
+    served = NftPathFinder(prep.facts).outside_to_lb(target)
+    assert served.served is None and served.source_kept is None, served
+    assert "not-in-the-paste" in served.how, served

@@ -429,6 +429,8 @@ class NftPathFinder:
                     continue
                 served_any = True
                 for pr in self.walker.walk_hook("postrouting", fr.packet):
+                    if pr.verdict == "UNKNOWN":  # (as the iptables walk: not "kept")
+                        return ServedOutcome(None, None, (*ev2, pr.detail), pr.detail)
                     masq = pr.verdict in ("MASQUERADE", "SNAT")
                     kept = (not masq) if kept is None else (kept and not masq)
                     evidence = ev2 + tuple(s.render() for s in pr.steps)
