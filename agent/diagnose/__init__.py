@@ -9,12 +9,13 @@ from dataclasses import dataclass
 
 from agent import __version__
 from agent.capture.model import CaptureResult
-from agent.diagnose.context import Context
+from agent.diagnose.context import Context, Unknowns
 from agent.diagnose.family import ipv6_facts, ipv6_snapshot, v6_local_known
 from agent.diagnose.lb_ip import ChainServices, LbTarget, discover, split_by_family
 from agent.diagnose.model import Finding, LbIpReport, Verdict, status_of
 from agent.diagnose.nft_paths import NftPathFinder, nft_mode, nft_targets
 from agent.diagnose.node_facts import NodeFacts, build_facts, kube_proxy_mode
+from agent.diagnose.parallel import SplitRules, usable_jobs
 from agent.diagnose.paths import PathFinder
 from agent.diagnose.rules import etp_local, pod_to_lb
 from agent.snapshot import NodeSnapshot
@@ -48,9 +49,10 @@ def prepare(snap: NodeSnapshot) -> Prepared:
 
 def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
              capture: CaptureResult | None = None,
-             prepared: Prepared | None = None) -> Verdict:
+             prepared: Prepared | None = None, jobs: int = 1) -> Verdict:
     """The verdict for one node; ``capture`` adds what watched handshakes showed;
-    ``prepared`` is ``prepare(snap)`` when the caller already made it."""
+    ``prepared`` is ``prepare(snap)`` when the caller already made it; ``jobs`` 2 lets a
+    forked child walk half of a big node's LB IPs (the same verdict, sooner)."""
     from agent.diagnose.rules import RULES
     from agent.diagnose.rules.observed import OBSERVED_IDS
 
@@ -62,6 +64,7 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
     targets, v6_targets, skipped = split_by_family(list(prepared.all_targets))
     unknowns = [{"source": u.source, "reason": u.reason} for u in snap.unknowns]
     unknowns += [{"source": "LB IPs", "reason": r} for r in skipped]
+    unknowns = Unknowns(unknowns)
     paths = NftPathFinder(facts) if mode == "nftables" else PathFinder(facts)
     if isinstance(paths, NftPathFinder):  # its ip6 kube-proxy table is walked as the ip one
         targets += [t for t in v6_targets if paths.walks(t.ip)]
@@ -89,9 +92,11 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
     v6_ctx = _ipv6_context(ctx, v6_targets) if v6_targets else None
     if v6_ctx is None:
         findings += _ipv6_not_walked(v6_targets, snap, mode)
+    split = SplitRules(ctx, FAMILY_RULES) if usable_jobs(jobs, len(targets)) > 1 else None
     for rule in RULES:
         try:
-            findings.extend(rule(ctx))
+            findings.extend(split.run(rule, ctx) if split and rule in split.rules
+                            else rule(ctx))
         except Exception as e:  # a bug in one rule must not hide the others' findings
             name = rule.__module__.rsplit(".", 1)[-1]
             ctx.unknown(f"rule {name}", f"internal error: {type(e).__name__}: {e}")
@@ -100,6 +105,8 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
                 f"The {name} check failed with an internal error: its findings are missing",
                 evidence=(f"{type(e).__name__}: {e}",),
                 remedy="Report it with the bundle (loopback-agent bundle DIR)."))
+    if split is not None:
+        split.close()
     for rule in FAMILY_RULES if v6_ctx is not None else ():
         try:
             findings.extend(rule(v6_ctx))  # type: ignore[arg-type]
