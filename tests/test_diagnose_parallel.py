@@ -167,3 +167,17 @@ def test_check_cli_jobs(big: tuple[Path, NodeSnapshot]) -> None:
                         "3"], cwd=ROOT, capture_output=True, text=True, timeout=60,
                        check=False)
     assert p.returncode == EXIT_USAGE and "--jobs" in p.stderr and "3" in p.stderr
+
+
+def test_jobs_default_is_one_for_npd_and_the_cpus_for_a_person(monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    from agent.cli import _jobs_for, build_parser
+
+    parse = build_parser().parse_args
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert _jobs_for(parse(["check", "--from", "x"])) == 2
+    assert _jobs_for(parse(["check", "--from", "x", "--npd"])) == 1  # background work
+    assert _jobs_for(parse(["check", "--from", "x", "--npd", "--jobs", "2"])) == 2
+    assert _jobs_for(parse(["check", "--from", "x", "--jobs", "1"])) == 1
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})  # a one-CPU cpuset
+    assert _jobs_for(parse(["check", "--from", "x"])) == 1
