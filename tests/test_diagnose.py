@@ -351,3 +351,16 @@ def test_tke_remedy_for_a_bound_vip_says_what_its_family_does_with_the_checks() 
     assert "dropped as martian source" in remedy("10.0.1.100")
     v6 = remedy("2001:db8::7")
     assert "martian" not in v6 and "the answer stays (IPv6)" in v6
+
+
+def test_a_masquerade_without_the_nodes_addresses_names_no_none(tke: NodeSnapshot) -> None:
+    """Without `ip addr` the node's address and uplink are unknown: the MASQUERADE that
+    decides 10.0.1.101 was worded "leaves None with the node's address None" (seen on a
+    real pasted IPVS case too: blog-ssup2)."""
+    snap = replace(tke, addresses=None)
+    got = findings(snap)
+    masq = got[("pod-to-lb-masqueraded", "10.0.1.101")]
+    said = " ".join([masq["summary"], *masq["evidence"]])
+    assert "None" not in said, said
+    assert "leaves (uplink unknown) with the node's address (not in the input: `ip addr` " \
+        "shows it) (MASQUERADE)" in said, said

@@ -236,7 +236,7 @@ def test_ipvs_mode_ipv6_live_equals_the_bundle(tmp_path: Path) -> None:
             assert got == ds.IPVS_EXPECT_REAL, got
             far = by[("etp-local-no-local-endpoint", "2001:db8:ff::9")]["evidence"]
             assert any("none in this node's pod network" in e for e in far), far
-            assert any("IPVS virtual server TCP 2001:db8:ff::7:80 (1 real servers)" in e
+            assert any("IPVS virtual server TCP [2001:db8:ff::7]:80 (1 real servers)" in e
                        for e in cap), cap
             none = by[("etp-local-no-local-endpoint", ds.IPVS_NO_REAL_SERVERS)]["evidence"]
             assert any(f"IPVS virtual server TCP [{ds.IPVS_NO_REAL_SERVERS}]:80 has no real "

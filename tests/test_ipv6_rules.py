@@ -116,7 +116,7 @@ def test_ipvs_mode_ipv6_sets_and_virtual_servers() -> None:
     assert v["kube_proxy_mode"] == "ipvs"
     got = {(f["id"], f["lb_ip"]): f for f in v["findings"]}
     served = got[("pod-to-lb-captured", "2001:db8:ff::7")]
-    assert any("IPVS virtual server TCP 2001:db8:ff::7:80 (1 real servers)" in e
+    assert any("IPVS virtual server TCP [2001:db8:ff::7]:80 (1 real servers)" in e
                for e in served["evidence"])
     # eTP=Local (KUBE-6-LOAD-BALANCER-LOCAL lists it) and no real server: health checks
     # fail here by design

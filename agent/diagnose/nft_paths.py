@@ -21,7 +21,7 @@ from agent.diagnose.node_facts import (
     NodeFacts,
     uplink6,
 )
-from agent.diagnose.paths import ASSUMED, PathFinder, PathOutcome, ServedOutcome
+from agent.diagnose.paths import ASSUMED, PathFinder, PathOutcome, ServedOutcome, node_address
 from agent.netfilter.nft_model import NftRuleset, NftTable
 from agent.netfilter.nft_read import ruleset_of
 from agent.netfilter.nft_walk import NftHookResult, NftPacket, NftWalker, iptables_nft_table
@@ -301,6 +301,7 @@ class NftPathFinder:
         elif local:
             return self._to_node(p, (*ev, f"routing: {p.dst} is local -> input"))
         out_iface = self._uplink(p.v6)
+        leaving = out_iface or "(uplink unknown)"
         ev = (*ev, f"routing: {p.dst} is not a local address -> forwarded out "
                    f"{out_iface or '(uplink unknown)'}")
         p = p._replace(out_iface=out_iface)
@@ -325,7 +326,7 @@ class NftPathFinder:
                         # whose address is the source (as agent.diagnose.paths decides)
                         to = to.split("-")[0]
                         if node_ip is None or _canon(to) != node_ip:
-                            how = (f"leaves {out_iface} SNATed to {to}, " + (
+                            how = (f"leaves {leaving} SNATed to {to}, " + (
                                 "and the node's address is not in the input (`ip addr` "
                                 "shows it)" if node_ip is None else
                                 f"which is not this node's address {node_ip}: the load "
@@ -333,16 +334,16 @@ class NftPathFinder:
                             kind = "unknown" if node_ip is None else "not-masqueraded"
                             results.append(PathOutcome(kind, how, (*ev3, f"result: {how}")))
                             continue
-                    how = (f"leaves {out_iface} with the node's address "
-                           f"{node_ip} ({pr.verdict.lower()}): the load balancer "
-                           "will not send it back to this node")
+                    how = (f"leaves {leaving} with {node_address(node_ip)} "
+                           f"({pr.verdict.lower()}): the load balancer will not send it "
+                           "back to this node")
                     results.append(PathOutcome("masqueraded", how, (*ev3, f"result: {how}")))
                 elif pr.verdict in ("DROP", "REJECT"):
                     results.append(PathOutcome("dropped", f"{pr.verdict.lower()} in the "
                                                "postrouting hook", ev3))
                 else:
                     src = p.src if p.src_known else "(unchanged)"
-                    how = (f"leaves {out_iface} with the pod's source address {src} "
+                    how = (f"leaves {leaving} with the pod's source address {src} "
                            "(no DNAT, not local, no masquerade)")
                     results.append(PathOutcome("not-masqueraded", how,
                                                (*ev3, f"result: {how}")))

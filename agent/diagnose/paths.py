@@ -267,6 +267,7 @@ class PathFinder:
                                 (*ev, f"routing: {p.dst} is local ({route.line if route else ''})"
                                  " -> INPUT", line, self._once(f"result: {how}")))]
         out_iface = self.facts.uplink
+        leaving = out_iface or "(uplink unknown)"
         ev = (*ev, f"routing: {p.dst} is not a local address -> forwarded out "
                    f"{out_iface or '(uplink unknown)'}"
               + (f" [{self.facts.uplink_how}]" if self.facts.uplink_how else ""))
@@ -289,28 +290,27 @@ class PathFinder:
                     node_ip = self.facts.node_ip
                     if pr.verdict == "SNAT" and node_ip is None:
                         # not "not this node's address None": that address is unknown
-                        how = (f"leaves {out_iface} SNATed to {to}; whether that is the "
+                        how = (f"leaves {leaving} SNATed to {to}; whether that is the "
                                "node's address the load balancer sends to is not in the "
                                "input (`ip addr` shows it)")
                         results.append(PathOutcome("unknown", how, (*ev3, how)))
                         continue
                     if pr.verdict == "SNAT" and to != node_ip:
                         # the LB only skips the real server whose IP equals the source
-                        how = (f"leaves {out_iface} SNATed to {to}, which is not this node's "
+                        how = (f"leaves {leaving} SNATed to {to}, which is not this node's "
                                f"address {node_ip}: the load balancer may still pick this node")
                         results.append(PathOutcome("not-masqueraded", how,
                                                    (*ev3, f"result: {how}")))
                         continue
-                    how = (f"leaves {out_iface} with the node's address {node_ip} "
-                           f"({pr.verdict}): the load balancer will not send it back to this "
-                           "node")
+                    how = (f"leaves {leaving} with {node_address(node_ip)} ({pr.verdict}): the "
+                           "load balancer will not send it back to this node")
                     results.append(PathOutcome("masqueraded", how, (*ev3, f"result: {how}")))
                 elif pr.verdict in ("DROP", "REJECT"):
                     results.append(PathOutcome("dropped", f"{pr.verdict} in nat POSTROUTING",
                                                ev3))
                 else:
                     src = p.src if p.src_known else "(unchanged)"
-                    how = (f"leaves {out_iface} with the pod's source address {src} "
+                    how = (f"leaves {leaving} with the pod's source address {src} "
                            "(no DNAT, not local, no SNAT/MASQUERADE)")
                     results.append(PathOutcome("not-masqueraded", how, (*ev3, f"result: {how}")))
         return results
@@ -334,7 +334,8 @@ class PathFinder:
         if snap.ipvs is not None:
             vs = self.facts.virtual_server(proto, p.dst, p.dport)
             if vs is not None:
-                line = (f"IPVS virtual server {proto} {vs.address}:{vs.port} "
+                host = f"[{vs.address}]" if ":" in vs.address else vs.address
+                line = (f"IPVS virtual server {proto} {host}:{vs.port} "
                         f"({len(vs.real_servers)} real servers)")
                 return ("IPVS on this node serves it (the LB IP is local): the packet "
                         "never goes to the load balancer"), line
@@ -437,6 +438,14 @@ class PathFinder:
 
     def _filter(self, chain: str, p: Packet) -> list[HookResult]:
         return self.filter.walk(chain, p) if self.filter else [HookResult("ACCEPT", p, ())]
+
+
+def node_address(node_ip: str | None) -> str:
+    """The address a MASQUERADE leaves with, for evidence: the node's, whether or not the
+    input shows which it is (never "None")."""
+    if node_ip:
+        return f"the node's address {node_ip}"
+    return "the node's address (not in the input: `ip addr` shows it)"
 
 
 def _snat_address(res: HookResult) -> str | None:
