@@ -225,7 +225,7 @@ def test_a_verdict_sized_file_that_is_not_json_is_set_aside(tmp_path: Path) -> N
 
 
 def test_a_file_grown_past_the_bound_after_listing_is_not_read_whole(tmp_path: Path) -> None:
-    s = Spool(tmp_path, max_item_bytes=1000)
+    s = Spool(tmp_path, max_file_bytes=1000)
     s.put(verdict(1))
     big = tmp_path / name(99999999999999999999, "grows")  # after the real one
     big.write_text("{}")
@@ -252,20 +252,21 @@ def test_an_unsafe_key_never_leaves_the_spool_directory(tmp_path: Path) -> None:
 
 
 def test_an_oversized_verdict_is_refused_not_stored(tmp_path: Path) -> None:
+    # the bound is on the compressed verdict (what is shipped): incompressible padding
     s = Spool(tmp_path, max_item_bytes=1000)
-    with pytest.raises(ValueError, match="more than the 1000"):
-        s.put({**verdict(1), "pad": "x" * 2000})
+    with pytest.raises(ValueError, match="gzipped: more than the 1000"):
+        s.put({**verdict(1), "pad": os.urandom(1000).hex()})
     assert len(s) == 0 and not list(tmp_path.iterdir())
 
 
 _SHORT_WRITE = r"""
-import resource, signal, sys
+import os, resource, signal, sys
 from agent.ship.spool import Spool
 s = Spool(sys.argv[1])
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of being killed
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 try:
-    key = s.put({"seq": 1, "pad": "z" * 20000})
+    key = s.put({"seq": 1, "pad": os.urandom(10000).hex()})  # ~10 kB even gzipped
     print("returned", key)
 except OSError as e:
     print("raised", e)
