@@ -322,3 +322,79 @@ def test_a_bad_collector_auth_is_a_usage_error() -> None:
         assert r.returncode == 64 and "'jwt' is not one of shared-token, kube-token" \
             in r.stderr
         assert "Traceback" not in r.stderr
+
+
+# -- gzip: only to a collector that says it takes it; never a verdict lost over it --------
+
+
+def big_verdict(i: int, mib: int = 5) -> dict[str, Any]:
+    """Over the collector's 4 MiB as plain JSON, under 1 MB gzipped (a 10k-service
+    verdict: 21 MB, 1.5 MB)."""
+    return {"seq": i, "node": "n1", "rows": [f"svc-{j} 10.0.{j % 250}.1" for j in
+                                              range(mib * 1024 * 1024 // 20)]}
+
+
+def test_gzip_only_once_the_collector_says_it_takes_it(tmp_path: Path,
+                                                       collector: Collector) -> None:
+    collector.takes_gzip = True
+    s = spool_with(tmp_path, 3)
+    res = drain(s, Sender(collector.url), batch=1)
+    assert res.sent == 3 and [v["seq"] for v in collector.received] == [0, 1, 2]
+    # the first reply said Accept-Encoding: gzip; nothing before it is gzipped
+    assert [c for _, c in collector.bodies] == [None, "gzip", "gzip"]
+
+
+def test_an_older_collector_gets_plain_bodies_and_keeps_what_it_cannot_take(
+        tmp_path: Path, collector: Collector) -> None:
+    """A collector that never says Accept-Encoding (the previous release: 400 to a gzip
+    body) gets plain bodies; a verdict too large to go plain is tried gzipped and, at
+    that 400, kept in the spool (before: refused by the spool, so never delivered)."""
+    s = spool_with(tmp_path, 2)
+    s.put(big_verdict(2))
+    res = drain(s, Sender(collector.url))
+    assert [v["seq"] for v in collector.received] == [0, 1]
+    assert [c for _, c in collector.bodies] == [None, "gzip"]
+    assert res.sent == 2 and res.rejected == 0 and res.last is not None
+    assert res.last.status == 415 and not res.last.rejected
+    assert len(s) == 1 and s.rejected == 0 and not list(s.dir.glob("*.rejected"))
+    collector.takes_gzip = True  # the collector is upgraded: the big one arrives
+    res = drain(s, Sender(collector.url))
+    assert res.sent == 1 and collector.received[-1]["seq"] == 2 and len(s) == 0
+    assert collector.bodies[-1][1] == "gzip" and collector.bodies[-1][0] < 1_000_000
+
+
+def test_a_415_or_an_older_replica_makes_it_resend_plain_at_once(
+        tmp_path: Path, collector: Collector) -> None:
+    """Replicas of two releases behind one Service: gzip to a new one, then the old one's
+    400 (no Accept-Encoding) to gzip, then a 415: each batch goes again plain at once."""
+    collector.takes_gzip = True
+    s = spool_with(tmp_path, 1)
+    sender = Sender(collector.url)
+    assert drain(s, sender).sent == 1 and sender.gzip_ok
+    collector.takes_gzip = False  # an older replica answers next
+    s.put({"seq": 1, "node": "n1"})
+    assert drain(s, sender).sent == 1
+    collector.takes_gzip = True
+    sender.gzip_ok = True
+    collector.script = [(415, {})]
+    s.put({"seq": 2, "node": "n1"})
+    res = drain(s, sender)
+    assert res.sent == 1 and res.rejected == 0 and len(s) == 0
+    assert [v["seq"] for v in collector.received] == [0, 1, 2]
+    assert [c for _, c in collector.bodies] == [None, "gzip", None, "gzip", None]
+
+
+def test_a_plain_spool_file_of_the_previous_version_is_delivered(
+        tmp_path: Path, collector: Collector) -> None:
+    """Upgrade in place: a file the previous version wrote (plain JSON) and one written
+    now (gzip) are both shipped, oldest first, and removed."""
+    s = Spool(tmp_path / "spool")
+    old = {"seq": 0, "node": "n1", "idempotency_key": "old-1", "pad": "o" * 3_500_000}
+    (s.dir / "00000000000000000001-old-1.json").write_text(
+        json.dumps(old, separators=(",", ":"), sort_keys=True))
+    s.put({"seq": 1, "node": "n1"})
+    assert (s.dir / s.names()[1]).read_bytes()[:2] == b"\x1f\x8b"
+    res = drain(s, Sender(collector.url))
+    assert res.sent == 2 and len(s) == 0 and s.corrupt == 0
+    assert [v["seq"] for v in collector.received] == [0, 1]
+    assert collector.received[0]["idempotency_key"] == "old-1"

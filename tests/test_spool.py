@@ -283,3 +283,40 @@ def test_a_short_write_never_returns_a_truncated_verdict(tmp_path: Path) -> None
     assert proc.stdout.startswith("raised"), proc.stdout
     assert "File too large" in proc.stdout
     assert list(tmp_path.iterdir()) == []  # no truncated verdict, no temporary file
+
+
+def test_verdicts_are_gzipped_and_count_their_compressed_size(tmp_path: Path) -> None:
+    """A 10k-service verdict (~21 MB) takes ~1.5 MB: ~6 MB of repetitive JSON here takes
+    a few hundred kB of the byte bound; before, over 4 MiB was refused."""
+    s = Spool(tmp_path)
+    rows = [{"service": f"ns/svc-{j}", "lb_ip": f"10.{j // 250}.{j % 250}.1"}
+            for j in range(120_000)]
+    key = s.put({**verdict(1), "rows": rows})
+    (name,) = s.names()
+    raw = (tmp_path / name).read_bytes()
+    assert raw[:2] == b"\x1f\x8b" and s.bytes() == len(raw) < 1_000_000
+    (it,) = s.items()
+    assert it.key == key and it.size == len(raw) and len(it.data) > 5_000_000
+    assert it.verdict["rows"] == rows
+
+
+def test_a_gzip_bomb_in_the_spool_is_set_aside_after_the_bound(tmp_path: Path) -> None:
+    import zlib
+
+    s = Spool(tmp_path)
+    s.put(verdict(1))
+    c = zlib.compressobj(9, zlib.DEFLATED, 31)
+    bomb = b"".join(c.compress(bytes(1 << 20)) for _ in range(80)) + c.flush()
+    (tmp_path / name(99999999999999999999, "bomb")).write_bytes(bomb)  # 80 MiB inflated
+    assert [it.verdict["seq"] for it in s.items()] == [1]
+    assert s.corrupt == 1 and "inflates to more than" in s.problems[-1]
+
+
+def test_a_truncated_gzip_file_is_set_aside(tmp_path: Path) -> None:
+    s = Spool(tmp_path)
+    s.put(verdict(1))
+    s.put(verdict(2))
+    first = tmp_path / s.names()[0]
+    first.write_bytes(first.read_bytes()[:-10])
+    assert [it.verdict["seq"] for it in s.items()] == [2]
+    assert s.corrupt == 1 and "truncated" in s.problems[-1]
