@@ -209,3 +209,4 @@ def test_the_body_budget_counts_what_is_inflated(tmp_path: Path) -> None:
         assert server.receiving == 0  # everything reserved was given back
     finally:
         server.shutdown()
+

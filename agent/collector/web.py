@@ -435,16 +435,19 @@ class Verdicts(_Base):
     async def post(self) -> None:
         assert self.caller is not None
         wire, self.body = bytes(self.body), bytearray()
+        error: BadRequest | None = None
         try:
             fn = self._ingest_gzip if self.gzipped else self.col.ingest
             result = await self.run(fn, self.caller, wire)
         except BadRequest as e:
-            self.fail(e)
-            return
+            error = e
         finally:
             del wire
-            self._release()
-        self.reply(dumps(result))
+            self._release()  # before the reply: its sender may post again at once
+        if error is not None:
+            self.fail(error)
+        else:
+            self.reply(dumps(result))
 
     def _ingest_gzip(self, caller: Caller, wire: bytes) -> dict[str, Any]:
         """On a worker: inflate (bounded, in the budget), then what a plain body gets."""
