@@ -4,6 +4,7 @@ or GET /verdict)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from importlib import resources
 from pathlib import Path
@@ -43,7 +44,8 @@ def spooled(line: dict[str, Any], spool: Path) -> dict[str, Any]:
     the verdict schema and the line."""
     key = line["full"]["key"]
     (path,) = spool.glob(f"*-{key}.json")
-    verdict = json.loads(path.read_text())
+    raw = path.read_bytes()  # gzip as the spool writes it (plain from older agents)
+    verdict = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
     assert verdict["idempotency_key"] == key
     agrees(line, verdict)
     return verdict

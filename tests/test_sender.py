@@ -3,6 +3,7 @@ off (Retry-After honoured), rejected verdicts are set aside, the token file is r
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import random
@@ -24,11 +25,15 @@ from agent.ship.spool import Spool
 
 
 class Collector:
-    """A scripted collector: answers from ``script`` (status, headers), then 200."""
+    """A scripted collector: answers from ``script`` (status, headers), then 200. As the
+    collector before gzip did, by default: a gzip body is not JSON, so 400, and no
+    Accept-Encoding; ``takes_gzip`` makes it inflate gzip bodies and say so."""
 
     def __init__(self) -> None:
         self.script: list[tuple[int, dict[str, str]]] = []
         self.received: list[dict[str, Any]] = []
+        self.bodies: list[tuple[int, str | None]] = []  # (bytes on the wire, coding)
+        self.takes_gzip = False
         self.auth: list[str | None] = []
         self.reject_seq: set[int] = set()
         self.delay = 0.0  # seconds before answering: a slow collector
@@ -36,10 +41,20 @@ class Collector:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                wire = self.rfile.read(int(self.headers["Content-Length"]))
+                coding = self.headers.get("Content-Encoding")
+                outer.bodies.append((len(wire), coding))
                 time.sleep(outer.delay)
                 outer.auth.append(self.headers.get("Authorization"))
                 status, headers = outer.script.pop(0) if outer.script else (200, {})
+                if outer.takes_gzip:
+                    headers = {**headers, "Accept-Encoding": "gzip"}
+                    if coding == "gzip":
+                        wire = gzip.decompress(wire)
+                try:
+                    body = json.loads(wire)
+                except ValueError:
+                    body, status = [], 400  # what the old intake said to a gzip body
                 if status == 200 and any(v.get("seq") in outer.reject_seq for v in body):
                     status = 422
                 if status == 200:
@@ -255,19 +270,9 @@ def test_batches_are_bounded_in_bytes_and_read_lazily(tmp_path: Path,
     s = Spool(tmp_path / "spool")
     for i in range(12):
         s.put({"seq": i, "pad": "p" * 300_000})
-    sizes: list[int] = []
-    real_send = Sender.send
-
-    def send(self: Sender, verdicts: list[dict[str, Any]]) -> Any:
-        sizes.append(len(json.dumps(verdicts)))
-        return real_send(self, verdicts)
-
-    Sender.send = send  # type: ignore[method-assign]
-    try:
-        res = drain(s, Sender(collector.url), batch=50, batch_bytes=1_000_000)
-    finally:
-        Sender.send = real_send  # type: ignore[method-assign]
+    res = drain(s, Sender(collector.url), batch=50, batch_bytes=1_000_000)
     assert res.sent == 12 and [v["seq"] for v in collector.received] == list(range(12))
+    sizes = [n for n, _ in collector.bodies]
     assert len(sizes) == 4 and max(sizes) < 1_000_000 + 1000
 
 
@@ -317,3 +322,79 @@ def test_a_bad_collector_auth_is_a_usage_error() -> None:
         assert r.returncode == 64 and "'jwt' is not one of shared-token, kube-token" \
             in r.stderr
         assert "Traceback" not in r.stderr
+
+
+# -- gzip: only to a collector that says it takes it; never a verdict lost over it --------
+
+
+def big_verdict(i: int, mib: int = 5) -> dict[str, Any]:
+    """Over the collector's 4 MiB as plain JSON, under 1 MB gzipped (a 10k-service
+    verdict: 21 MB, 1.5 MB)."""
+    return {"seq": i, "node": "n1", "rows": [f"svc-{j} 10.0.{j % 250}.1" for j in
+                                              range(mib * 1024 * 1024 // 20)]}
+
+
+def test_gzip_only_once_the_collector_says_it_takes_it(tmp_path: Path,
+                                                       collector: Collector) -> None:
+    collector.takes_gzip = True
+    s = spool_with(tmp_path, 3)
+    res = drain(s, Sender(collector.url), batch=1)
+    assert res.sent == 3 and [v["seq"] for v in collector.received] == [0, 1, 2]
+    # the first reply said Accept-Encoding: gzip; nothing before it is gzipped
+    assert [c for _, c in collector.bodies] == [None, "gzip", "gzip"]
+
+
+def test_an_older_collector_gets_plain_bodies_and_keeps_what_it_cannot_take(
+        tmp_path: Path, collector: Collector) -> None:
+    """A collector that never says Accept-Encoding (the previous release: 400 to a gzip
+    body) gets plain bodies; a verdict too large to go plain is tried gzipped and, at
+    that 400, kept in the spool (before: refused by the spool, so never delivered)."""
+    s = spool_with(tmp_path, 2)
+    s.put(big_verdict(2))
+    res = drain(s, Sender(collector.url))
+    assert [v["seq"] for v in collector.received] == [0, 1]
+    assert [c for _, c in collector.bodies] == [None, "gzip"]
+    assert res.sent == 2 and res.rejected == 0 and res.last is not None
+    assert res.last.status == 415 and not res.last.rejected
+    assert len(s) == 1 and s.rejected == 0 and not list(s.dir.glob("*.rejected"))
+    collector.takes_gzip = True  # the collector is upgraded: the big one arrives
+    res = drain(s, Sender(collector.url))
+    assert res.sent == 1 and collector.received[-1]["seq"] == 2 and len(s) == 0
+    assert collector.bodies[-1][1] == "gzip" and collector.bodies[-1][0] < 1_000_000
+
+
+def test_a_415_or_an_older_replica_makes_it_resend_plain_at_once(
+        tmp_path: Path, collector: Collector) -> None:
+    """Replicas of two releases behind one Service: gzip to a new one, then the old one's
+    400 (no Accept-Encoding) to gzip, then a 415: each batch goes again plain at once."""
+    collector.takes_gzip = True
+    s = spool_with(tmp_path, 1)
+    sender = Sender(collector.url)
+    assert drain(s, sender).sent == 1 and sender.gzip_ok
+    collector.takes_gzip = False  # an older replica answers next
+    s.put({"seq": 1, "node": "n1"})
+    assert drain(s, sender).sent == 1
+    collector.takes_gzip = True
+    sender.gzip_ok = True
+    collector.script = [(415, {})]
+    s.put({"seq": 2, "node": "n1"})
+    res = drain(s, sender)
+    assert res.sent == 1 and res.rejected == 0 and len(s) == 0
+    assert [v["seq"] for v in collector.received] == [0, 1, 2]
+    assert [c for _, c in collector.bodies] == [None, "gzip", None, "gzip", None]
+
+
+def test_a_plain_spool_file_of_the_previous_version_is_delivered(
+        tmp_path: Path, collector: Collector) -> None:
+    """Upgrade in place: a file the previous version wrote (plain JSON) and one written
+    now (gzip) are both shipped, oldest first, and removed."""
+    s = Spool(tmp_path / "spool")
+    old = {"seq": 0, "node": "n1", "idempotency_key": "old-1", "pad": "o" * 3_500_000}
+    (s.dir / "00000000000000000001-old-1.json").write_text(
+        json.dumps(old, separators=(",", ":"), sort_keys=True))
+    s.put({"seq": 1, "node": "n1"})
+    assert (s.dir / s.names()[1]).read_bytes()[:2] == b"\x1f\x8b"
+    res = drain(s, Sender(collector.url))
+    assert res.sent == 2 and len(s) == 0 and s.corrupt == 0
+    assert [v["seq"] for v in collector.received] == [0, 1]
+    assert collector.received[0]["idempotency_key"] == "old-1"

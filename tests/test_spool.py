@@ -225,7 +225,7 @@ def test_a_verdict_sized_file_that_is_not_json_is_set_aside(tmp_path: Path) -> N
 
 
 def test_a_file_grown_past_the_bound_after_listing_is_not_read_whole(tmp_path: Path) -> None:
-    s = Spool(tmp_path, max_item_bytes=1000)
+    s = Spool(tmp_path, max_file_bytes=1000)
     s.put(verdict(1))
     big = tmp_path / name(99999999999999999999, "grows")  # after the real one
     big.write_text("{}")
@@ -252,20 +252,21 @@ def test_an_unsafe_key_never_leaves_the_spool_directory(tmp_path: Path) -> None:
 
 
 def test_an_oversized_verdict_is_refused_not_stored(tmp_path: Path) -> None:
+    # the bound is on the compressed verdict (what is shipped): incompressible padding
     s = Spool(tmp_path, max_item_bytes=1000)
-    with pytest.raises(ValueError, match="more than the 1000"):
-        s.put({**verdict(1), "pad": "x" * 2000})
+    with pytest.raises(ValueError, match="gzipped: more than the 1000"):
+        s.put({**verdict(1), "pad": os.urandom(1000).hex()})
     assert len(s) == 0 and not list(tmp_path.iterdir())
 
 
 _SHORT_WRITE = r"""
-import resource, signal, sys
+import os, resource, signal, sys
 from agent.ship.spool import Spool
 s = Spool(sys.argv[1])
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of being killed
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 try:
-    key = s.put({"seq": 1, "pad": "z" * 20000})
+    key = s.put({"seq": 1, "pad": os.urandom(10000).hex()})  # ~10 kB even gzipped
     print("returned", key)
 except OSError as e:
     print("raised", e)
@@ -282,3 +283,40 @@ def test_a_short_write_never_returns_a_truncated_verdict(tmp_path: Path) -> None
     assert proc.stdout.startswith("raised"), proc.stdout
     assert "File too large" in proc.stdout
     assert list(tmp_path.iterdir()) == []  # no truncated verdict, no temporary file
+
+
+def test_verdicts_are_gzipped_and_count_their_compressed_size(tmp_path: Path) -> None:
+    """A 10k-service verdict (~21 MB) takes ~1.5 MB: ~6 MB of repetitive JSON here takes
+    a few hundred kB of the byte bound; before, over 4 MiB was refused."""
+    s = Spool(tmp_path)
+    rows = [{"service": f"ns/svc-{j}", "lb_ip": f"10.{j // 250}.{j % 250}.1"}
+            for j in range(120_000)]
+    key = s.put({**verdict(1), "rows": rows})
+    (name,) = s.names()
+    raw = (tmp_path / name).read_bytes()
+    assert raw[:2] == b"\x1f\x8b" and s.bytes() == len(raw) < 1_000_000
+    (it,) = s.items()
+    assert it.key == key and it.size == len(raw) and len(it.data) > 5_000_000
+    assert it.verdict["rows"] == rows
+
+
+def test_a_gzip_bomb_in_the_spool_is_set_aside_after_the_bound(tmp_path: Path) -> None:
+    import zlib
+
+    s = Spool(tmp_path)
+    s.put(verdict(1))
+    c = zlib.compressobj(9, zlib.DEFLATED, 31)
+    bomb = b"".join(c.compress(bytes(1 << 20)) for _ in range(80)) + c.flush()
+    (tmp_path / name(99999999999999999999, "bomb")).write_bytes(bomb)  # 80 MiB inflated
+    assert [it.verdict["seq"] for it in s.items()] == [1]
+    assert s.corrupt == 1 and "inflates to more than" in s.problems[-1]
+
+
+def test_a_truncated_gzip_file_is_set_aside(tmp_path: Path) -> None:
+    s = Spool(tmp_path)
+    s.put(verdict(1))
+    s.put(verdict(2))
+    first = tmp_path / s.names()[0]
+    first.write_bytes(first.read_bytes()[:-10])
+    assert [it.verdict["seq"] for it in s.items()] == [2]
+    assert s.corrupt == 1 and "truncated" in s.problems[-1]

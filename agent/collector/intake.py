@@ -15,7 +15,10 @@ from typing import Any
 
 import jsonschema
 
-MAX_BODY = 4 * 1024 * 1024
+MAX_BODY = 4 * 1024 * 1024  # on the wire: as received, compressed or not
+# what a gzip body may inflate to: a 10k-LoadBalancer-service node's verdict is 21 MB
+# (iptables) or 33 MB (IPVS); a zip bomb is refused at this size, never held whole
+MAX_INFLATED = 64 * 1024 * 1024
 MAX_BATCH = 500
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -61,7 +64,7 @@ def _shown(text: str) -> str:
     return _SURROGATE.sub("\ufffd", text)[:200]
 
 
-def parse_json(body: bytes) -> Any:
+def parse_json(body: bytes | bytearray) -> Any:
     """The document, or BadRequest(400) for anything that is not plain, unambiguous JSON:
     malformed, duplicate keys, NaN/Infinity (Python accepts them; JSON does not)."""
     try:
@@ -116,7 +119,7 @@ class Intake:
                             .read_text())
         self.validator = jsonschema.Draft202012Validator(schema)
 
-    def verdicts(self, body: bytes) -> list[dict[str, Any]]:
+    def verdicts(self, body: bytes | bytearray) -> list[dict[str, Any]]:
         doc = parse_json(body)
         text = body.decode("utf-8", "surrogatepass")  # parse_json checked it decodes
         batch = doc if isinstance(doc, list) else [doc]

@@ -64,7 +64,7 @@ class Collector:
     def authenticate(self, authorization: str) -> Caller:
         return self.auth.authenticate(authorization)
 
-    def ingest(self, caller: Caller, body: bytes) -> dict[str, Any]:
+    def ingest(self, caller: Caller, body: bytes | bytearray) -> dict[str, Any]:
         batch = self.intake.verdicts(body)
         authorize(caller, [v["node"] for v in batch])
         stored, dup = self.store.add(batch)

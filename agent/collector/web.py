@@ -42,10 +42,11 @@ from tornado.web import Application, RequestHandler, stream_request_body
 
 from agent.collector import views
 from agent.collector.auth import Caller
-from agent.collector.intake import MAX_BODY, BadRequest
+from agent.collector.intake import MAX_BODY, MAX_INFLATED, BadRequest
 from agent.collector.page import CSP
 from agent.collector.server import Collector, dumps
 from agent.collector.tls import TLSFiles
+from agent.ship.gz import GzipError, inflate_chunks
 
 _RESOURCE_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 # token reviews waiting for the API (beyond: 503): unknown tokens cannot pile up
@@ -59,7 +60,9 @@ class Limits:
     write_timeout: float = 30.0  # a reply the client does not read
     max_header: int = 64 * 1024
     max_connections: int = 2048  # and never closer than 64 to RLIMIT_NOFILE
-    body_budget: int = 64 * 1024 * 1024  # bodies being received, all connections together
+    # bodies held, all connections together: as received and as inflated from gzip (one
+    # verdict inflates to at most MAX_INFLATED: 64 MiB; 128 leaves room beside it)
+    body_budget: int = 128 * 1024 * 1024
     workers: int = 4  # parsing, validation, the database
     max_queued: int = 256  # requests waiting for a worker
     backlog: int = 1024
@@ -187,7 +190,10 @@ class CollectorServer:
         self.blocking_auth = bool(getattr(collector.auth, "blocking", False))
         self.queued = 0  # requests given to the pool and not done (event loop only)
         self.auth_waiting = 0  # token reviews given to auth_pool and not done (loop only)
-        self.receiving = 0  # bytes reserved for bodies being received (event loop only)
+        # bytes reserved for bodies being received or inflated; the event loop reserves
+        # what arrives, a worker thread what it inflates: hence the lock
+        self.receiving = 0
+        self._budget_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._stopped = threading.Event()
@@ -255,12 +261,33 @@ class CollectorServer:
             self.auth_waiting -= 1
 
     def reserve(self, n: int) -> None:
-        if self.receiving + n > self.limits.body_budget:
-            raise BadRequest(503, "too many bodies being received", retry_after=2)
-        self.receiving += n
+        with self._budget_lock:
+            if self.receiving + n > self.limits.body_budget:
+                raise BadRequest(503, "too many bodies being received", retry_after=2)
+            self.receiving += n
 
     def release(self, n: int) -> None:
-        self.receiving -= n
+        with self._budget_lock:
+            self.receiving -= n
+
+    def inflate(self, wire: bytes) -> bytearray:
+        """A gzip body inflated (on a worker thread), each step reserved in the body
+        budget first: 413 past MAX_INFLATED, 400 for a bad stream, 503 when the budget
+        is spent. The caller releases ``len(result)``; on an error it is released here."""
+        out = bytearray()
+        try:
+            for chunk in inflate_chunks(wire, MAX_INFLATED):
+                self.reserve(len(chunk))
+                out += chunk
+        except GzipError as e:
+            self.release(len(out))
+            if e.too_large:
+                raise BadRequest(413, f"gzip body {e}; at most {MAX_INFLATED}") from None
+            raise BadRequest(400, f"Content-Encoding gzip: {e}") from None
+        except BaseException:
+            self.release(len(out))
+            raise
+        return out
 
 
 def _no_log(handler: RequestHandler) -> None:
@@ -374,14 +401,25 @@ class NotFound(_Base):
             self.fail(BadRequest(404, "not found"))
 
 
+# request body codings taken (RFC 9110 8.4): advertised in every reply of /v1/verdicts
+# as Accept-Encoding (RFC 7694 3), so an agent compresses only for a collector that can
+_ENCODINGS = {"": False, "identity": False, "gzip": True, "x-gzip": True}
+
+
 class Verdicts(_Base):
     accepts_body = True
     caller: Caller | None = None
+    gzipped = False
+
+    def set_default_headers(self) -> None:
+        super().set_default_headers()
+        self.set_header("Accept-Encoding", "gzip")
 
     async def check_request(self) -> None:
         await super().check_request()
         if self.request.method != "POST":
             return
+        self.gzipped = _body_coding(self.request.headers.get_list("Content-Encoding"))
         lengths = self.request.headers.get_list("Content-Length")
         if not lengths and "Transfer-Encoding" not in self.request.headers:
             raise BadRequest(411, "Content-Length required")
@@ -396,14 +434,38 @@ class Verdicts(_Base):
 
     async def post(self) -> None:
         assert self.caller is not None
+        wire, self.body = bytes(self.body), bytearray()
+        error: BadRequest | None = None
         try:
-            result = await self.run(self.col.ingest, self.caller, bytes(self.body))
+            fn = self._ingest_gzip if self.gzipped else self.col.ingest
+            result = await self.run(fn, self.caller, wire)
         except BadRequest as e:
-            self.fail(e)
-            return
+            error = e
         finally:
-            self._release()
-        self.reply(dumps(result))
+            del wire
+            self._release()  # before the reply: its sender may post again at once
+        if error is not None:
+            self.fail(error)
+        else:
+            self.reply(dumps(result))
+
+    def _ingest_gzip(self, caller: Caller, wire: bytes) -> dict[str, Any]:
+        """On a worker: inflate (bounded, in the budget), then what a plain body gets."""
+        plain = self.server.inflate(wire)
+        try:
+            return self.col.ingest(caller, plain)
+        finally:
+            self.server.release(len(plain))
+
+
+def _body_coding(values: list[str]) -> bool:
+    """True for a gzip body, False for identity; 415 for any other coding or several
+    (the reply's Accept-Encoding says what is taken)."""
+    codings = [c.strip().lower() for v in values for c in v.split(",") if c.strip()]
+    if len(codings) > 1 or (codings and codings[0] not in _ENCODINGS):
+        raise BadRequest(415, f"Content-Encoding {', '.join(codings)[:100]!r} is not "
+                         "taken: gzip or identity")
+    return _ENCODINGS[codings[0] if codings else ""]
 
 
 class Page(_Base):

@@ -5,11 +5,20 @@ after a 2xx. What to do next is the caller's: ``Backoff.next_delay`` gives expon
 backoff with full jitter, never shorter than a Retry-After the collector sent (429/503).
 The bearer token is read from a file and re-read when the file changes (a rotated Secret,
 or the kubelet's refresh of a projected service-account token: see agent.ship.auth).
+
+Bodies are gzipped (``Content-Encoding: gzip``) once the collector has said it takes them
+(``Accept-Encoding: gzip`` in a reply, RFC 7694), so a newer agent never sends gzip to an
+older collector, which refused it with 400 (taken here as "refused for good": the
+verdicts would have been set aside). A batch too large to go plain is gzipped anyway
+(plain could only be refused). A 415, or a 400 to a gzip body from a collector that
+does not advertise gzip (an older replica behind the same Service, or a rollback), turns
+gzip off and the batch goes again plain at once; nothing is set aside for it.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import random
 import stat
@@ -21,11 +30,16 @@ from typing import Any
 
 import requests
 
+from agent.ship import gz
 from agent.ship.spool import Spool, SpoolItem
 
-# well under the collector's 4 MiB request limit, so a full batch is never refused as too
-# large; also what one drain pass holds in memory
+# well under the collector's 4 MiB request limit (on the wire: gzipped when it takes gzip),
+# so a full batch is never refused as too large
 BATCH_BYTES = 2 * 1024 * 1024
+# a batch's JSON text at most (a larger verdict goes alone): what one drain pass holds
+BATCH_PLAIN_BYTES = 16 * 1024 * 1024
+# the collector's limit on a request as received (agent.collector.intake.MAX_BODY)
+WIRE_LIMIT = 4 * 1024 * 1024
 MAX_TOKEN_BYTES = 64 * 1024  # a projected service-account token is ~1 KiB
 RETRYABLE = {408, 425, 429, 500, 502, 503, 504}
 REJECTED = {400, 413, 422}  # the collector will never take these verdicts as they are
@@ -37,6 +51,7 @@ class SendResult:
     status: int | None = None
     retry_after: float | None = None  # seconds, from the collector's Retry-After
     error: str | None = None
+    takes_gzip: bool = False  # the reply said Accept-Encoding: gzip
 
     @property
     def rejected(self) -> bool:
@@ -109,8 +124,32 @@ class Sender:
         self.timeout = timeout
         self.session = session or requests.Session()
 
+        # does the collector take gzip bodies? None: not known yet (no reply seen)
+        self.gzip_ok: bool | None = None
+
     def send(self, verdicts: list[dict[str, Any]]) -> SendResult:
+        """Post a batch of verdicts (encoded here)."""
+        return self.send_texts([json.dumps(v, separators=(",", ":")).encode()
+                                for v in verdicts])
+
+    def send_texts(self, texts: list[bytes]) -> SendResult:
+        """Post a batch of verdicts' JSON texts (as spooled) as one JSON array, gzipped
+        when the collector takes it or when plain could not be taken anyway."""
+        plain = b"[" + b",".join(texts) + b"]"
+        too_big = len(plain) > WIRE_LIMIT  # plain could only be refused (413): set aside
+        if too_big or self.gzip_ok:
+            res = self._post(gz.compress(plain), gzipped=True)
+            if res.status != 415:
+                return res
+            self.gzip_ok = False
+            if too_big:
+                return res  # 415 is neither retried at once nor rejected: kept
+        return self._post(plain, gzipped=False)
+
+    def _post(self, body: bytes, *, gzipped: bool) -> SendResult:
         headers = {"Content-Type": "application/json"}
+        if gzipped:
+            headers["Content-Encoding"] = "gzip"
         if self.token is not None:
             token = self.token.token()
             if token is None:
@@ -119,16 +158,22 @@ class Sender:
                 return SendResult(False, error=f"no bearer token: {self.token.problem}")
             headers["Authorization"] = f"Bearer {token}"
         try:
-            r = self.session.post(self.url, json=verdicts, headers=headers,
+            r = self.session.post(self.url, data=body, headers=headers,
                                   timeout=self.timeout, verify=self.verify)
         except requests.RequestException as e:
             return SendResult(False, error=f"{type(e).__name__}: {e}")
+        takes = _takes_gzip(r.headers.get("Accept-Encoding"))
+        # every reply says it: a collector replaced by an older one stops getting gzip
+        self.gzip_ok = takes
         if 200 <= r.status_code < 300:
-            return SendResult(True, r.status_code)
+            return SendResult(True, r.status_code, takes_gzip=takes)
         if r.status_code in (401, 403) and self.token is not None:
             self.token.invalidate()
-        return SendResult(False, r.status_code, _retry_after(r.headers.get("Retry-After")),
-                          f"HTTP {r.status_code}: {r.text[:200]}")
+        status = r.status_code
+        if gzipped and status == 400 and not takes:
+            status = 415  # an older collector's 400 to a coding it does not know
+        return SendResult(False, status, _retry_after(r.headers.get("Retry-After")),
+                          f"HTTP {r.status_code}: {r.text[:200]}", takes_gzip=takes)
 
 
 class Backoff:
@@ -157,15 +202,17 @@ class DrainResult:
 
 
 def drain(spool: Spool, sender: Sender, *, batch: int = 50,
-          batch_bytes: int = BATCH_BYTES) -> DrainResult:
+          batch_bytes: int = BATCH_BYTES,
+          batch_plain_bytes: int = BATCH_PLAIN_BYTES) -> DrainResult:
     """Send everything spooled, oldest first, in batches of at most ``batch`` verdicts and
-    ``batch_bytes`` (a larger verdict goes alone); stop at the first failure. Verdicts are
+    ``batch_bytes`` on the wire and ``batch_plain_bytes`` of JSON text (a larger verdict
+    goes alone); stop at the first failure. Verdicts are
     read one batch at a time, so memory is one batch, whatever the spool holds.
     A batch the collector rejects for good is retried one verdict at a time so a single
     bad verdict is set aside (NAME.rejected) without holding back the others."""
     out = DrainResult()
-    for chunk in _batches(spool.items(), batch, batch_bytes):
-        res = sender.send([it.verdict for it in chunk])
+    for chunk in _batches(spool.items(), batch, batch_bytes, batch_plain_bytes, sender):
+        res = sender.send_texts([it.data for it in chunk])
         if res.ok:
             for it in chunk:
                 spool.remove(it.name)
@@ -175,7 +222,7 @@ def drain(spool: Spool, sender: Sender, *, batch: int = 50,
             out.last = res
             return out
         for it in chunk:
-            one = sender.send([it.verdict])
+            one = sender.send_texts([it.data])
             if one.ok:
                 spool.remove(it.name)
                 out.sent += 1
@@ -188,18 +235,36 @@ def drain(spool: Spool, sender: Sender, *, batch: int = 50,
     return out
 
 
-def _batches(items: Iterator[SpoolItem], batch: int,
-             batch_bytes: int) -> Iterator[list[SpoolItem]]:
+def _batches(items: Iterator[SpoolItem], batch: int, batch_bytes: int,
+             batch_plain_bytes: int, sender: Sender) -> Iterator[list[SpoolItem]]:
+    """On the wire an item costs its compressed size (as spooled) when the collector takes
+    gzip, else its text; asked per item, as the answer may change between batches."""
     chunk: list[SpoolItem] = []
-    size = 0
+    wire = plain = 0
     for it in items:
-        if chunk and (len(chunk) >= batch or size + it.size > batch_bytes):
+        cost = it.size if sender.gzip_ok else len(it.data)
+        if chunk and (len(chunk) >= batch or wire + cost > batch_bytes
+                      or plain + len(it.data) > batch_plain_bytes):
             yield chunk
-            chunk, size = [], 0
+            chunk, wire, plain = [], 0, 0
         chunk.append(it)
-        size += it.size
+        wire += cost
+        plain += len(it.data)
     if chunk:
         yield chunk
+
+
+def _takes_gzip(value: str | None) -> bool:
+    """Accept-Encoding of a reply names gzip (and not with q=0)."""
+    for part in (value or "").split(","):
+        coding, *params = (p.strip().lower() for p in part.split(";"))
+        if coding in ("gzip", "x-gzip"):
+            q = next((p[2:] for p in params if p.startswith("q=")), "1")
+            try:
+                return float(q) > 0
+            except ValueError:
+                return False
+    return False
 
 
 def _retry_after(value: str | None) -> float | None:

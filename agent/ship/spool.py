@@ -1,6 +1,7 @@
 """A durable on-disk spool of verdicts waiting to be shipped.
 
-A verdict is written atomically (temporary file, every byte written, fsync, rename, fsync
+A verdict is stored gzipped (one member: a 10k-service node's 21 MB verdict takes 1.5 MB
+of the byte bound) and written atomically (temporary file, every byte written, fsync, rename, fsync
 of the directory) before any attempt to send it, and removed only once the collector
 accepted it, so a crash or SIGKILL at any moment loses nothing that ``put`` returned for;
 a write that cannot complete (disk full, a file size limit) raises instead of leaving a
@@ -15,7 +16,8 @@ directory, a FIFO, a device, a foreign name, a file larger than a verdict may be
 aside (renamed NAME.corrupt) without being opened, followed or counted: it can neither be
 shipped, nor block a read, nor evict real verdicts. A verdict file is read with
 O_NOFOLLOW|O_NONBLOCK and at most ``max_item_bytes``, so one swapped in after the listing
-cannot do any of that either.
+cannot do any of that either. Files of the previous version (plain JSON, no gzip magic)
+are still read and shipped, so an upgrade in place loses nothing.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.ship import gz
+
 IDEMPOTENCY_KEY = "idempotency_key"
 _SUFFIX = ".json"
 _TMP_PREFIX = ".tmp-"
@@ -39,8 +43,13 @@ _CORRUPT_SUFFIX = ".corrupt"
 _REJECTED_SUFFIX = ".rejected"
 # "<ns since epoch, 20 digits>-<key>.json": the only names put() writes
 _NAME = re.compile(r"(\d{20})-([A-Za-z0-9][A-Za-z0-9._-]{0,127})\.json")
-# the collector takes at most 4 MiB per request: a larger verdict can never be delivered
-MAX_ITEM_BYTES = 4 * 1024 * 1024
+# a verdict's compressed size may be at most this: well under the collector's 4 MiB
+# request (on the wire), so it is always sent whole
+MAX_ITEM_BYTES = 3 * 1024 * 1024
+# what the collector inflates a body to at most (agent.collector.intake.MAX_INFLATED)
+MAX_PLAIN_BYTES = 64 * 1024 * 1024
+# the previous version wrote plain JSON files of up to 4 MiB: still read (upgrade in place)
+LEGACY_ITEM_BYTES = 4 * 1024 * 1024
 _MAX_PROBLEMS = 100  # kept until taken; older ones are dropped, never unbounded
 _MAX_SET_ASIDE = 100  # NAME.corrupt / NAME.rejected files kept for a person to look at
 
@@ -53,8 +62,13 @@ class SpoolWriteError(OSError):
 class SpoolItem:
     name: str  # file name: "<ns since epoch, 20 digits>-<key>.json", so names sort by age
     key: str
-    verdict: dict[str, Any]
-    size: int = 0  # bytes on disk (what shipping it costs)
+    data: bytes  # the verdict's JSON text (inflated): shipped as is, never re-encoded
+    size: int = 0  # bytes on disk (compressed: about what shipping it gzipped costs)
+
+    @property
+    def verdict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(self.data)  # parsed on demand: 150 MB for 21 MB
+        return doc
 
 
 class _SetAside(Exception):
@@ -64,14 +78,18 @@ class _SetAside(Exception):
 class Spool:
     def __init__(self, directory: str | Path, *, max_items: int = 1000,
                  max_bytes: int = 64 * 1024 * 1024,
-                 max_item_bytes: int = MAX_ITEM_BYTES) -> None:
-        if max_items < 1 or max_bytes < 1 or max_item_bytes < 1:
+                 max_item_bytes: int = MAX_ITEM_BYTES,
+                 max_file_bytes: int | None = None) -> None:
+        if max_items < 1 or max_bytes < 1 or max_item_bytes < 1 or (
+                max_file_bytes is not None and max_file_bytes < 1):
             raise ValueError("spool bounds must be positive")
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.max_items = max_items
         self.max_bytes = max_bytes
-        self.max_item_bytes = max_item_bytes
+        self.max_item_bytes = max_item_bytes  # compressed, as put() writes it
+        # what a file on disk may be to be read: a plain one of the previous version too
+        self.max_file_bytes = max_file_bytes or max(max_item_bytes, LEGACY_ITEM_BYTES)
         self.dropped = 0  # oldest verdicts dropped because the spool was full
         self.corrupt = 0  # entries that are not readable verdicts (moved aside, reported)
         self.rejected = 0  # verdicts the collector refused for good (moved aside)
@@ -94,13 +112,19 @@ class Spool:
     def put(self, verdict: dict[str, Any]) -> str:
         """Store a verdict durably; returns its idempotency key (added to the document
         unless it already has one). Raises ValueError for a verdict larger than
-        ``max_item_bytes`` and SpoolWriteError when it cannot be written completely."""
+        ``max_item_bytes`` gzipped (or MAX_PLAIN_BYTES inflated: the collector would
+        refuse it) and SpoolWriteError when it cannot be written completely."""
         doc = dict(verdict)
         key = str(doc.get(IDEMPOTENCY_KEY) or uuid.uuid4())
         doc[IDEMPOTENCY_KEY] = key
-        data = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+        plain = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+        if len(plain) > MAX_PLAIN_BYTES:
+            raise ValueError(f"verdict of {len(plain)} bytes: more than the "
+                             f"{MAX_PLAIN_BYTES} a collector inflates a verdict to")
+        data = gz.compress(plain)
+        del plain
         if len(data) > self.max_item_bytes:
-            raise ValueError(f"verdict of {len(data)} bytes: more than the "
+            raise ValueError(f"verdict of {len(data)} bytes gzipped: more than the "
                              f"{self.max_item_bytes} a spooled verdict may have")
         name = f"{self._next_ns():020d}-{_file_key(key)}{_SUFFIX}"
         tmp = self.dir / f"{_TMP_PREFIX}{name}"
@@ -150,10 +174,10 @@ class Spool:
         are still delivered."""
         for name, _ in self._scan():
             try:
-                data = self._read(name)
-                doc = json.loads(data)
-                if not isinstance(doc, dict) or not doc.get(IDEMPOTENCY_KEY):
-                    raise ValueError("not a spooled verdict")
+                raw = self._read(name)
+                # gzip magic: written by put(); else plain JSON of the previous version
+                data = bytes(gz.inflate(raw, MAX_PLAIN_BYTES)) if gz.is_gzip(raw) else raw
+                key = _spooled_key(data)
             except FileNotFoundError:
                 continue  # removed meanwhile (sent by someone else, or dropped)
             except (OSError, ValueError, RecursionError, _SetAside) as e:
@@ -162,7 +186,7 @@ class Spool:
                 if self._set_aside_corrupt(name, f"unreadable: {why}"):
                     self._prune_set_aside()
                 continue
-            yield SpoolItem(name, str(doc[IDEMPOTENCY_KEY]), doc, len(data))
+            yield SpoolItem(name, key, data, len(raw))
 
     def take_problems(self) -> list[str]:
         """What went wrong since the last call (for the log), oldest first."""
@@ -189,7 +213,7 @@ class Spool:
         good: list[tuple[str, int]] = []
         moved = False
         for name, st in listed:  # renamed after the listing: readdir is not disturbed
-            why = _not_a_verdict(name, st, self.max_item_bytes)
+            why = _not_a_verdict(name, st, self.max_file_bytes)
             if why:
                 moved |= self._set_aside_corrupt(name, why)
             else:
@@ -205,10 +229,10 @@ class Spool:
         fd = os.open(self.dir / name,
                      os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
-            why = _not_a_verdict(name, os.fstat(fd), self.max_item_bytes)
+            why = _not_a_verdict(name, os.fstat(fd), self.max_file_bytes)
             if why:
                 raise _SetAside(why)
-            chunks, left = [], self.max_item_bytes + 1
+            chunks, left = [], self.max_file_bytes + 1
             while left > 0:
                 chunk = os.read(fd, min(left, 1 << 20))
                 if not chunk:
@@ -216,7 +240,7 @@ class Spool:
                 chunks.append(chunk)
                 left -= len(chunk)
             if left <= 0:
-                raise _SetAside(f"grew past {self.max_item_bytes} bytes while read")
+                raise _SetAside(f"grew past {self.max_file_bytes} bytes while read")
             return b"".join(chunks)
         finally:
             os.close(fd)
@@ -305,6 +329,16 @@ def _not_a_verdict(name: str, st: os.stat_result, max_bytes: int) -> str | None:
     if st.st_size > max_bytes:
         return f"{st.st_size} bytes: more than the {max_bytes} a verdict may have"
     return None
+
+
+def _spooled_key(data: bytes) -> str:
+    """The idempotency key of a spooled verdict's JSON text; ValueError when it is not
+    one. The whole text is parsed (a damaged file is set aside, not shipped), then the
+    tree is dropped: the text is what is shipped."""
+    doc = json.loads(data)
+    if not isinstance(doc, dict) or not doc.get(IDEMPOTENCY_KEY):
+        raise ValueError("not a spooled verdict")
+    return str(doc[IDEMPOTENCY_KEY])
 
 
 def _file_key(key: str) -> str:
