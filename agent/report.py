@@ -16,6 +16,16 @@ _STATUS_LINE = {
 _UNDECIDED = {"lb-ips-unknown", "pod-to-lb-undetermined", "diagnosis-incomplete"}
 _MARK = {"critical": "CRITICAL", "warning": "WARNING", "info": "info"}
 TOP_PORTS = 10  # NodePorts listed in the capture section
+# A 10k-service node's report was 60,000 lines, every "ok" LB IP and every note listed:
+# without --verbose, the LB IPs that are ok and the notes of a kind past these counts are
+# counted, not listed (the LB IPs at risk and the findings are always listed)
+OK_LB_IPS_LISTED = 20
+EXPOSED_LB_IPS_LISTED = 50  # the rest are under Findings (--verbose lists every one)
+NOTES_LISTED = 20  # notes listed one by one; past it, grouped by kind
+NOTES_PER_KIND = 3  # a kind's notes shown when grouped
+FINDINGS_IN_FULL = 5  # a kind's findings with their evidence; past it (when more than
+# twice as many), one line each
+FINDINGS_IN_LINES = 50  # a kind's findings in one line each; past it, counted
 
 
 def _failed(p: NodePortStats) -> int:
@@ -56,13 +66,25 @@ def render(v: Verdict, verbose: bool = False, width: int = 100) -> str:
     for f in v.findings:
         if f.lb_ip:
             by_ip.setdefault(f.lb_ip, []).append(f)
+    shown = {"ok": 0, "exposed": 0}
+    hidden = {"ok": 0, "exposed": 0}
+    limit = {"ok": OK_LB_IPS_LISTED, "exposed": EXPOSED_LB_IPS_LISTED}
     for r in v.lb_ips:
         worst = by_ip.get(r.ip, [])
         tag = "exposed" if any(f.severity != "info" for f in worst) else "ok"
+        if not verbose and shown[tag] >= limit[tag]:
+            hidden[tag] += 1
+            continue
+        shown[tag] += 1
         svc = ",".join(r.services) or "service unknown"
         local = {True: "bound locally", False: "not local", None: "local?"}[r.local]
         out.append(f"  {r.ip:<16} {' '.join(r.ports):<14} {r.kind:<12} "
                    f"{svc:<28} {local:<13} {tag}")
+    if hidden["exposed"]:
+        out.append(f"  ... and {hidden['exposed']} more exposed (their findings are below; "
+                   "--verbose lists every one)")
+    if hidden["ok"]:
+        out.append(f"  ... and {hidden['ok']} more, all ok (--verbose lists every one)")
     out.append("")
 
     cap = v.capture
@@ -90,15 +112,35 @@ def render(v: Verdict, verbose: bool = False, width: int = 100) -> str:
     infos = [f for f in v.findings if f.severity == "info"]
     if problems:
         out.append(f"Findings ({len(problems)}):")
+        per_kind: dict[str, int] = {}
         for f in problems:
-            out.extend(_finding(f, wrap, evidence=True))
+            per_kind[f.id] = per_kind.get(f.id, 0) + 1
+        in_full: dict[str, int] = {}
+        for f in problems:
+            n = in_full[f.id] = in_full.get(f.id, 0) + 1
+            if verbose or n <= FINDINGS_IN_FULL or per_kind[f.id] <= 2 * FINDINGS_IN_FULL:
+                out.extend(_finding(f, wrap, evidence=True))
+            elif n <= FINDINGS_IN_FULL + FINDINGS_IN_LINES:
+                # the same finding again for another LB IP: where, not the why again
+                if n == FINDINGS_IN_FULL + 1:
+                    out.append("")
+                    out.append(f"  [{_MARK[f.severity]}] {f.id}, also for "
+                               "(as above; --verbose shows each one's evidence):")
+                out.append(f"    {_where(f)}" + (f"  ({f.service})" if f.service else ""))
+        for kind, n in in_full.items():
+            if not verbose and n > FINDINGS_IN_FULL + FINDINGS_IN_LINES:
+                out.append(f"  ... and {n - FINDINGS_IN_FULL - FINDINGS_IN_LINES} more {kind} "
+                           "(--verbose lists every one; --json for a script)")
     else:
         out.append("Findings: none that put this node at risk.")
     if infos:
         out.append("")
         out.append(f"Notes ({len(infos)}):")
-        for f in infos:
-            out.extend(_finding(f, wrap, evidence=verbose))
+        if verbose or len(infos) <= NOTES_LISTED:
+            for f in infos:
+                out.extend(_finding(f, wrap, evidence=verbose))
+        else:
+            out.extend(_grouped_notes(infos, wrap))
     if v.unknowns:
         out.append("")
         out.append(f"Could not read or decide ({len(v.unknowns)}):")
@@ -116,11 +158,33 @@ def render(v: Verdict, verbose: bool = False, width: int = 100) -> str:
     return "\n".join(out) + "\n"
 
 
-def _finding(f: Finding, wrap, evidence: bool) -> list[str]:  # type: ignore[no-untyped-def]
+def _where(f: Finding) -> str:
     where = f.lb_ip or ""
     if f.port:
         where += f":{f.port}/{f.protocol or ''}"
-    head = f"[{_MARK[f.severity]}] {f.id}  {where}"
+    return where
+
+
+def _grouped_notes(infos: list[Finding], wrap) -> list[str]:  # type: ignore[no-untyped-def]
+    """Many notes (one per LB IP on a big node): per kind, how many and a few of them."""
+    kinds: dict[str, list[Finding]] = {}
+    for f in infos:
+        kinds.setdefault(f.id, []).append(f)
+    lines: list[str] = []
+    for kind, fs in sorted(kinds.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        lines.append("")
+        lines.append(f"  {kind}: {len(fs)} notes" + (", the first of them:"
+                                                      if len(fs) > NOTES_PER_KIND else ":"))
+        for f in fs[:NOTES_PER_KIND]:
+            lines += _finding(f, wrap, evidence=False)[1:]
+        if len(fs) > NOTES_PER_KIND:
+            lines.append(f"  ... and {len(fs) - NOTES_PER_KIND} more {kind} (--verbose lists "
+                         "each with its evidence)")
+    return lines
+
+
+def _finding(f: Finding, wrap, evidence: bool) -> list[str]:  # type: ignore[no-untyped-def]
+    head = f"[{_MARK[f.severity]}] {f.id}  {_where(f)}"
     if f.service:
         head += f"  ({f.service})"
     lines = ["", "  " + head]
