@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -43,6 +42,8 @@ def usable_jobs(requested: int, targets: int) -> int:
     """How many processes to walk ``targets`` with: 1 unless asked for more, there is
     enough to split, and no other thread runs (a fork copies only the calling thread:
     a lock another thread held would stay held in the child)."""
+    import threading  # (only here: `check` imports nothing it may not need)
+
     if requested < 2 or targets < MIN_TARGETS or threading.active_count() > 1:
         return 1
     return 2
