@@ -80,10 +80,9 @@ class SplitRules:
                         parts[i] = _Part(rule(c), c.unknowns)
                     except Exception as e:  # the parent reports it as it would its own
                         parts[i] = _Part([], c.unknowns, e)
-                data = pickle.dumps(parts, protocol=pickle.HIGHEST_PROTOCOL)
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
+                # streamed into the memfd: no second copy of the findings as one bytes
+                with os.fdopen(os.dup(fd), "wb") as f:
+                    pickle.dump(parts, f, protocol=pickle.HIGHEST_PROTOCOL)
                 code = 0
             finally:
                 # no atexit handlers, no flush of the parent's buffered output (twice)
@@ -118,11 +117,9 @@ class SplitRules:
         try:
             _, status = os.waitpid(pid, 0)
             if os.waitstatus_to_exitcode(status) == 0:
-                size = os.fstat(fd).st_size
                 with os.fdopen(os.dup(fd), "rb") as f:
                     f.seek(0)
-                    data = f.read(size)
-                parts = pickle.loads(data)  # (our own child's output, from our own memfd)
+                    parts = pickle.load(f)  # (our own child's output, our own memfd)
                 self._parts = {self.rules[i]: p for i, p in parts.items()}
         except (OSError, pickle.UnpicklingError, EOFError, KeyError, IndexError):
             self._parts = {}
