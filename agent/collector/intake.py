@@ -28,6 +28,16 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 # a \uD800-\uDFFF escape or a surrogate itself (its UTF-8 bytes, decoded with
 # 'surrogatepass' as json.loads does): only then can a lone surrogate be in the document
 _MAYBE_SURROGATE = re.compile("\\\\u[dD][89a-fA-F]|[\ud800-\udfff]")
+_ESCAPED_SURROGATE = re.compile("\\\\u[dD][89a-fA-F]")
+
+
+def _maybe_surrogate(text: str) -> bool:
+    """_MAYBE_SURROGATE.search, fast for ASCII text (an agent's: it escapes the rest):
+    no surrogate itself can be in it, and the escape's literal prefix is searched for
+    quickly (the alternation scanned 20 MB in 0.35 s, this in 0.01 s)."""
+    if text.isascii():
+        return _ESCAPED_SURROGATE.search(text) is not None
+    return _MAYBE_SURROGATE.search(text) is not None
 
 
 class BadRequest(Exception):
@@ -151,7 +161,7 @@ class Intake:
                 # a node's name is its identity: never stored altered
                 raise BadRequest(400, f"{prefix}node: {_shown(v['node'])!r} is not valid "
                                  "Unicode (a lone surrogate, e.g. from undecodable bytes)")
-        if _MAYBE_SURROGATE.search(text):
+        if _maybe_surrogate(text):
             doc, _ = replace_lone_surrogates(doc)
             batch = doc if isinstance(doc, list) else [doc]
         for i, v in enumerate(batch):
