@@ -108,9 +108,12 @@ def heartbeats(tmp: Path, plain: bytes, n: int) -> None:
         finally:
             col.stop()
         rest = sum(cpus[1:]) / max(1, n - 1)
+        # with its WAL while running, then closed (checkpointed, the WAL removed: its
+        # size is a high-water mark of pages rewritten, not of data kept)
         print(f"  {label}: database {sizes[0] / 1e6:.1f} MB after 1 POST, "
-              f"{sizes[-1] / 1e6:.1f} MB after {n}; collector CPU {cpus[0]:.2f} s for the "
-              f"first, {rest:.2f} s per repeated one")
+              f"{sizes[-1] / 1e6:.1f} MB after {n} ({db_bytes(db) / 1e6:.1f} MB once "
+              f"closed); collector CPU {cpus[0]:.2f} s for the first, {rest:.2f} s per "
+              "repeated one")
 
 
 # the daemon's side, in a child process holding the verdict (as the daemon does)
