@@ -380,3 +380,36 @@ def test_a_document_is_stored_gzipped(tmp_path: Path, base: dict[str, Any]) -> N
         assert len(body) < len(json.dumps(v)) / 3
     finally:
         store.close()
+
+
+def test_a_caller_never_learns_whether_another_nodes_document_is_stored(
+        tmp_path: Path, base: dict[str, Any]) -> None:
+    """Per-node identity: agent a posting node b's stored document gets its 403 after a
+    whole validation, as for any document (a skipped one would answer faster: a way to
+    check a guess of b's verdict)."""
+    from agent.collector.auth import Caller
+    from agent.collector.intake import BadRequest
+    from agent.collector.server import Collector
+    from agent.collector.store import Store
+    from agent.collector.web import CollectorServer
+
+    class PerNode:
+        def authenticate(self, authorization: str) -> Caller:
+            node = authorization.removeprefix("Bearer ")
+            if node not in ("a", "b"):
+                raise BadRequest(401, "who?")
+            return Caller(f"agent-{node}", node)
+
+    srv = CollectorServer(Collector(Store(tmp_path / "n.db"), authenticator=PerNode()),
+                          "127.0.0.1", 0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/v1/verdicts"
+    counting = srv.collector.intake.validator = Counting(srv.collector.intake.validator)
+    try:
+        for token, i, code in (("b", 1, 200), ("b", 2, 200), ("a", 3, 403)):
+            r = requests.post(url, json=like(base, "b", i), timeout=30,
+                              headers={"Authorization": f"Bearer {token}"})
+            assert r.status_code == code, r.text
+    finally:
+        srv.shutdown()
+    assert counting.seen == [("b", "k1"), ("b", "k3")]

@@ -72,6 +72,10 @@ class Collector:
             """Its document is stored for its node and valid under this schema."""
             if not isinstance(v.get("node"), str):
                 return False
+            if caller.node is not None and v["node"] != caller.node:
+                # not its node: refused below (403) after a whole validation, as before;
+                # looked up, its time would say whether it guessed another's document
+                return False
             bodies[id(v)] = b = split(v)
             stored, schema = self.store.known(v["node"], b.fingerprint)
             return stored and schema == self.intake.schema_tag
