@@ -68,6 +68,7 @@ bench: deps venv
 	$(PY) tests/bench/daemon_cost.py
 	$(PY) tests/bench/daemon_cost.py --backend legacy
 	$(PY) tests/bench/ipv6_scale.py
+	$(PY) tests/bench/big_verdict.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -320,3 +320,80 @@ def test_a_truncated_gzip_file_is_set_aside(tmp_path: Path) -> None:
     first.write_bytes(first.read_bytes()[:-10])
     assert [it.verdict["seq"] for it in s.items()] == [2]
     assert s.corrupt == 1 and "truncated" in s.problems[-1]
+
+
+def test_a_gzip_file_that_is_not_a_json_object_is_set_aside(tmp_path: Path) -> None:
+    """An intact gzip member (its CRC holds) of something else than a verdict: set aside
+    without its text being parsed (the first and last bytes say it is no JSON object)."""
+    import gzip
+
+    s = Spool(tmp_path)
+    s.put(verdict(1))
+    (tmp_path / name(99999999999999999999, "list")).write_bytes(gzip.compress(b"[1, 2]"))
+    assert [it.verdict["seq"] for it in s.items()] == [1]
+    assert s.corrupt == 1 and "not a JSON object" in s.problems[-1]
+
+
+def test_a_verdict_is_spooled_as_the_json_text_it_was(tmp_path: Path) -> None:
+    """Encoded a piece at a time, the text is json.dumps(sorted, compact) byte for byte,
+    and its size is known from the gzip stream without parsing it."""
+    from agent.ship.spool import json_chunks
+
+    doc = {**verdict(1), "findings": [{"b": 1, "a": "ü"}, [], {}], "empty": [], "n": None,
+           IDEMPOTENCY_KEY: "k"}
+    text = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+    assert b"".join(json_chunks(doc)) == text
+    s = Spool(tmp_path)
+    s.put(doc)
+    (it,) = s.items()
+    assert it.data == text and it.plain_size == len(text) and it.key == "k"
+
+
+# a daemon holding a 10k-service-sized verdict (~20 MB as JSON) spools and ships it; the
+# peak RSS growth of that, from /proc/self/status (VmHWM reset first)
+_SHIP_RSS = r"""
+import gc, json, sys
+from pathlib import Path
+from agent.ship.sender import Sender, drain
+from agent.ship.spool import Spool
+
+def kib(field):
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+
+doc = {"schema": "loopback-agent/verdict/v1", "node": "big", "status": "at-risk",
+       "findings": [{"id": "pod-to-lb-not-masqueraded", "severity": "warning",
+                     "service": f"ns-{j % 97}/svc-{j}", "lb_ip": f"10.{j // 250}.{j % 250}.1",
+                     "evidence": [f"KUBE-FW-{j:016X} -d 10.{j // 250}.{j % 250}.1/32 "
+                                  f"-j KUBE-EXT-{j * 7919:016X} rule {k}" for k in range(14)]}
+                    for j in range(15000)]}
+gc.collect()
+Path("/proc/self/clear_refs").write_text("5")
+rss0 = kib("VmRSS")
+spool = Spool(sys.argv[1])
+spool.put(doc)
+res = drain(spool, Sender(sys.argv[2], timeout=60))
+print(json.dumps({"sent": res.sent, "grown_kib": kib("VmHWM") - rss0,
+                  "text": len(json.dumps(doc))}))
+"""
+
+
+def test_spooling_and_shipping_a_big_verdict_costs_little_memory(tmp_path: Path) -> None:
+    """Before: the JSON text was held to gzip it at put, then inflated and parsed whole
+    to check it at drain (json.loads of 21 MB: ~150 MB) and held again to send it:
+    +90 MiB at peak for a 20 MB verdict. Now the text is never held whole."""
+    from tests.test_sender import Collector
+
+    collector = Collector()
+    collector.takes_gzip = True
+    try:
+        proc = subprocess.run([sys.executable, "-c", _SHIP_RSS, str(tmp_path / "spool"),
+                               collector.url], capture_output=True, text=True, timeout=120)
+    finally:
+        collector.close()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["sent"] == 1 and out["text"] > 18_000_000, out
+    assert [v["node"] for v in collector.received] == ["big"]
+    assert out["grown_kib"] < 30 * 1024, f"peak RSS grew {out['grown_kib'] // 1024} MiB"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
@@ -20,11 +21,23 @@ MAX_BODY = 4 * 1024 * 1024  # on the wire: as received, compressed or not
 # (iptables) or 33 MB (IPVS); a zip bomb is refused at this size, never held whole
 MAX_INFLATED = 64 * 1024 * 1024
 MAX_BATCH = 500
+# what differs between two POSTs of an unchanged verdict (agent.collector.docs)
+VOLATILE = ("time", "idempotency_key")
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # a \uD800-\uDFFF escape or a surrogate itself (its UTF-8 bytes, decoded with
 # 'surrogatepass' as json.loads does): only then can a lone surrogate be in the document
 _MAYBE_SURROGATE = re.compile("\\\\u[dD][89a-fA-F]|[\ud800-\udfff]")
+_ESCAPED_SURROGATE = re.compile("\\\\u[dD][89a-fA-F]")
+
+
+def _maybe_surrogate(text: str) -> bool:
+    """_MAYBE_SURROGATE.search, fast for ASCII text (an agent's: it escapes the rest):
+    no surrogate itself can be in it, and the escape's literal prefix is searched for
+    quickly (the alternation scanned 20 MB in 0.35 s, this in 0.01 s)."""
+    if text.isascii():
+        return _ESCAPED_SURROGATE.search(text) is not None
+    return _MAYBE_SURROGATE.search(text) is not None
 
 
 class BadRequest(Exception):
@@ -115,11 +128,25 @@ class Intake:
     """Turns a body into a batch of valid verdicts or raises BadRequest."""
 
     def __init__(self) -> None:
-        schema = json.loads(resources.files("agent").joinpath("schema/verdict-v1.json")
-                            .read_text())
+        text = resources.files("agent").joinpath("schema/verdict-v1.json").read_text()
+        schema = json.loads(text)
         self.validator = jsonschema.Draft202012Validator(schema)
+        # stored with each document it validated: a document validated against another
+        # schema (an older collector's) is validated again
+        self.schema_tag = hashlib.sha256(text.encode()).hexdigest()[:16]
+        # what is left to check of a verdict whose document is stored and valid: the
+        # schema's rules for the top-level members that are not in the document
+        self.volatile_validator = jsonschema.Draft202012Validator({
+            "$schema": schema.get("$schema"), "type": "object",
+            "required": [k for k in schema.get("required", []) if k in VOLATILE],
+            "properties": {k: p for k, p in schema.get("properties", {}).items()
+                           if k in VOLATILE}})
 
-    def verdicts(self, body: bytes | bytearray) -> list[dict[str, Any]]:
+    def verdicts(self, body: bytes | bytearray,
+                 known: Callable[[Any], bool] | None = None) -> list[dict[str, Any]]:
+        """``known(verdict)``: True when its document (all but VOLATILE) is stored and
+        was validated against this schema: then only its VOLATILE members are (3 s of
+        CPU saved for a 20 MB verdict). Never for a document not already stored."""
         doc = parse_json(body)
         text = body.decode("utf-8", "surrogatepass")  # parse_json checked it decodes
         batch = doc if isinstance(doc, list) else [doc]
@@ -134,12 +161,16 @@ class Intake:
                 # a node's name is its identity: never stored altered
                 raise BadRequest(400, f"{prefix}node: {_shown(v['node'])!r} is not valid "
                                  "Unicode (a lone surrogate, e.g. from undecodable bytes)")
-        if _MAYBE_SURROGATE.search(text):
+        if _maybe_surrogate(text):
             doc, _ = replace_lone_surrogates(doc)
             batch = doc if isinstance(doc, list) else [doc]
         for i, v in enumerate(batch):
             prefix = f"[{i}]/" if isinstance(doc, list) else ""
-            err = jsonschema.exceptions.best_match(self.validator.iter_errors(v))
+            if known is not None and isinstance(v, dict) and known(v):
+                err = jsonschema.exceptions.best_match(self.volatile_validator.iter_errors(
+                    {k: v[k] for k in VOLATILE if k in v}))
+            else:
+                err = jsonschema.exceptions.best_match(self.validator.iter_errors(v))
             if err is not None:
                 where = "/".join(str(p) for p in err.absolute_path) or "(document)"
                 raise BadRequest(422, f"{prefix}{where}: {_shown(err.message)[:300]}")

@@ -7,6 +7,13 @@ transaction, each node's summary (``nodes``: status, counts; ``node_findings``: 
 Services and LB IPs of its serious findings) from its newest verdict: the fleet views
 read only these, a page at a time, and never parse a stored document. A database written
 by an older collector gets its summaries on open (one document per node is parsed).
+
+Documents are stored once per node and content (``documents``: gzipped, keyed by the
+fingerprint of agent.collector.docs): a verdict re-sent unchanged at every heartbeat adds
+a history row of a few hundred bytes (its time, key and where they go), not the
+document. Schema 3 added that; a schema-2 database is migrated on open (columns and a
+table added; its rows keep their text in ``verdicts.doc`` and are served from it until
+pruned). Pruning drops documents no row refers to any more.
 """
 
 from __future__ import annotations
@@ -21,10 +28,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agent.collector.intake import dump
+from agent.collector import docs
+from agent.collector.intake import MAX_INFLATED, dump
 from agent.collector.summary import NodeSummary, summarize
+from agent.ship import gz
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 HISTORY_BYTES = 16 * 1024 * 1024  # one history reply holds at most this much document text
 
 # Written once with "?" placeholders; PostgreSQL's driver wants "%s" (no literal "?" or
@@ -65,6 +74,26 @@ CREATE INDEX IF NOT EXISTS node_findings_node ON node_findings (node);
 CREATE INDEX IF NOT EXISTS node_findings_key ON node_findings (service, lb_ip);
 CREATE TABLE IF NOT EXISTS collector_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+
+# schema 3: one row per distinct document of a node, gzipped; ``size``: its body's bytes
+# (the bound when it is inflated again); ``schema``: the verdict schema it was validated
+# against (NULL: not known, e.g. stored by Store.add directly)
+_DOCUMENTS = """
+CREATE TABLE IF NOT EXISTS documents (
+    id {serial} PRIMARY KEY,
+    node TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    size {bigint} NOT NULL,
+    body {blob} NOT NULL,
+    schema TEXT,
+    UNIQUE (node, fingerprint)
+);
+CREATE INDEX IF NOT EXISTS verdicts_doc ON verdicts (doc_id);
+"""
+# added to verdicts by schema 3 (NULL in the rows of a schema-2 database, whose text is
+# in ``doc``; new rows leave ``doc`` empty): the document, the frame that puts this
+# POST's time and key back into it, and the served text's length (the history budget)
+_VERDICT_COLUMNS = (("doc_id", "{bigint}"), ("frame", "TEXT"), ("size", "{bigint}"))
 
 _NODE_COLUMNS = ("node", "status", "time", "kube_proxy_mode", "findings", "ids", "unknowns",
                  "lb_ips", "lb_ips_local")
@@ -115,9 +144,10 @@ class Store:
         # them from its spool. Measured here: +0.3 ms per commit (p99 4 ms).
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=10000")
-        self._db.executescript(_TABLES.format(serial="INTEGER", bigint="INTEGER",
-                                              double="REAL").replace(
+        types = {"serial": "INTEGER", "bigint": "INTEGER", "double": "REAL", "blob": "BLOB"}
+        self._db.executescript(_TABLES.format(**types).replace(
             "id INTEGER PRIMARY KEY", "id INTEGER PRIMARY KEY AUTOINCREMENT"))
+        self._migrate(types)
         self._reconcile()
 
     # -- the backend: SQL with "?" placeholders, one transaction at a time -------------
@@ -146,24 +176,72 @@ class Store:
 
     # -- writing -----------------------------------------------------------------------
 
-    def add(self, verdicts: list[dict[str, Any]]) -> tuple[int, int]:
+    def add(self, verdicts: list[dict[str, Any]], bodies: dict[int, docs.Body] | None = None,
+            schema: str | None = None) -> tuple[int, int]:
         """Store a batch in one transaction; returns (stored, duplicates). Each verdict
-        that is the newest of its node replaces the node's summary."""
+        that is the newest of its node replaces the node's summary. ``bodies``: each
+        verdict's docs.Body by id() when the caller made it already; ``schema``: the tag
+        of the verdict schema the caller validated them against."""
         now = time.time()
         stored = 0
-        insert = self._sql("INSERT INTO verdicts (idem_key, node, time, status, received, doc) "
-                           "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (idem_key) DO NOTHING "
-                           "RETURNING id")
-        # the text and the summaries are made before the transaction: it stays short
-        rows = [(v, dump(v), summarize(v)) for v in verdicts]
+        octets = self._placeholder != "?"  # the served text's length as history counts it
+        # bodies, frames, summaries and the gzip of new documents are made before the
+        # transaction: it stays short
+        rows = []
+        for v in verdicts:
+            body = (bodies or {}).get(id(v))
+            if body is None or body.keys != tuple(v):  # e.g. an idempotency key added since
+                body = docs.split(v)
+            known, _ = self.known(v["node"], body.fingerprint)
+            packed = None if known else gz.compress(body.text)
+            rows.append((v, body, packed, docs.frame(v, body),
+                         docs.served_size(v, body, octets), summarize(v)))
+        insert = self._sql("INSERT INTO verdicts (idem_key, node, time, status, received, doc, "
+                           "doc_id, frame, size) VALUES (?, ?, ?, ?, ?, '', ?, ?, ?) "
+                           "ON CONFLICT (idem_key) DO NOTHING RETURNING id")
         with self._tx() as tx:
-            for v, text, summary in rows:
+            self._doc_lock(tx, exclusive=False)
+            for v, body, packed, frame, size, summary in rows:
+                doc_id = self._document(tx, v["node"], body, packed, schema)
                 got = self._run(tx, insert, (v["idempotency_key"], v["node"], v["time"],
-                                             v["status"], now, text))
+                                             v["status"], now, doc_id, frame, size))
                 if got:
                     stored += 1
                     self._put_summary(tx, int(got[0][0]), summary)
         return stored, len(verdicts) - stored
+
+    def _document(self, tx: Any, node: str, body: docs.Body, packed: bytes | None,
+                  schema: str | None) -> int:
+        """The id of the node's document with this body: the stored one, else stored now.
+        Scoped by node: a fingerprint never reaches another node's document."""
+        find = self._sql("SELECT id FROM documents WHERE node = ? AND fingerprint = ?")
+        got = self._run(tx, find, (node, body.fingerprint))
+        if not got:
+            if packed is None:  # pruned since it was looked up (rare)
+                packed = gz.compress(body.text)
+            got = self._run(tx, self._sql(
+                "INSERT INTO documents (node, fingerprint, size, body, schema) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (node, fingerprint) DO NOTHING "
+                "RETURNING id"), (node, body.fingerprint, len(body.text), packed, schema))
+            # a replica inserting the same one meanwhile: its row, committed, is found now
+            got = got or self._run(tx, find, (node, body.fingerprint))
+        doc_id = int(got[0][0])
+        if schema is not None:
+            self._run(tx, self._sql("UPDATE documents SET schema = ? WHERE id = ? AND "
+                                    "(schema IS NULL OR schema <> ?)"),
+                      (schema, doc_id, schema))
+        return doc_id
+
+    def known(self, node: str, fingerprint: str) -> tuple[bool, str | None]:
+        """(is this node's document with this fingerprint stored, the tag of the schema
+        it was validated against)."""
+        got = self._rows("SELECT schema FROM documents WHERE node = ? AND fingerprint = ?",
+                         (node, fingerprint))
+        return (True, got[0][0]) if got else (False, None)
+
+    def _doc_lock(self, tx: Any, exclusive: bool) -> None:
+        """Adding (shared) against pruning documents (exclusive): SQLite has one writer
+        at a time anyway; PostgreSQL replicas take an advisory lock."""
 
     def _put_summary(self, tx: Any, verdict_id: int, s: NodeSummary) -> None:
         cols = ("node", "verdict_id", "rank", *_NODE_COLUMNS[1:])
@@ -190,9 +268,8 @@ class Store:
                            "verdicts GROUP BY node) v LEFT JOIN nodes n ON n.node = v.node "
                            "WHERE n.verdict_id IS NULL OR n.verdict_id < v.id")
         for node, vid in stale:
-            (doc,) = self._rows("SELECT doc FROM verdicts WHERE id = ?", (vid,))[0]
             try:
-                v = json.loads(doc)  # tolerant: an old row may hold NaN
+                v = json.loads(self._text(int(vid), clean=False))  # an old row may hold NaN
             except ValueError:
                 continue
             if isinstance(v, dict):
@@ -204,12 +281,32 @@ class Store:
                 "ON CONFLICT (key) DO UPDATE SET value = excluded.value"),
                 (str(SCHEMA_VERSION),))
 
+    def _migrate(self, types: dict[str, str]) -> None:
+        """Schema 2 -> 3 in place (nothing is rewritten: new columns are NULL in old
+        rows, which are served from their ``doc`` text as before)."""
+        have = self._columns("verdicts")
+        for name, kind in _VERDICT_COLUMNS:
+            if name not in have:
+                self._rows(f"ALTER TABLE verdicts ADD COLUMN {name} {kind.format(**types)}")
+        for statement in _DOCUMENTS.format(**types).split(";"):
+            if statement.strip():
+                self._rows(statement)
+
+    def _columns(self, table: str) -> set[str]:
+        return {str(r[1]) for r in self._rows(f"PRAGMA table_info({table})")}
+
     def prune(self) -> int:
+        """History older than the retention (each node's newest verdict kept), then the
+        documents no row refers to any more. Returns the history rows removed."""
         with self._tx() as tx:
+            self._doc_lock(tx, exclusive=True)
             cur = tx.execute(self._sql("DELETE FROM verdicts WHERE received < ? AND id NOT IN "
                                        "(SELECT verdict_id FROM nodes)"),
                              (time.time() - self.retention,))
-            return int(cur.rowcount)
+            removed = int(cur.rowcount)
+            tx.execute("DELETE FROM documents WHERE NOT EXISTS "
+                       "(SELECT 1 FROM verdicts v WHERE v.doc_id = documents.id)")
+            return removed
 
     # -- the fleet views: summaries only, a page at a time -------------------------------
 
@@ -287,20 +384,44 @@ class Store:
         as ``before`` for the next page. At most ``max_bytes`` of text (at least one)."""
         where = "node = ?" + (" AND id < ?" if before is not None else "")
         args: tuple[Any, ...] = (node, before) if before is not None else (node,)
-        sizes = self._rows(f"SELECT id, {self._length('doc')} FROM verdicts WHERE {where} "
-                           "ORDER BY id DESC LIMIT ?", (*args, limit + 1))
-        ids, total = [], 0
+        sizes = self._rows(f"SELECT id, COALESCE(size, {self._length('doc')}) FROM verdicts "
+                           f"WHERE {where} ORDER BY id DESC LIMIT ?", (*args, limit + 1))
+        ids: list[int] = []
+        texts: list[str] = []
+        total = 0
         for vid, size in sizes[:limit]:
             if ids and total + int(size) > max_bytes:
                 break
             ids.append(int(vid))
             total += int(size)
         more = len(ids) < len(sizes)
-        docs = []
         for vid in ids:  # one at a time: a page never holds more than its budget
-            (doc,) = self._rows("SELECT doc FROM verdicts WHERE id = ?", (vid,))[0]
-            docs.append(clean_document(doc))
-        return docs, (ids[-1] if more and ids else None)
+            texts.append(self._text(vid))
+        return texts, (ids[-1] if more and ids else None)
+
+    def _text(self, vid: int, clean: bool = True) -> str:
+        """A history row's served text: its own (schema 2) or its document's, inflated at
+        most to the size it was stored with (and never past what a verdict may be), with
+        its time and key put back. A document that does not read back (the database was
+        damaged or written to by something else) is served as an error object saying so."""
+        node, when, key, doc, frame, body, size = self._rows(
+            "SELECT v.node, v.time, v.idem_key, v.doc, v.frame, d.body, d.size "
+            "FROM verdicts v LEFT JOIN documents d ON d.id = v.doc_id WHERE v.id = ?",
+            (vid,))[0]
+        if frame is None:
+            return clean_document(doc) if clean else doc
+        try:
+            if body is None:
+                raise ValueError("its document is missing")
+            data = gz.inflate(bytes(body), min(int(size), MAX_INFLATED))
+            if len(data) != int(size):
+                raise ValueError(f"{len(data)} bytes, stored as {size}")
+            text = docs.join(data.decode(), frame)
+            del data
+        except ValueError as e:  # GzipError, UnicodeDecodeError and a bad frame are too
+            return dump({"node": node, "time": when, "idempotency_key": key,
+                         "error": f"stored document unreadable: {e}"[:300]})
+        return clean_document(text) if clean else text
 
     def _length(self, column: str) -> str:
         return f"length({column})"
@@ -333,8 +454,10 @@ class PostgresStore(Store):
         with self._pg.cursor() as cur:
             cur.execute("SELECT pg_advisory_lock(7710)")  # replicas starting together
             try:
-                cur.execute(_TABLES.format(serial="BIGSERIAL", bigint="BIGINT",
-                                           double="DOUBLE PRECISION"))
+                types = {"serial": "BIGSERIAL", "bigint": "BIGINT",
+                         "double": "DOUBLE PRECISION", "blob": "BYTEA"}
+                cur.execute(_TABLES.format(**types))
+                self._migrate(types)
                 self._reconcile()
             finally:
                 cur.execute("SELECT pg_advisory_unlock(7710)")
@@ -356,6 +479,17 @@ class PostgresStore(Store):
 
     def _order(self, column: str) -> str:
         return f'{column} COLLATE "C"'
+
+    def _columns(self, table: str) -> set[str]:
+        return {str(r[0]) for r in self._rows(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = ? "
+            "AND table_schema = current_schema()", (table,))}
+
+    def _doc_lock(self, tx: Any, exclusive: bool) -> None:
+        # held to the end of the transaction: a prune waits for the adds in progress
+        # (which may refer to a document it would find unreferenced) and they for it
+        fn = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
+        self._run(tx, f"SELECT {fn}(7711)", ())
 
     def _length(self, column: str) -> str:
         return f"octet_length({column})"

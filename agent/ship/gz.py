@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gzip
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 MAGIC = b"\x1f\x8b"
 LEVEL = 6  # 10k-service verdict: 21 MB -> 1.5 MB in 0.2 s (level 1: 1.9 MB in 0.08 s)
@@ -28,6 +28,33 @@ class GzipError(ValueError):
 def compress(data: bytes) -> bytes:
     # mtime=0: the same document always gives the same bytes
     return gzip.compress(data, compresslevel=LEVEL, mtime=0)
+
+
+def compress_chunks(chunks: Iterable[bytes], limit: int | None = None) -> bytes:
+    """One gzip member of the concatenated ``chunks``, never holding them together: what
+    is held is the compressed output (1/13 of a verdict). ValueError once more than
+    ``limit`` bytes came in (GzipError, too_large)."""
+    c = zlib.compressobj(LEVEL, zlib.DEFLATED, 31)  # 31: gzip header (mtime 0) and trailer
+    out = bytearray()
+    total = 0
+    for chunk in chunks:
+        total += len(chunk)
+        if limit is not None and total > limit:
+            raise GzipError(f"more than {limit} bytes to compress", too_large=True)
+        out += c.compress(chunk)
+    out += c.flush()
+    return bytes(out)
+
+
+def check(data: bytes | bytearray, limit: int, step: int = STEP) -> tuple[int, bytes, bytes]:
+    """Inflate and drop: (inflated size, its first byte, its last byte). GzipError as
+    inflate_chunks: the CRC-32 and length checked without holding the inflated bytes."""
+    size, first, last = 0, b"", b""
+    for chunk in inflate_chunks(data, limit, step):
+        first = first or chunk[:1]
+        last = chunk[-1:]
+        size += len(chunk)
+    return size, first, last
 
 
 def is_gzip(data: bytes | bytearray) -> bool:

@@ -18,6 +18,10 @@ shipped, nor block a read, nor evict real verdicts. A verdict file is read with
 O_NOFOLLOW|O_NONBLOCK and at most ``max_item_bytes``, so one swapped in after the listing
 cannot do any of that either. Files of the previous version (plain JSON, no gzip magic)
 are still read and shipped, so an upgrade in place loses nothing.
+
+Memory: a verdict is encoded and gzipped a piece at a time, and read back as its gzip
+bytes (its CRC checked by inflating and dropping): its JSON text is never held whole
+nor parsed on the way out (the sender inflates and re-gzips it a MiB at a time).
 """
 
 from __future__ import annotations
@@ -61,14 +65,34 @@ class SpoolWriteError(OSError):
 @dataclass(frozen=True)
 class SpoolItem:
     name: str  # file name: "<ns since epoch, 20 digits>-<key>.json", so names sort by age
-    key: str
-    data: bytes  # the verdict's JSON text (inflated): shipped as is, never re-encoded
+    raw: bytes  # the file's bytes: gzip (as put() writes it) or plain JSON (an older agent)
     size: int = 0  # bytes on disk (compressed: about what shipping it gzipped costs)
+    plain_size: int = 0  # bytes of its JSON text
+
+    @property
+    def gzipped(self) -> bool:
+        return gz.is_gzip(self.raw)
+
+    def chunks(self) -> Iterator[bytes]:
+        """The JSON text, at most 1 MiB at a time: shipped as is, never re-encoded."""
+        if self.gzipped:
+            yield from gz.inflate_chunks(self.raw, MAX_PLAIN_BYTES)
+        else:
+            yield self.raw
+
+    @property
+    def data(self) -> bytes:
+        """The whole JSON text (21 MB for a 10k-service verdict): made on demand."""
+        return b"".join(self.chunks())
 
     @property
     def verdict(self) -> dict[str, Any]:
         doc: dict[str, Any] = json.loads(self.data)  # parsed on demand: 150 MB for 21 MB
         return doc
+
+    @property
+    def key(self) -> str:
+        return str(self.verdict[IDEMPOTENCY_KEY])
 
 
 class _SetAside(Exception):
@@ -117,12 +141,13 @@ class Spool:
         doc = dict(verdict)
         key = str(doc.get(IDEMPOTENCY_KEY) or uuid.uuid4())
         doc[IDEMPOTENCY_KEY] = key
-        plain = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
-        if len(plain) > MAX_PLAIN_BYTES:
-            raise ValueError(f"verdict of {len(plain)} bytes: more than the "
-                             f"{MAX_PLAIN_BYTES} a collector inflates a verdict to")
-        data = gz.compress(plain)
-        del plain
+        try:
+            # encoded and gzipped a piece at a time: the JSON text (21 MB for 10k
+            # Services) is never held whole, only its gzip (1.5 MB)
+            data = gz.compress_chunks(json_chunks(doc), MAX_PLAIN_BYTES)
+        except gz.GzipError:
+            raise ValueError(f"verdict of more than {MAX_PLAIN_BYTES} bytes: more than "
+                             "a collector inflates a verdict to") from None
         if len(data) > self.max_item_bytes:
             raise ValueError(f"verdict of {len(data)} bytes gzipped: more than the "
                              f"{self.max_item_bytes} a spooled verdict may have")
@@ -175,9 +200,7 @@ class Spool:
         for name, _ in self._scan():
             try:
                 raw = self._read(name)
-                # gzip magic: written by put(); else plain JSON of the previous version
-                data = bytes(gz.inflate(raw, MAX_PLAIN_BYTES)) if gz.is_gzip(raw) else raw
-                key = _spooled_key(data)
+                plain_size = _checked(raw)
             except FileNotFoundError:
                 continue  # removed meanwhile (sent by someone else, or dropped)
             except (OSError, ValueError, RecursionError, _SetAside) as e:
@@ -186,7 +209,7 @@ class Spool:
                 if self._set_aside_corrupt(name, f"unreadable: {why}"):
                     self._prune_set_aside()
                 continue
-            yield SpoolItem(name, key, data, len(raw))
+            yield SpoolItem(name, raw, len(raw), plain_size)
 
     def take_problems(self) -> list[str]:
         """What went wrong since the last call (for the log), oldest first."""
@@ -331,14 +354,42 @@ def _not_a_verdict(name: str, st: os.stat_result, max_bytes: int) -> str | None:
     return None
 
 
-def _spooled_key(data: bytes) -> str:
-    """The idempotency key of a spooled verdict's JSON text; ValueError when it is not
-    one. The whole text is parsed (a damaged file is set aside, not shipped), then the
-    tree is dropped: the text is what is shipped."""
-    doc = json.loads(data)
+def _checked(raw: bytes) -> int:
+    """The size of a spooled verdict's JSON text; ValueError when it is not one. A gzip
+    file (what put() writes) is inflated and dropped as it goes: its CRC-32 and length
+    prove it is what was written, so its text is not parsed (150 MB for a 21 MB verdict);
+    it must still be one JSON object (first and last byte). A plain file of the previous
+    version (at most 4 MiB) has no checksum: it is parsed whole, as it was."""
+    if gz.is_gzip(raw):
+        size, first, last = gz.check(raw, MAX_PLAIN_BYTES)
+        if (first, last) != (b"{", b"}"):
+            raise ValueError("not a spooled verdict (not a JSON object)")
+        return size
+    doc = json.loads(raw)
     if not isinstance(doc, dict) or not doc.get(IDEMPOTENCY_KEY):
         raise ValueError("not a spooled verdict")
-    return str(doc[IDEMPOTENCY_KEY])
+    return len(raw)
+
+
+def json_chunks(doc: dict[str, Any]) -> Iterator[bytes]:
+    """json.dumps(doc, separators=(",", ":"), sort_keys=True).encode(), in pieces: a
+    top-level list (a verdict's findings, its LB IPs) an element at a time."""
+    yield b"{"
+    for i, k in enumerate(sorted(doc)):
+        head = ("," if i else "") + json.dumps(k) + ":"
+        value = doc[k]
+        if isinstance(value, list) and value:
+            yield (head + "[").encode()
+            for j, item in enumerate(value):
+                yield (("," if j else "") + _dumps(item)).encode()
+            yield b"]"
+        else:
+            yield (head + _dumps(value)).encode()
+    yield b"}"
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
 def _file_key(key: str) -> str:
