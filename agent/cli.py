@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -408,6 +409,23 @@ def _one_shot_gc() -> None:
     gc.set_threshold(1_000_000, 20, 100)
 
 
+@contextlib.contextmanager
+def _built_without_gc() -> Iterator[None]:
+    """Read and prepare the snapshot with the cyclic collector off, then freeze what was
+    built (it lives as long as the command): at 50k services even the rare young
+    collections of _one_shot_gc each walked a million new objects, 0.5 s in all, to find
+    the few hundred cyclic garbage objects a whole check makes. What comes after (the
+    walks, a --capture's minutes) is collected as before, without rescanning these."""
+    import gc
+
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        gc.enable()
+
+
 def _check(args: argparse.Namespace) -> int:
     from agent.report import render
 
@@ -454,14 +472,15 @@ def _verdict(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         raise _Exit(EXIT_USAGE, "--capture watches the live node: it cannot be combined "
                                 "with --from or --snapshot")
     _one_shot_gc()
-    snap = load_snapshot(args)
-    given = {k: v for k, v in (("mode", args.mode),
-                               ("pod_cidr", ",".join(args.pod_cidr or ()))) if v}
-    if given:
-        from dataclasses import replace
+    with _built_without_gc():
+        snap = load_snapshot(args)
+        given = {k: v for k, v in (("mode", args.mode),
+                                   ("pod_cidr", ",".join(args.pod_cidr or ()))) if v}
+        if given:
+            from dataclasses import replace
 
-        snap = replace(snap, given=given)
-    prepared = prepare(snap)
+            snap = replace(snap, given=given)
+        prepared = prepare(snap)
     capture = _capture(args, prepared) if args.capture else None
     return diagnose(snap, _node(args, snap), capture=capture, prepared=prepared)
 
