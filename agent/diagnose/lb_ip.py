@@ -3,8 +3,6 @@ for which Service, and how did we learn it (API objects, ipsets, kube-proxy's ru
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import ipaddress
 import re
 from collections.abc import Iterator, Mapping
@@ -48,6 +46,9 @@ class LbTarget:
 
 def chain_hash(service_port_name: str, protocol: str) -> str:
     """kube-proxy's portProtoHash: base32(sha256(name + proto))[:16]."""
+    import base64
+    import hashlib  # (here: most checks never hash, and hashlib costs 4 ms to import)
+
     digest = hashlib.sha256((service_port_name + protocol.lower()).encode()).digest()
     # base32 turns each 5 bytes into 8 characters: the first 10 bytes give the 16
     return base64.b32encode(digest[:10]).decode()
