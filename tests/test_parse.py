@@ -8,6 +8,7 @@ cannot list anything there.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import shutil
@@ -213,6 +214,47 @@ def test_ipvsadm_save_dump_read_whole_as_line_by_line() -> None:
         parse_ipvsadm(text.replace("-r 10.244.1.10:8080", "-r 10.244.1.300:8080"))
     with raises_at("ipvsadm.txt", 2):
         parse_ipvsadm("-A -t 10.0.0.1:80 -s rr\n-a -t 10.0.0.9:80 -r 10.244.1.9:80 -m -w 1\n")
+
+
+def test_kube_ipvs0_lines_read_by_regex_as_by_the_loop() -> None:
+    """The kernel's local routes and kube-ipvs0's plain address lines are read by one
+    regex pass; the same text with those lines in another spacing (the general loop's)
+    reads the same, and an error after them still names its line."""
+    routes = ("broadcast 10.0.0.255 dev eth0 proto kernel scope link src 10.0.0.10 \n"
+              "local 10.0.0.10 dev eth0 proto kernel scope host src 10.0.0.10\n"
+              "local 10.0.32.1 dev kube-ipvs0 proto kernel scope host src 10.0.32.1 \n"
+              "local 127.0.0.0/8 dev lo proto kernel scope host src 127.0.0.1\n"
+              "local fd00::5 dev kube-ipvs0 proto kernel metric 0 pref medium\n"
+              "local 10.0.32.2 dev src proto kernel scope host src 10.0.32.2\n")
+    with raises_at("route-local.txt", 6):
+        parse_local_routes(routes)
+    routes = routes.replace("dev src", "dev kube-ipvs0")
+    fast = parse_local_routes(routes)
+    slow = parse_local_routes(routes.replace(" proto", "  proto"))
+    assert fast == tuple(dataclasses.replace(r, line=r.line.replace("  proto", " proto"))
+                         for r in slow)
+    assert [r.line for r in fast if r.dst == "10.0.32.1"] == [
+        "local 10.0.32.1 dev kube-ipvs0 proto kernel scope host src 10.0.32.1"]
+    with raises_at("route-local.txt", 7):
+        parse_local_routes(routes + "local 10.0.32.300 dev kube-ipvs0\n")
+    addrs = ("4: kube-ipvs0: <BROADCAST,NOARP> mtu 1500 qdisc noop state DOWN\n"
+             "    link/ether 6a:00:00:00:00:04 brd ff:ff:ff:ff:ff:ff\n"
+             "    inet 10.96.0.10/32 scope global kube-ipvs0\n"
+             "       valid_lft forever preferred_lft forever\n"
+             "    inet 10.0.32.1/32 scope global kube-ipvs0\n"
+             "    inet6 fd00::5/128 scope global\n"
+             "       valid_lft forever preferred_lft forever\n"
+             "5: eth0: <BROADCAST,UP> mtu 1500\n"
+             "    inet 10.0.0.10/24 scope global eth0\n")
+    fast = parse_addresses(addrs)
+    assert fast == parse_addresses(addrs.replace(" scope", "  scope"))
+    assert [(a.ifname, a.address, a.prefixlen, a.link_up) for a in fast] == [
+        ("eth0", "10.0.0.10", 24, True), ("kube-ipvs0", "10.0.32.1", 32, False),
+        ("kube-ipvs0", "10.96.0.10", 32, False), ("kube-ipvs0", "fd00::5", 128, False)]
+    with raises_at("addr.txt", 10):
+        parse_addresses(addrs + "garbage\n")
+    with raises_at("addr.txt", 1):
+        parse_addresses(addrs[addrs.index("    inet 10.96"):])
 
 
 # --- local routes --------------------------------------------------------------------------
