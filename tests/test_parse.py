@@ -129,6 +129,31 @@ def test_ipset_save_truncated_mid_member() -> None:
         parse_ipsets(text[:cut])
 
 
+def test_ipset_runs_of_plain_members_read_as_line_by_line() -> None:
+    """A set's run of plain "add SET MEMBER" lines is read by one match; the same lines
+    with a space after each (the line-by-line loop's) read the same, and a bad member
+    after a run is named by its line."""
+    text = ("create KUBE-LOAD-BALANCER hash:ip,port family inet\n"
+            "add KUBE-LOAD-BALANCER 10.0.32.2,tcp:80\n"
+            "add KUBE-LOAD-BALANCER 10.0.32.1,udp:53\n"
+            "create KUBE-NODE-PORT-TCP bitmap:port range 0-65535\n"
+            "add KUBE-NODE-PORT-TCP 30001\n"
+            "add KUBE-LOAD-BALANCER 10.0.32.3,tcp:80 timeout 5\n"
+            "add KUBE-LOAD-BALANCER 10.0.32.4,tcp:80\n"
+            "add KUBE-NODE-PORT-TCP 30000")
+    fast = parse_ipsets(text)
+    assert fast == parse_ipsets(text.replace("\n", " \n"))
+    assert fast == (
+        IpSet("KUBE-LOAD-BALANCER", "hash:ip,port",
+              ("10.0.32.1,udp:53", "10.0.32.2,tcp:80", "10.0.32.3,tcp:80",
+               "10.0.32.4,tcp:80")),
+        IpSet("KUBE-NODE-PORT-TCP", "bitmap:port", ("30000", "30001")))
+    with raises_at("ipset.txt", 4):
+        parse_ipsets(text.replace("10.0.32.1,udp:53\n", "10.0.32.1,udp:53\nadd X 1\n"))
+    with raises_at("ipset.txt", 3):
+        parse_ipsets(text.replace("10.0.32.1,udp:53", "10.0.32.1"))
+
+
 # --- ipvsadm -------------------------------------------------------------------------------
 
 
