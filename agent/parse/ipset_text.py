@@ -8,6 +8,7 @@ meaning in a hash:net set.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 
@@ -55,9 +56,9 @@ def _parse_save(text: str, source: str) -> tuple[IpSet, ...]:
     members: dict[str, list[str]] = {}
     # set -> a regex its plain members match (None: none is known for its type)
     plain: dict[str, re.Pattern[str] | None] = {}
-    # set -> a regex of a run of lines adding plain members to it (None: as plain)
-    runs: dict[str, re.Pattern[str] | None] = {}
-    run: re.Pattern[str] | None = None  # that of the set the last line named
+    # set -> (set, the regex of a run of lines adding plain members to it)
+    runs: dict[str, tuple[str, re.Pattern[str]]] = {}
+    run: tuple[str, re.Pattern[str]] | None = None  # that of the set the last line named
     pos = lineno = 0  # where the next line starts, and the lines before it
     n = len(text)
     while pos < n:
@@ -66,11 +67,11 @@ def _parse_save(text: str, source: str) -> tuple[IpSet, ...]:
             # (each line "add SET MEMBER\n", each member of its type's plain form) is
             # found by one match and taken by one split, not by the loop below line by
             # line (65k members at 10k services: 2x faster)
-            m = run.match(text, pos)
+            name, regex = run
             run = None
-            if m is not None:
+            m = regex.match(text, pos)
+            if m is not None and m.group(1) == name:
                 chunk = text[pos:m.end()]
-                name = m.group(1)
                 k = len(name) + 5  # "add SET "
                 members[name] += [line[k:] for line in chunk.split("\n")[:-1]]
                 lineno += chunk.count("\n")
@@ -128,13 +129,20 @@ def _parse_save(text: str, source: str) -> tuple[IpSet, ...]:
 
 
 def _run_of(name: str, shape: re.Pattern[str],
-            runs: dict[str, re.Pattern[str] | None]) -> re.Pattern[str] | None:
-    """The regex of one or more lines "add NAME MEMBER\n", each member of ``shape``
-    (group 1: the name); made once per set."""
-    if name not in runs:
-        runs[name] = re.compile(rf"add ({re.escape(name)}) (?:{shape.pattern})\n"
-                                rf"(?:add {re.escape(name)} (?:{shape.pattern})\n)*")
-    return runs[name]
+            runs: dict[str, tuple[str, re.Pattern[str]]]) -> tuple[str, re.Pattern[str]]:
+    """(``name``, the regex of one or more lines "add SET MEMBER\\n" of one set, each
+    member of ``shape``; group 1: the set)."""
+    got = runs.get(name)
+    if got is None:
+        got = runs[name] = (name, _run_regex(shape.pattern))
+    return got
+
+
+@functools.lru_cache(maxsize=64)
+def _run_regex(shape: str) -> re.Pattern[str]:
+    # one per member shape, not per set (a set name in the pattern made 18 compiles of
+    # 1-2 ms each for kube-proxy's sets): the set's name is matched again by reference
+    return re.compile(rf"add (\S+) (?:{shape})\n(?:add \1 (?:{shape})\n)*")
 
 
 def _parse_list(lines: list[str], source: str) -> tuple[IpSet, ...]:
