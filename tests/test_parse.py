@@ -217,26 +217,42 @@ def test_ipvsadm_errors(text: str, line: int) -> None:
 
 
 def test_ipvsadm_save_dump_read_whole_as_line_by_line() -> None:
-    """kube-proxy's `ipvsadm -S -n` dump is read by one regex pass (_whole_save); a blank
-    line sends the same text through the line-by-line loop: the same servers, and an
-    error still names its line."""
+    """kube-proxy's `ipvsadm -S -n` dump is read one service block at a time
+    (_whole_save); a blank line, a service listed twice or a real server away from its
+    service sends the text through the line-by-line loop: the same servers, and an error
+    still names its line."""
     text = ("-A -t 10.0.0.1:80 -s rr\n"
             "-a -t 10.0.0.1:80 -r 10.244.1.9:8080 -m -w 1\n"
             "-a -t 10.0.0.1:80 -r 10.244.1.10:8080 -m -w 2\n"
+            "-A -t 10.0.0.3:80 -s rr\n"
+            "-a -t 10.0.0.3:80 -r 10.244.1.9:8080 -m -w 1\n"
+            "-a -t 10.0.0.3:80 -r 10.244.1.10:8080 -m -w 2\n"
             "-A -u [fd00::1]:53 -s wlc\n"
             "-a -u [fd00::1]:53 -r [fd00::0:5]:53 -m -w 1\n"
             "-A -t 10.0.0.2:080 -s sh\n"
             "-a -t 10.0.0.2:080 -r 10.244.1.9 -g -w 1\n"
-            "-a -t 10.0.0.1:80 -r 10.244.1.9:8080 -m -w 1\n"
-            "-A -t 10.0.0.1:80 -s lc\n")
+            "-A -t 10.0.0.4:81 -s sh\n"
+            "-a -t 10.0.0.4:81 -r 10.244.1.9 -g -w 1\n"
+            "-A -t 10.0.0.5:80 -s lc\n")
     whole = parse_ipvsadm(text)
     assert whole == parse_ipvsadm(text.replace("\n-A -u", "\n\n-A -u"))
     assert [(v.address, v.port, v.scheduler, len(v.real_servers)) for v in whole] == [
-        ("10.0.0.1", 80, "lc", 3), ("10.0.0.2", 80, "sh", 1), ("fd00::1", 53, "wlc", 1)]
+        ("10.0.0.1", 80, "rr", 2), ("10.0.0.2", 80, "sh", 1), ("10.0.0.3", 80, "rr", 2),
+        ("10.0.0.4", 81, "sh", 1), ("10.0.0.5", 80, "lc", 0), ("fd00::1", 53, "wlc", 1)]
+    assert whole[0].real_servers == (IpvsRealServer("10.244.1.10", 8080, "Masq", 2),
+                                     IpvsRealServer("10.244.1.9", 8080, "Masq", 1))
     assert whole[1].real_servers == (IpvsRealServer("10.244.1.9", 80, "Route", 1),)
-    assert whole[2].real_servers == (IpvsRealServer("fd00::5", 53, "Masq", 1),)
+    assert whole[3].real_servers == (IpvsRealServer("10.244.1.9", 81, "Route", 1),)
+    assert whole[5].real_servers == (IpvsRealServer("fd00::5", 53, "Masq", 1),)
+    # the same service twice (its real servers add up), a real server after another
+    # service's block
+    again = parse_ipvsadm(text + "-a -t 10.0.0.1:80 -r 10.244.1.11:8080 -m -w 1\n"
+                          "-A -t 10.0.0.5:80 -s rr\n"
+                          "-a -t 10.0.0.5:80 -r 10.244.1.12:8080 -m -w 1\n")
+    assert [(v.address, v.scheduler, len(v.real_servers)) for v in again][:5:4] == [
+        ("10.0.0.1", "rr", 3), ("10.0.0.5", "rr", 1)]
     with raises_at("ipvsadm.txt", 3):
-        parse_ipvsadm(text.replace("-r 10.244.1.10:8080", "-r 10.244.1.300:8080"))
+        parse_ipvsadm(text.replace("-r 10.244.1.10:8080", "-r 10.244.1.300:8080", 1))
     with raises_at("ipvsadm.txt", 2):
         parse_ipvsadm("-A -t 10.0.0.1:80 -s rr\n-a -t 10.0.0.9:80 -r 10.244.1.9:80 -m -w 1\n")
 

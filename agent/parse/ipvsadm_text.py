@@ -54,70 +54,92 @@ _FORWARD_FLAG = {"m": "Masq", "g": "Route", "i": "Tunnel"}
 _PROTOCOL_FLAG = {"t": "TCP", "u": "UDP"}
 
 
-# The same lines, every line of a dump: kube-proxy's whole `ipvsadm -S -n` is read by one
-# findall over the text (a 10k-service dump is 100k lines). Each match is one whole line
-# (^...$, no newline inside): as many matches as lines means every line is in shape.
-_SAVE_LINES = re.compile(r"^-([Aa]) -([tu]) (\S+)(?: -s ([a-z][a-z0-9_-]*)|"
-                         r" -r ((\S+) -([mgi]) -w ([0-9]+)))$", re.M)
+# kube-proxy's whole `ipvsadm -S -n` dump (a 10k-service node: 30k services, 100k lines)
+# is read one service at a time: its -A line and the -a lines of its real servers that
+# follow it, all of one regex match (the -a lines name the -A line's service as written,
+# by backreference). Matches one after another from the start to the end of the text
+# mean every line is in shape; anything else is read by the general loop.
+_SAVE_SERVICE = re.compile(r"-A -([tu]) (\S+) -s ([a-z][a-z0-9_-]*)\n"
+                           r"((?:-a -\1 \2 -r \S+ -[mgi] -w [0-9]+\n)*)")
+_REAL_PART = re.compile(r"(\S+) -([mgi]) -w ([0-9]+)")
 # "10.0.0.5:80" as _addr_port reads it (a canonical dotted quad as it is, a port of at
 # most 5 ASCII digits); one fullmatch where _addr_port costs 3x more
 _V4_PORT = re.compile(rf"({ASCII_OCTET}(?:\.{ASCII_OCTET}){{3}}):([0-9]{{1,5}})")
+_BY_PLACE = operator.attrgetter("address", "port")
+
+_Servers = dict[tuple[str, str, int], tuple[str, tuple[IpvsRealServer, ...]]]
 
 
 def parse_ipvsadm(text: str, source: str = "ipvsadm.txt") -> tuple[IpvsVirtualServer, ...]:
     """Parse `ipvsadm -Ln` or `ipvsadm -S -n`; a table with only its headers is empty."""
-    services = _whole_save(text) if text.startswith("-A ") else None
-    if services is None:
-        services = _services(text, source)
-    by_place = operator.attrgetter("address", "port")
+    servers = _whole_save(text) if text.startswith("-A ") else None
+    if servers is None:
+        servers = {key: (s.scheduler, tuple(sorted(s.reals, key=_BY_PLACE)))
+                   for key, s in _services(text, source).items()}
     return tuple(
-        IpvsVirtualServer(s.protocol, intern(s.address), s.port, intern(s.scheduler),
-                          tuple(sorted(s.reals, key=by_place)))
-        for s in (services[key] for key in sorted(services))
+        IpvsVirtualServer(key[0], intern(key[1]), key[2], intern(scheduler), reals)
+        for key in sorted(servers) for scheduler, reals in (servers[key],)
     )
 
 
-def _whole_save(text: str) -> dict[tuple[str, str, int], _Service] | None:
-    """The services of a text whose every line is in `_SAVE_SHAPE` and valid (what
-    kube-proxy's state gives), as the general loop of _services reads them; None when a
-    line is not (or the text has blank lines), for that loop to read the text (and name
-    the line)."""
-    body = text.rstrip("\n")
-    found = _SAVE_LINES.findall(body)
-    if len(found) != body.count("\n") + 1:
-        return None
-    services: dict[tuple[str, str, int], _Service] = {}
+def _whole_save(text: str) -> _Servers | None:
+    """(scheduler, sorted real servers) of each service of a text made of _SAVE_SERVICE
+    blocks only, each service once, every address valid (what kube-proxy's state gives),
+    as the general loop of _services reads them; None for any other text, for that loop
+    to read it (and name the line)."""
+    text = text.rstrip("\n") + "\n"
+    servers: _Servers = {}
     places: dict[str, tuple[str, int | None] | None] = {}
     reals: dict[str, IpvsRealServer] = {}
-    v4_port = _V4_PORT.fullmatch
-    last_prot = last_service = ""
-    last: _Service | None = None
-    for command, prot, service, scheduler, real_part, real, forward, weight in found:
-        if command == "a" and service == last_service and prot == last_prot \
-                and last is not None:
-            svc = last  # a service's real servers follow its -A line
+    # a node lists each endpoint set under the ClusterIP, LB IP and NodePort services of
+    # a Service: their real servers, the -a lines less their service, read and sorted
+    # once (what they say does not depend on the service, but where a real server has
+    # no port: then it is the service's, and the block is read each time)
+    blocks: dict[str, tuple[IpvsRealServer, ...]] = {}
+    pos = 0
+    for m in _SAVE_SERVICE.finditer(text):
+        if m.start() != pos:
+            return None  # a line that is not of a block (the general loop reads it)
+        pos = m.end()
+        prot, service, scheduler, block = m.groups()
+        v4 = _V4_PORT.fullmatch(service)
+        if v4 is not None and int(v4[2]) <= 65535:
+            key = (_PROTOCOL_FLAG[prot], v4[1], int(v4[2]))
         else:
-            m = v4_port(service)
-            if m is not None and int(m[2]) <= 65535:
-                key = (_PROTOCOL_FLAG[prot], m[1], int(m[2]))
-            else:
-                place = _place(service, places)
-                if place is None or place[1] is None:
-                    return None
-                key = (_PROTOCOL_FLAG[prot], place[0], place[1])
-            svc = services.get(key)
-            if command == "A":
-                if svc is None:
-                    svc = services[key] = _Service(*key, scheduler)
-                else:
-                    svc.scheduler = scheduler
-                last_prot, last_service, last = prot, service, svc
-                continue
-            if svc is None:
+            place = _place(service, places)
+            if place is None or place[1] is None:
                 return None
-        rs = reals.get(real_part)
+            key = (_PROTOCOL_FLAG[prot], place[0], place[1])
+        if key in servers:
+            return None  # a service twice: its real servers add up (the general loop's)
+        if not block:
+            servers[key] = (scheduler, ())
+            continue
+        parts = block.replace(f"-a -{prot} {service} -r ", "")
+        got = blocks.get(parts)
+        if got is None:
+            got = _reals(parts, key[2], reals, places)
+            if got is None:
+                return None
+            if any(p.partition(" ")[0].count(":") != 1 for p in parts.split("\n")[:-1]):
+                pass  # a real server without its port (or IPv6): not shared (see above)
+            else:
+                blocks[parts] = got
+        servers[key] = (scheduler, got)
+    return servers if pos == len(text) else None
+
+
+def _reals(parts: str, port: int, reals: dict[str, IpvsRealServer],
+           places: dict[str, tuple[str, int | None] | None]
+           ) -> tuple[IpvsRealServer, ...] | None:
+    """The real servers of "ADDR:PORT -m -w W\\n" lines, sorted; None where an address is
+    not valid. ``port``: the service's, for a real server without one."""
+    out = []
+    for part in parts.split("\n")[:-1]:
+        rs = reals.get(part)
         if rs is None:
-            m = v4_port(real)
+            real, forward, weight = _REAL_PART.fullmatch(part).groups()  # type: ignore[union-attr]
+            m = _V4_PORT.fullmatch(real)
             if m is not None and int(m[2]) <= 65535:
                 where: tuple[str, int | None] | None = (m[1], int(m[2]))
             else:
@@ -125,13 +147,13 @@ def _whole_save(text: str) -> dict[tuple[str, str, int], _Service] | None:
                 if where is None:
                     return None
             if where[1] is None:  # no port: the service's (not one to share)
-                rs = IpvsRealServer(intern(where[0]), svc.port, _FORWARD_FLAG[forward],
+                rs = IpvsRealServer(intern(where[0]), port, _FORWARD_FLAG[forward],
                                     int(weight))
             else:
-                rs = reals[real_part] = IpvsRealServer(intern(where[0]), where[1],
-                                                       _FORWARD_FLAG[forward], int(weight))
-        svc.reals.append(rs)
-    return services
+                rs = reals[part] = IpvsRealServer(intern(where[0]), where[1],
+                                                  _FORWARD_FLAG[forward], int(weight))
+        out.append(rs)
+    return tuple(sorted(out, key=_BY_PLACE))
 
 
 def _services(text: str, source: str) -> dict[tuple[str, str, int], _Service]:
