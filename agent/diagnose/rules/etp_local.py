@@ -8,6 +8,7 @@ import re
 
 from agent.diagnose.context import Context
 from agent.diagnose.model import Finding
+from agent.diagnose.node_facts import parsed_ip
 from agent.diagnose.rules.common import (
     has_kube_proxy_rules,
     ipv6_commands,
@@ -187,7 +188,8 @@ class _OnThisNode:
         if self._net is None:
             return True
         try:
-            if ipaddress.ip_address(addr) in self._net:
+            # (node_facts' cached parse, which is_local's lookup below reuses)
+            if parsed_ip(addr) in self._net:
                 return True
         except ValueError:
             return True  # not an address we can place: not claimed remote
