@@ -236,6 +236,9 @@ def test_ipvsadm_save_dump_read_whole_as_line_by_line() -> None:
             "-A -t 10.0.0.5:80 -s lc\n")
     whole = parse_ipvsadm(text)
     assert whole == parse_ipvsadm(text.replace("\n-A -u", "\n\n-A -u"))
+    from agent.parse.ipvsadm_text import _whole_save
+    persistent = text.replace("-s sh\n-a -t 10.0.0.4", "-s sh -p 10800\n-a -t 10.0.0.4")
+    assert _whole_save(persistent) is not None and parse_ipvsadm(persistent) == whole
     assert [(v.address, v.port, v.scheduler, len(v.real_servers)) for v in whole] == [
         ("10.0.0.1", 80, "rr", 2), ("10.0.0.2", 80, "sh", 1), ("10.0.0.3", 80, "rr", 2),
         ("10.0.0.4", 81, "sh", 1), ("10.0.0.5", 80, "lc", 0), ("fd00::1", 53, "wlc", 1)]
@@ -255,6 +258,46 @@ def test_ipvsadm_save_dump_read_whole_as_line_by_line() -> None:
         parse_ipvsadm(text.replace("-r 10.244.1.10:8080", "-r 10.244.1.300:8080", 1))
     with raises_at("ipvsadm.txt", 2):
         parse_ipvsadm("-A -t 10.0.0.1:80 -s rr\n-a -t 10.0.0.9:80 -r 10.244.1.9:80 -m -w 1\n")
+
+
+def test_ipvsadm_listing_read_whole_as_line_by_line() -> None:
+    """`ipvsadm -Ln` (what `bundle` saves) is read one service block at a time
+    (_whole_listing); a blank line, a --stats header or a service listed twice sends it
+    through the line-by-line loop: the same servers, and an error still names its line."""
+    head = ("IP Virtual Server version 1.2.1 (size=4096)\n"
+            "Prot LocalAddress:Port Scheduler Flags\n"
+            "  -> RemoteAddress:Port           Forward Weight ActiveConn InActConn\n")
+    body = ("TCP  10.0.0.10:30080 rr\n"
+            "  -> 10.244.1.5:8080              Masq    1      0          0         \n"
+            "  -> 10.244.1.10:8080             Masq    1      0          0         \n"
+            "TCP  203.0.113.10:80 rr\n"
+            "  -> 10.244.1.5:8080              Masq    1      0          0         \n"
+            "  -> 10.244.1.10:8080             Masq    1      4          0         \n"
+            "TCP  10.0.0.10:30443 rr\n"
+            "TCP  198.51.100.7:80 wrr persistent 10800\n"
+            "  -> 192.0.2.21:80                Tunnel  2      0          0         \n"
+            "UDP  [fd00::10]:53 rr\n"
+            "  -> [fd00:244::0:5]:53           Masq    1      0          0         \n")
+    from agent.parse.ipvsadm_text import _whole_listing
+    assert _whole_listing(head + body) is not None and _whole_listing(body) is not None
+    whole = parse_ipvsadm(head + body)
+    assert whole == parse_ipvsadm(body) == parse_ipvsadm(
+        head + body.replace("\nTCP  10.0.0.10:30443", "\n\nTCP  10.0.0.10:30443"))
+    assert [(v.address, v.port, v.scheduler, v.real_servers[:1]) for v in whole] == [
+        ("10.0.0.10", 30080, "rr", (IpvsRealServer("10.244.1.10", 8080, "Masq", 1),)),
+        ("10.0.0.10", 30443, "rr", ()),
+        ("198.51.100.7", 80, "wrr", (IpvsRealServer("192.0.2.21", 80, "Tunnel", 2),)),
+        ("203.0.113.10", 80, "rr", (IpvsRealServer("10.244.1.10", 8080, "Masq", 1),)),
+        ("fd00::10", 53, "rr", (IpvsRealServer("fd00:244::5", 53, "Masq", 1),))]
+    # the first scheduler of a service listed twice, its real servers added up
+    twice = parse_ipvsadm(head + body + "TCP  10.0.0.10:30443 sh\n"
+                          "  -> 10.244.1.7:8443              Masq    1      0          0\n")
+    assert twice[1] == IpvsVirtualServer("TCP", "10.0.0.10", 30443, "rr",
+                                         (IpvsRealServer("10.244.1.7", 8443, "Masq", 1),))
+    stats = head.replace("Scheduler Flags", "Conns   InPkts  OutPkts  InBytes OutBytes")
+    assert parse_ipvsadm(stats + "TCP  10.0.0.10:30080 1 2 3 4 5\n")[0].scheduler == "?"
+    with raises_at("ipvsadm.txt", 6):
+        parse_ipvsadm(head + body.replace("10.244.1.10:8080", "10.244.1.300:8080", 1))
 
 
 def test_kube_ipvs0_lines_read_by_regex_as_by_the_loop() -> None:

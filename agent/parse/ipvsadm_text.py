@@ -59,9 +59,21 @@ _PROTOCOL_FLAG = {"t": "TCP", "u": "UDP"}
 # follow it, all of one regex match (the -a lines name the -A line's service as written,
 # by backreference). Matches one after another from the start to the end of the text
 # mean every line is in shape; anything else is read by the general loop.
-_SAVE_SERVICE = re.compile(r"-A -([tu]) (\S+) -s ([a-z][a-z0-9_-]*)\n"
+# (A persistent service's "-p TIMEOUT", which the general loop passes over, is one too.)
+_SAVE_SERVICE = re.compile(r"-A -([tu]) (\S+) -s ([a-z][a-z0-9_-]*)(?: -p [0-9]+)?\n"
                            r"((?:-a -\1 \2 -r \S+ -[mgi] -w [0-9]+\n)*)")
 _REAL_PART = re.compile(r"(\S+) -([mgi]) -w ([0-9]+)")
+# The same for `ipvsadm -Ln` (what `bundle` saves): its header lines (not --stats/--rate
+# ones), then blocks of a service line and the lines of its real servers, as ipvsadm
+# prints them (what follows the scheduler and the weight, as the general loop, passed
+# over: flags, connection counters).
+_LIST_HEAD = re.compile(r"(?:IP Virtual Server version [^\n]*\n)?"
+                        r"(?:Prot LocalAddress:Port Scheduler Flags\n)?"
+                        r"(?:  -> RemoteAddress:Port [^\n]*\n)?")
+_LIST_SERVICE = re.compile(r"(TCP|UDP|SCTP)  (\S+) ([a-z][a-z0-9_-]*)(?: [^\n]*)?\n"
+                           r"((?:  -> \S+ +(?:Masq|Route|Tunnel|Local|Bypass) +[0-9]+"
+                           r"(?: [^\n]*)?\n)*)")
+_LIST_REAL = re.compile(r"  -> (\S+) +(\S+) +([0-9]+)")
 # "10.0.0.5:80" as _addr_port reads it (a canonical dotted quad as it is, a port of at
 # most 5 ASCII digits); one fullmatch where _addr_port costs 3x more
 _V4_PORT = re.compile(rf"({ASCII_OCTET}(?:\.{ASCII_OCTET}){{3}}):([0-9]{{1,5}})")
@@ -72,7 +84,9 @@ _Servers = dict[tuple[str, str, int], tuple[str, tuple[IpvsRealServer, ...]]]
 
 def parse_ipvsadm(text: str, source: str = "ipvsadm.txt") -> tuple[IpvsVirtualServer, ...]:
     """Parse `ipvsadm -Ln` or `ipvsadm -S -n`; a table with only its headers is empty."""
-    servers = _whole_save(text) if text.startswith("-A ") else None
+    servers = _whole_save(text) if text.startswith("-A ") else \
+        _whole_listing(text) if text.startswith(("IP Virtual", "Prot ", "TCP ", "UDP ")) \
+        else None
     if servers is None:
         servers = {key: (s.scheduler, tuple(sorted(s.reals, key=_BY_PLACE)))
                    for key, s in _services(text, source).items()}
@@ -102,15 +116,8 @@ def _whole_save(text: str) -> _Servers | None:
             return None  # a line that is not of a block (the general loop reads it)
         pos = m.end()
         prot, service, scheduler, block = m.groups()
-        v4 = _V4_PORT.fullmatch(service)
-        if v4 is not None and int(v4[2]) <= 65535:
-            key = (_PROTOCOL_FLAG[prot], v4[1], int(v4[2]))
-        else:
-            place = _place(service, places)
-            if place is None or place[1] is None:
-                return None
-            key = (_PROTOCOL_FLAG[prot], place[0], place[1])
-        if key in servers:
+        key = _service_key(_PROTOCOL_FLAG[prot], service, places)
+        if key is None or key in servers:
             return None  # a service twice: its real servers add up (the general loop's)
         if not block:
             servers[key] = (scheduler, ())
@@ -127,6 +134,58 @@ def _whole_save(text: str) -> _Servers | None:
                 blocks[parts] = got
         servers[key] = (scheduler, got)
     return servers if pos == len(text) else None
+
+
+def _whole_listing(text: str) -> _Servers | None:
+    """What _whole_save is to `ipvsadm -S -n`, for `ipvsadm -Ln`: (scheduler, sorted
+    real servers) of each service of a text of _LIST_HEAD and _LIST_SERVICE blocks only,
+    each service once, every address valid; None for any other text."""
+    text = text.rstrip("\n") + "\n"
+    servers: _Servers = {}
+    places: dict[str, tuple[str, int | None] | None] = {}
+    reals: dict[str, IpvsRealServer] = {}
+    # a block's real server lines, read and sorted once (the same endpoints under a
+    # Service's ClusterIP, LB IP and NodePort print the same lines while their
+    # connection counters agree, as on an idle node)
+    blocks: dict[str, tuple[IpvsRealServer, ...]] = {}
+    pos = _LIST_HEAD.match(text).end()  # type: ignore[union-attr]
+    for m in _LIST_SERVICE.finditer(text, pos):
+        if m.start() != pos:
+            return None  # a line that is not of a block (the general loop reads it)
+        pos = m.end()
+        prot, service, scheduler, block = m.groups()
+        key = _service_key(prot, service, places)
+        if key is None or key in servers:
+            return None  # (a service twice: its real servers add up, the general loop's)
+        got = blocks.get(block)
+        if got is None:
+            out = []
+            for line in block.split("\n")[:-1]:
+                rs = reals.get(line)
+                if rs is None:
+                    addr, forward, weight = _LIST_REAL.match(line).groups()  # type: ignore[union-attr]
+                    where = _service_key("", addr, places)  # (ADDR:PORT, as a service's)
+                    if where is None:
+                        return None
+                    rs = reals[line] = IpvsRealServer(intern(where[1]), where[2], forward,
+                                                      int(weight))
+                out.append(rs)
+            got = blocks[block] = tuple(sorted(out, key=_BY_PLACE))
+        servers[key] = (scheduler, got)
+    return servers if pos == len(text) else None
+
+
+def _service_key(protocol: str, place: str, places: dict[str, tuple[str, int | None] | None]
+                 ) -> tuple[str, str, int] | None:
+    """(protocol, address, port) of "ADDR:PORT" as _addr_port reads it; None where it
+    does not (or gives no port)."""
+    v4 = _V4_PORT.fullmatch(place)
+    if v4 is not None and int(v4[2]) <= 65535:
+        return (protocol, v4[1], int(v4[2]))
+    got = _place(place, places)
+    if got is None or got[1] is None:
+        return None
+    return (protocol, got[0], got[1])
 
 
 def _reals(parts: str, port: int, reals: dict[str, IpvsRealServer],
