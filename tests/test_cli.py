@@ -308,3 +308,23 @@ def test_a_big_json_verdict_is_written_piece_by_piece_with_the_same_content(
     want = diagnose(load_bundle(str(tmp_path)), "big").to_dict()
     got.pop("time"), want.pop("time")
     assert got == want
+
+
+def test_finding_json_is_json_dumps() -> None:
+    """`check --json` of a big verdict writes findings from their fields (cli._finding_json):
+    the very text json.dumps makes of to_dict(), whatever the fields hold."""
+    from agent.cli import _finding_json
+    from agent.diagnose.model import Finding
+
+    findings = [
+        Finding("lb-ip-local", "warning", "LB IP 10.0.32.1 \u00e9\u4e2d \"q\" \\ \n\t\x01",
+                lb_ip="10.0.32.1", port=80, protocol="TCP", service="ns/svc",
+                evidence=("a", "b \u2028 \U0001f600"), remedy="r\u00e9"),
+        Finding("x", "info", "s", evidence=(), remedy=None),
+        Finding("x", "info", "s", port=0, data={"ports": [1, 2.5, None, True]}),
+        Finding("x", "info", "s", port=True),  # type: ignore[arg-type]
+        Finding("x", "info", "s", evidence=(1,)),  # type: ignore[arg-type]
+    ]
+    remedies: dict[str | None, str] = {}
+    for f in findings * 2:
+        assert _finding_json(f, remedies) == json.dumps(f.to_dict())

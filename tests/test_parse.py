@@ -8,6 +8,7 @@ cannot list anything there.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import shutil
@@ -128,6 +129,31 @@ def test_ipset_save_truncated_mid_member() -> None:
         parse_ipsets(text[:cut])
 
 
+def test_ipset_runs_of_plain_members_read_as_line_by_line() -> None:
+    """A set's run of plain "add SET MEMBER" lines is read by one match; the same lines
+    with a space after each (the line-by-line loop's) read the same, and a bad member
+    after a run is named by its line."""
+    text = ("create KUBE-LOAD-BALANCER hash:ip,port family inet\n"
+            "add KUBE-LOAD-BALANCER 10.0.32.2,tcp:80\n"
+            "add KUBE-LOAD-BALANCER 10.0.32.1,udp:53\n"
+            "create KUBE-NODE-PORT-TCP bitmap:port range 0-65535\n"
+            "add KUBE-NODE-PORT-TCP 30001\n"
+            "add KUBE-LOAD-BALANCER 10.0.32.3,tcp:80 timeout 5\n"
+            "add KUBE-LOAD-BALANCER 10.0.32.4,tcp:80\n"
+            "add KUBE-NODE-PORT-TCP 30000")
+    fast = parse_ipsets(text)
+    assert fast == parse_ipsets(text.replace("\n", " \n"))
+    assert fast == (
+        IpSet("KUBE-LOAD-BALANCER", "hash:ip,port",
+              ("10.0.32.1,udp:53", "10.0.32.2,tcp:80", "10.0.32.3,tcp:80",
+               "10.0.32.4,tcp:80")),
+        IpSet("KUBE-NODE-PORT-TCP", "bitmap:port", ("30000", "30001")))
+    with raises_at("ipset.txt", 4):
+        parse_ipsets(text.replace("10.0.32.1,udp:53\n", "10.0.32.1,udp:53\nadd X 1\n"))
+    with raises_at("ipset.txt", 3):
+        parse_ipsets(text.replace("10.0.32.1,udp:53", "10.0.32.1"))
+
+
 # --- ipvsadm -------------------------------------------------------------------------------
 
 
@@ -188,6 +214,131 @@ def test_ipvsadm_local_forward_and_sctp() -> None:
 def test_ipvsadm_errors(text: str, line: int) -> None:
     with raises_at("ipvsadm.txt", line):
         parse_ipvsadm(text)
+
+
+def test_ipvsadm_save_dump_read_whole_as_line_by_line() -> None:
+    """kube-proxy's `ipvsadm -S -n` dump is read one service block at a time
+    (_whole_save); a blank line, a service listed twice or a real server away from its
+    service sends the text through the line-by-line loop: the same servers, and an error
+    still names its line."""
+    text = ("-A -t 10.0.0.1:80 -s rr\n"
+            "-a -t 10.0.0.1:80 -r 10.244.1.9:8080 -m -w 1\n"
+            "-a -t 10.0.0.1:80 -r 10.244.1.10:8080 -m -w 2\n"
+            "-A -t 10.0.0.3:80 -s rr\n"
+            "-a -t 10.0.0.3:80 -r 10.244.1.9:8080 -m -w 1\n"
+            "-a -t 10.0.0.3:80 -r 10.244.1.10:8080 -m -w 2\n"
+            "-A -u [fd00::1]:53 -s wlc\n"
+            "-a -u [fd00::1]:53 -r [fd00::0:5]:53 -m -w 1\n"
+            "-A -t 10.0.0.2:080 -s sh\n"
+            "-a -t 10.0.0.2:080 -r 10.244.1.9 -g -w 1\n"
+            "-A -t 10.0.0.4:81 -s sh\n"
+            "-a -t 10.0.0.4:81 -r 10.244.1.9 -g -w 1\n"
+            "-A -t 10.0.0.5:80 -s lc\n")
+    whole = parse_ipvsadm(text)
+    assert whole == parse_ipvsadm(text.replace("\n-A -u", "\n\n-A -u"))
+    from agent.parse.ipvsadm_text import _whole_save
+    persistent = text.replace("-s sh\n-a -t 10.0.0.4", "-s sh -p 10800\n-a -t 10.0.0.4")
+    assert _whole_save(persistent) is not None and parse_ipvsadm(persistent) == whole
+    assert [(v.address, v.port, v.scheduler, len(v.real_servers)) for v in whole] == [
+        ("10.0.0.1", 80, "rr", 2), ("10.0.0.2", 80, "sh", 1), ("10.0.0.3", 80, "rr", 2),
+        ("10.0.0.4", 81, "sh", 1), ("10.0.0.5", 80, "lc", 0), ("fd00::1", 53, "wlc", 1)]
+    assert whole[0].real_servers == (IpvsRealServer("10.244.1.10", 8080, "Masq", 2),
+                                     IpvsRealServer("10.244.1.9", 8080, "Masq", 1))
+    assert whole[1].real_servers == (IpvsRealServer("10.244.1.9", 80, "Route", 1),)
+    assert whole[3].real_servers == (IpvsRealServer("10.244.1.9", 81, "Route", 1),)
+    assert whole[5].real_servers == (IpvsRealServer("fd00::5", 53, "Masq", 1),)
+    # the same service twice (its real servers add up), a real server after another
+    # service's block
+    again = parse_ipvsadm(text + "-a -t 10.0.0.1:80 -r 10.244.1.11:8080 -m -w 1\n"
+                          "-A -t 10.0.0.5:80 -s rr\n"
+                          "-a -t 10.0.0.5:80 -r 10.244.1.12:8080 -m -w 1\n")
+    assert [(v.address, v.scheduler, len(v.real_servers)) for v in again][:5:4] == [
+        ("10.0.0.1", "rr", 3), ("10.0.0.5", "rr", 1)]
+    with raises_at("ipvsadm.txt", 3):
+        parse_ipvsadm(text.replace("-r 10.244.1.10:8080", "-r 10.244.1.300:8080", 1))
+    with raises_at("ipvsadm.txt", 2):
+        parse_ipvsadm("-A -t 10.0.0.1:80 -s rr\n-a -t 10.0.0.9:80 -r 10.244.1.9:80 -m -w 1\n")
+
+
+def test_ipvsadm_listing_read_whole_as_line_by_line() -> None:
+    """`ipvsadm -Ln` (what `bundle` saves) is read one service block at a time
+    (_whole_listing); a blank line, a --stats header or a service listed twice sends it
+    through the line-by-line loop: the same servers, and an error still names its line."""
+    head = ("IP Virtual Server version 1.2.1 (size=4096)\n"
+            "Prot LocalAddress:Port Scheduler Flags\n"
+            "  -> RemoteAddress:Port           Forward Weight ActiveConn InActConn\n")
+    body = ("TCP  10.0.0.10:30080 rr\n"
+            "  -> 10.244.1.5:8080              Masq    1      0          0         \n"
+            "  -> 10.244.1.10:8080             Masq    1      0          0         \n"
+            "TCP  203.0.113.10:80 rr\n"
+            "  -> 10.244.1.5:8080              Masq    1      0          0         \n"
+            "  -> 10.244.1.10:8080             Masq    1      4          0         \n"
+            "TCP  10.0.0.10:30443 rr\n"
+            "TCP  198.51.100.7:80 wrr persistent 10800\n"
+            "  -> 192.0.2.21:80                Tunnel  2      0          0         \n"
+            "UDP  [fd00::10]:53 rr\n"
+            "  -> [fd00:244::0:5]:53           Masq    1      0          0         \n")
+    from agent.parse.ipvsadm_text import _whole_listing
+    assert _whole_listing(head + body) is not None and _whole_listing(body) is not None
+    whole = parse_ipvsadm(head + body)
+    assert whole == parse_ipvsadm(body) == parse_ipvsadm(
+        head + body.replace("\nTCP  10.0.0.10:30443", "\n\nTCP  10.0.0.10:30443"))
+    assert [(v.address, v.port, v.scheduler, v.real_servers[:1]) for v in whole] == [
+        ("10.0.0.10", 30080, "rr", (IpvsRealServer("10.244.1.10", 8080, "Masq", 1),)),
+        ("10.0.0.10", 30443, "rr", ()),
+        ("198.51.100.7", 80, "wrr", (IpvsRealServer("192.0.2.21", 80, "Tunnel", 2),)),
+        ("203.0.113.10", 80, "rr", (IpvsRealServer("10.244.1.10", 8080, "Masq", 1),)),
+        ("fd00::10", 53, "rr", (IpvsRealServer("fd00:244::5", 53, "Masq", 1),))]
+    # the first scheduler of a service listed twice, its real servers added up
+    twice = parse_ipvsadm(head + body + "TCP  10.0.0.10:30443 sh\n"
+                          "  -> 10.244.1.7:8443              Masq    1      0          0\n")
+    assert twice[1] == IpvsVirtualServer("TCP", "10.0.0.10", 30443, "rr",
+                                         (IpvsRealServer("10.244.1.7", 8443, "Masq", 1),))
+    stats = head.replace("Scheduler Flags", "Conns   InPkts  OutPkts  InBytes OutBytes")
+    assert parse_ipvsadm(stats + "TCP  10.0.0.10:30080 1 2 3 4 5\n")[0].scheduler == "?"
+    with raises_at("ipvsadm.txt", 6):
+        parse_ipvsadm(head + body.replace("10.244.1.10:8080", "10.244.1.300:8080", 1))
+
+
+def test_kube_ipvs0_lines_read_by_regex_as_by_the_loop() -> None:
+    """The kernel's local routes and kube-ipvs0's plain address lines are read by one
+    regex pass; the same text with those lines in another spacing (the general loop's)
+    reads the same, and an error after them still names its line."""
+    routes = ("broadcast 10.0.0.255 dev eth0 proto kernel scope link src 10.0.0.10 \n"
+              "local 10.0.0.10 dev eth0 proto kernel scope host src 10.0.0.10\n"
+              "local 10.0.32.1 dev kube-ipvs0 proto kernel scope host src 10.0.32.1 \n"
+              "local 127.0.0.0/8 dev lo proto kernel scope host src 127.0.0.1\n"
+              "local fd00::5 dev kube-ipvs0 proto kernel metric 0 pref medium\n"
+              "local 10.0.32.2 dev src proto kernel scope host src 10.0.32.2\n")
+    with raises_at("route-local.txt", 6):
+        parse_local_routes(routes)
+    routes = routes.replace("dev src", "dev kube-ipvs0")
+    fast = parse_local_routes(routes)
+    slow = parse_local_routes(routes.replace(" proto", "  proto"))
+    assert fast == tuple(dataclasses.replace(r, line=r.line.replace("  proto", " proto"))
+                         for r in slow)
+    assert [r.line for r in fast if r.dst == "10.0.32.1"] == [
+        "local 10.0.32.1 dev kube-ipvs0 proto kernel scope host src 10.0.32.1"]
+    with raises_at("route-local.txt", 7):
+        parse_local_routes(routes + "local 10.0.32.300 dev kube-ipvs0\n")
+    addrs = ("4: kube-ipvs0: <BROADCAST,NOARP> mtu 1500 qdisc noop state DOWN\n"
+             "    link/ether 6a:00:00:00:00:04 brd ff:ff:ff:ff:ff:ff\n"
+             "    inet 10.96.0.10/32 scope global kube-ipvs0\n"
+             "       valid_lft forever preferred_lft forever\n"
+             "    inet 10.0.32.1/32 scope global kube-ipvs0\n"
+             "    inet6 fd00::5/128 scope global\n"
+             "       valid_lft forever preferred_lft forever\n"
+             "5: eth0: <BROADCAST,UP> mtu 1500\n"
+             "    inet 10.0.0.10/24 scope global eth0\n")
+    fast = parse_addresses(addrs)
+    assert fast == parse_addresses(addrs.replace(" scope", "  scope"))
+    assert [(a.ifname, a.address, a.prefixlen, a.link_up) for a in fast] == [
+        ("eth0", "10.0.0.10", 24, True), ("kube-ipvs0", "10.0.32.1", 32, False),
+        ("kube-ipvs0", "10.96.0.10", 32, False), ("kube-ipvs0", "fd00::5", 128, False)]
+    with raises_at("addr.txt", 10):
+        parse_addresses(addrs + "garbage\n")
+    with raises_at("addr.txt", 1):
+        parse_addresses(addrs[addrs.index("    inet 10.96"):])
 
 
 # --- local routes --------------------------------------------------------------------------

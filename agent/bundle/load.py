@@ -556,9 +556,11 @@ _ROUTE_TYPES = ("local ", "broadcast ", "anycast ", "unicast ", "multicast ")
 
 
 def _route(s: Section, ev: _Evidence) -> bool:
+    if s.text is not None and s.doc is None:
+        return _route_file(s, ev)
     table = s.hint.get("route_table")
     lines = [(n, t) for n, t in s.lines if t.strip()]
-    if s.text is not None or (lines and lines[0][1].lstrip().startswith("[")):
+    if s.doc is not None or (lines and lines[0][1].lstrip().startswith("[")):
         # `ip -j route show table local`
         routes = _tolerant(parse_local_routes, s, ev)
         if not routes or not any(r.type == "local" for r in routes):
@@ -582,6 +584,27 @@ def _route(s: Section, ev: _Evidence) -> bool:
         lines = [(n, t if t.lstrip().startswith(_ROUTE_TYPES) else "local " + t.strip())
                  for n, t in lines]
     routes = _tolerant(parse_local_routes, s, ev, lines)
+    for r in routes or ():
+        ev.local_routes[(r.type, r.dst, r.dev)] = r
+    return bool(routes)
+
+
+# a line of the local table (`ip route show table local` prints them, the main table none)
+_LOCAL_ROUTE_LINE = re.compile(r"^\s*(?:local|broadcast) ", re.M)
+
+
+def _route_file(s: Section, ev: _Evidence) -> bool:
+    """A whole file of `ip route` text and nothing else, no command (split_sections reads
+    20k lines of kube-ipvs0's routes as one text): what _route does with its lines, the
+    line tests made by one regex search."""
+    routes = _tolerant(parse_local_routes, s, ev)
+    if not _LOCAL_ROUTE_LINE.search(s.text or ""):
+        # the main table: not the node's own addresses, but where its pods are routed
+        for r in routes or ():
+            ev.main_routes[(r.type, r.dst, r.dev)] = r
+        if routes:
+            ev.saw("ip route (main)", f"{s.source}:{s.first_line}")
+        return False
     for r in routes or ():
         ev.local_routes[(r.type, r.dst, r.dev)] = r
     return bool(routes)

@@ -358,7 +358,7 @@ def _whole_dump(text: str, source: str) -> Section | None:
 # line-by-line split would give one section anyway; what a line may start with to be
 # passed over without a closer look (the body of _BODY, beyond the first line)
 _WHOLE_BODY = {fmt: re.compile("\n(?!" + "|".join(re.escape(p) for p in _BODY[fmt]) + ")")
-               for fmt in (IPSET, IPVSADM, ADDR)}
+               for fmt in (IPSET, IPVSADM, ADDR, ROUTE)}
 # line breaks of str.splitlines besides "\n" (in ASCII text; a test for each is 50x faster
 # than a regex of them)
 _OTHER_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e"

@@ -3,8 +3,6 @@ for which Service, and how did we learn it (API objects, ipsets, kube-proxy's ru
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import ipaddress
 import re
 from collections.abc import Iterator, Mapping
@@ -12,7 +10,7 @@ from dataclasses import dataclass, replace
 
 from agent.netfilter.rules import parse_rule_text
 from agent.parse.ip_text import canonical_ip
-from agent.snapshot import NodeSnapshot, Rules, Service
+from agent.snapshot import Address, LocalRoute, NodeSnapshot, Rules, Service
 
 # kube-proxy comments: "ns/svc:port loadbalancer IP", "ns/svc:port external IP"
 _KIND_BY_COMMENT = (("loadbalancer IP", "loadbalancer"), ("external IP", "external"))
@@ -48,6 +46,9 @@ class LbTarget:
 
 def chain_hash(service_port_name: str, protocol: str) -> str:
     """kube-proxy's portProtoHash: base32(sha256(name + proto))[:16]."""
+    import base64
+    import hashlib  # (here: most checks never hash, and hashlib costs 4 ms to import)
+
     digest = hashlib.sha256((service_port_name + protocol.lower()).encode()).digest()
     # base32 turns each 5 bytes into 8 characters: the first 10 bytes give the 16
     return base64.b32encode(digest[:10]).decode()
@@ -351,11 +352,19 @@ def _from_kube_ipvs0(snap: NodeSnapshot, add, known: set[str]) -> None:  # type:
         cluster = snap.ipset(name)
         cluster_ips |= {m.split(",", 1)[0] for m in cluster.members} if cluster else set()
     cluster_ips |= {s.cluster_ip for s in snap.services or () if s.cluster_ip}
-    seen = {a.address: f"address {a.address} on kube-ipvs0" for a in snap.addresses or ()
-            if a.ifname == "kube-ipvs0"}
+    # each address told by its address line, else by its route (the words made only for
+    # the few that are neither known nor ClusterIPs: 20k addresses at 10k services)
+    seen: dict[str, Address | LocalRoute] = {}
+    on_kube_ipvs0: set[str] = set()
+    for a in snap.addresses or ():
+        if a.ifname == "kube-ipvs0":
+            on_kube_ipvs0.add(a.address)
+            if a.address not in known and a.address not in cluster_ips:
+                seen.setdefault(a.address, a)
     for r in snap.local_routes or ():
-        if r.dev == "kube-ipvs0" and r.type == "local":
-            seen.setdefault(r.dst, f"local table: {r.line}")
+        if r.dev == "kube-ipvs0" and r.type == "local" and r.dst not in on_kube_ipvs0 and \
+                r.dst not in known and r.dst not in cluster_ips:
+            seen.setdefault(r.dst, r)
     # ClusterIPs come from the service range, never from a subnet the node sits in:
     # an address on kube-ipvs0 inside one (MetalLB, internal LBs) is an LB or external IP
     subnets = []
@@ -365,9 +374,9 @@ def _from_kube_ipvs0(snap: NodeSnapshot, add, known: set[str]) -> None:  # type:
                 (host == 32 or a.scope == "global"):  # (not fe80::/64, on every link)
             subnets.append((ipaddress.ip_network(f"{a.address}/{a.prefixlen}", strict=False),
                             a.ifname))
-    for ip, how in seen.items():
-        if ip in known or ip in cluster_ips:
-            continue
+    for ip, said in seen.items():
+        how = f"address {ip} on kube-ipvs0" if isinstance(said, Address) else \
+            f"local table: {said.line}"
         try:
             addr = ipaddress.ip_address(ip)
         except ValueError:

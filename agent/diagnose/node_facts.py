@@ -86,7 +86,7 @@ class NodeFacts:
             return "LOCAL"
         if addr in self.broadcast:
             return "BROADCAST"
-        if _ip(addr).is_multicast:
+        if parsed_ip(addr).is_multicast:
             return "MULTICAST"
         return "UNICAST"
 
@@ -107,7 +107,7 @@ class NodeFacts:
         r = self.local_ips.get(addr)
         if r is not None:
             return r
-        a = _ip(addr)
+        a = parsed_ip(addr)
         for net, route in self.local_nets:
             if a.version == net.version and a in net:
                 return route
@@ -134,7 +134,8 @@ class NodeFacts:
 
 
 @functools.lru_cache(maxsize=65536)
-def _ip(addr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+def parsed_ip(addr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """ipaddress.ip_address(addr), remembered (rules ask of the same addresses again)."""
     return ipaddress.ip_address(addr)
 
 

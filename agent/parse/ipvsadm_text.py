@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from sys import intern
 
 from agent.errors import InputError
-from agent.parse.ip_text import canonical_ip
+from agent.parse.ip_text import ASCII_OCTET, canonical_ip
 from agent.snapshot import IpvsRealServer, IpvsVirtualServer
 
 _LIST_PROTOCOLS = {"TCP": "TCP", "UDP": "UDP", "SCTP": "SCTP"}
@@ -54,8 +54,169 @@ _FORWARD_FLAG = {"m": "Masq", "g": "Route", "i": "Tunnel"}
 _PROTOCOL_FLAG = {"t": "TCP", "u": "UDP"}
 
 
+# kube-proxy's whole `ipvsadm -S -n` dump (a 10k-service node: 30k services, 100k lines)
+# is read one service at a time: its -A line and the -a lines of its real servers that
+# follow it, all of one regex match (the -a lines name the -A line's service as written,
+# by backreference). Matches one after another from the start to the end of the text
+# mean every line is in shape; anything else is read by the general loop.
+# (A persistent service's "-p TIMEOUT", which the general loop passes over, is one too.)
+_SAVE_SERVICE = re.compile(r"-A -([tu]) (\S+) -s ([a-z][a-z0-9_-]*)(?: -p [0-9]+)?\n"
+                           r"((?:-a -\1 \2 -r \S+ -[mgi] -w [0-9]+\n)*)")
+_REAL_PART = re.compile(r"(\S+) -([mgi]) -w ([0-9]+)")
+# The same for `ipvsadm -Ln` (what `bundle` saves): its header lines (not --stats/--rate
+# ones), then blocks of a service line and the lines of its real servers, as ipvsadm
+# prints them (what follows the scheduler and the weight, as the general loop, passed
+# over: flags, connection counters).
+_LIST_HEAD = re.compile(r"(?:IP Virtual Server version [^\n]*\n)?"
+                        r"(?:Prot LocalAddress:Port Scheduler Flags\n)?"
+                        r"(?:  -> RemoteAddress:Port [^\n]*\n)?")
+_LIST_SERVICE = re.compile(r"(TCP|UDP|SCTP)  (\S+) ([a-z][a-z0-9_-]*)(?: [^\n]*)?\n"
+                           r"((?:  -> \S+ +(?:Masq|Route|Tunnel|Local|Bypass) +[0-9]+"
+                           r"(?: [^\n]*)?\n)*)")
+_LIST_REAL = re.compile(r"  -> (\S+) +(\S+) +([0-9]+)")
+# "10.0.0.5:80" as _addr_port reads it (a canonical dotted quad as it is, a port of at
+# most 5 ASCII digits); one fullmatch where _addr_port costs 3x more
+_V4_PORT = re.compile(rf"({ASCII_OCTET}(?:\.{ASCII_OCTET}){{3}}):([0-9]{{1,5}})")
+_BY_PLACE = operator.attrgetter("address", "port")
+
+_Servers = dict[tuple[str, str, int], tuple[str, tuple[IpvsRealServer, ...]]]
+
+
 def parse_ipvsadm(text: str, source: str = "ipvsadm.txt") -> tuple[IpvsVirtualServer, ...]:
     """Parse `ipvsadm -Ln` or `ipvsadm -S -n`; a table with only its headers is empty."""
+    servers = _whole_save(text) if text.startswith("-A ") else \
+        _whole_listing(text) if text.startswith(("IP Virtual", "Prot ", "TCP ", "UDP ")) \
+        else None
+    if servers is None:
+        servers = {key: (s.scheduler, tuple(sorted(s.reals, key=_BY_PLACE)))
+                   for key, s in _services(text, source).items()}
+    return tuple(
+        IpvsVirtualServer(key[0], intern(key[1]), key[2], intern(scheduler), reals)
+        for key in sorted(servers) for scheduler, reals in (servers[key],)
+    )
+
+
+def _whole_save(text: str) -> _Servers | None:
+    """(scheduler, sorted real servers) of each service of a text made of _SAVE_SERVICE
+    blocks only, each service once, every address valid (what kube-proxy's state gives),
+    as the general loop of _services reads them; None for any other text, for that loop
+    to read it (and name the line)."""
+    text = text.rstrip("\n") + "\n"
+    servers: _Servers = {}
+    places: dict[str, tuple[str, int | None] | None] = {}
+    reals: dict[str, IpvsRealServer] = {}
+    # a node lists each endpoint set under the ClusterIP, LB IP and NodePort services of
+    # a Service: their real servers, the -a lines less their service, read and sorted
+    # once (what they say does not depend on the service, but where a real server has
+    # no port: then it is the service's, and the block is read each time)
+    blocks: dict[str, tuple[IpvsRealServer, ...]] = {}
+    pos = 0
+    for m in _SAVE_SERVICE.finditer(text):
+        if m.start() != pos:
+            return None  # a line that is not of a block (the general loop reads it)
+        pos = m.end()
+        prot, service, scheduler, block = m.groups()
+        key = _service_key(_PROTOCOL_FLAG[prot], service, places)
+        if key is None or key in servers:
+            return None  # a service twice: its real servers add up (the general loop's)
+        if not block:
+            servers[key] = (scheduler, ())
+            continue
+        parts = block.replace(f"-a -{prot} {service} -r ", "")
+        got = blocks.get(parts)
+        if got is None:
+            got = _reals(parts, key[2], reals, places)
+            if got is None:
+                return None
+            if any(p.partition(" ")[0].count(":") != 1 for p in parts.split("\n")[:-1]):
+                pass  # a real server without its port (or IPv6): not shared (see above)
+            else:
+                blocks[parts] = got
+        servers[key] = (scheduler, got)
+    return servers if pos == len(text) else None
+
+
+def _whole_listing(text: str) -> _Servers | None:
+    """What _whole_save is to `ipvsadm -S -n`, for `ipvsadm -Ln`: (scheduler, sorted
+    real servers) of each service of a text of _LIST_HEAD and _LIST_SERVICE blocks only,
+    each service once, every address valid; None for any other text."""
+    text = text.rstrip("\n") + "\n"
+    servers: _Servers = {}
+    places: dict[str, tuple[str, int | None] | None] = {}
+    reals: dict[str, IpvsRealServer] = {}
+    # a block's real server lines, read and sorted once (the same endpoints under a
+    # Service's ClusterIP, LB IP and NodePort print the same lines while their
+    # connection counters agree, as on an idle node)
+    blocks: dict[str, tuple[IpvsRealServer, ...]] = {}
+    pos = _LIST_HEAD.match(text).end()  # type: ignore[union-attr]
+    for m in _LIST_SERVICE.finditer(text, pos):
+        if m.start() != pos:
+            return None  # a line that is not of a block (the general loop reads it)
+        pos = m.end()
+        prot, service, scheduler, block = m.groups()
+        key = _service_key(prot, service, places)
+        if key is None or key in servers:
+            return None  # (a service twice: its real servers add up, the general loop's)
+        got = blocks.get(block)
+        if got is None:
+            out = []
+            for line in block.split("\n")[:-1]:
+                rs = reals.get(line)
+                if rs is None:
+                    addr, forward, weight = _LIST_REAL.match(line).groups()  # type: ignore[union-attr]
+                    where = _service_key("", addr, places)  # (ADDR:PORT, as a service's)
+                    if where is None:
+                        return None
+                    rs = reals[line] = IpvsRealServer(intern(where[1]), where[2], forward,
+                                                      int(weight))
+                out.append(rs)
+            got = blocks[block] = tuple(sorted(out, key=_BY_PLACE))
+        servers[key] = (scheduler, got)
+    return servers if pos == len(text) else None
+
+
+def _service_key(protocol: str, place: str, places: dict[str, tuple[str, int | None] | None]
+                 ) -> tuple[str, str, int] | None:
+    """(protocol, address, port) of "ADDR:PORT" as _addr_port reads it; None where it
+    does not (or gives no port)."""
+    v4 = _V4_PORT.fullmatch(place)
+    if v4 is not None and int(v4[2]) <= 65535:
+        return (protocol, v4[1], int(v4[2]))
+    got = _place(place, places)
+    if got is None or got[1] is None:
+        return None
+    return (protocol, got[0], got[1])
+
+
+def _reals(parts: str, port: int, reals: dict[str, IpvsRealServer],
+           places: dict[str, tuple[str, int | None] | None]
+           ) -> tuple[IpvsRealServer, ...] | None:
+    """The real servers of "ADDR:PORT -m -w W\\n" lines, sorted; None where an address is
+    not valid. ``port``: the service's, for a real server without one."""
+    out = []
+    for part in parts.split("\n")[:-1]:
+        rs = reals.get(part)
+        if rs is None:
+            real, forward, weight = _REAL_PART.fullmatch(part).groups()  # type: ignore[union-attr]
+            m = _V4_PORT.fullmatch(real)
+            if m is not None and int(m[2]) <= 65535:
+                where: tuple[str, int | None] | None = (m[1], int(m[2]))
+            else:
+                where = _place(real, places)
+                if where is None:
+                    return None
+            if where[1] is None:  # no port: the service's (not one to share)
+                rs = IpvsRealServer(intern(where[0]), port, _FORWARD_FLAG[forward],
+                                    int(weight))
+            else:
+                rs = reals[part] = IpvsRealServer(intern(where[0]), where[1],
+                                                  _FORWARD_FLAG[forward], int(weight))
+        out.append(rs)
+    return tuple(sorted(out, key=_BY_PLACE))
+
+
+def _services(text: str, source: str) -> dict[tuple[str, str, int], _Service]:
+    """Any `ipvsadm -Ln` / `ipvsadm -S -n` text, line by line."""
     services: dict[tuple[str, str, int], _Service] = {}
     current: _Service | None = None
     in_fwmark = False  # real servers of a skipped FWM service are skipped too
@@ -125,12 +286,7 @@ def parse_ipvsadm(text: str, source: str = "ipvsadm.txt") -> tuple[IpvsVirtualSe
             _check_scheduler(scheduler, source, lineno)
         key = (_LIST_PROTOCOLS[prot], address, port)
         current = services.setdefault(key, _Service(*key, scheduler))
-    by_place = operator.attrgetter("address", "port")
-    return tuple(
-        IpvsVirtualServer(s.protocol, intern(s.address), s.port, intern(s.scheduler),
-                          tuple(sorted(s.reals, key=by_place)))
-        for s in (services[key] for key in sorted(services))
-    )
+    return services
 
 
 def _saved(groups: tuple[str, ...], services: dict[tuple[str, str, int], _Service],

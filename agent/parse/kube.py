@@ -196,7 +196,11 @@ def _plain_service(item: dict[str, Any]) -> Service | None:
 
 
 def _str_or_none(*values: Any) -> bool:
-    return all(v is None or type(v) is str for v in values)
+    # (a loop, not all() over a generator: 30k calls for 10k Services, 3x faster)
+    for v in values:  # noqa: SIM110
+        if v is not None and type(v) is not str:
+            return False
+    return True
 
 
 def _ingress(item: dict[str, Any], path: str, source: str) -> Ingress:
