@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
+import signal
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -27,6 +30,11 @@ Rule = Callable[[Context], list[Finding]]
 # below this many targets a fork (a few ms, plus pickling) is not worth it
 MIN_TARGETS = 1000
 _CHILD_FAILED = 70  # the child's exit code when it could not deliver (EX_SOFTWARE)
+# How long the parent waits for the child once its own half is done: the child does as
+# much work, so twice the time since the fork, and never less than this. A child that
+# does not end by then (it cannot happen by design: no other thread holds a lock it
+# could need) is killed and its half walked here: late, never hung, never incomplete.
+WAIT_AT_LEAST = 30.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,7 @@ class SplitRules:
         half = (len(ctx.targets) + 1) // 2
         self._head, self._tail = ctx.targets[:half], ctx.targets[half:]
         self._parts: dict[Rule, _Part] | None = None
+        self._forked_at = time.monotonic()
         self._pid, self._fd = self._start(ctx)
 
     def _start(self, ctx: Context) -> tuple[int | None, int | None]:
@@ -115,6 +124,9 @@ class SplitRules:
         if pid is None or fd is None:
             return self._parts
         try:
+            if not _ended_within(pid, max(WAIT_AT_LEAST,
+                                          2 * (time.monotonic() - self._forked_at))):
+                os.kill(pid, signal.SIGKILL)
             _, status = os.waitpid(pid, 0)
             if os.waitstatus_to_exitcode(status) == 0:
                 with os.fdopen(os.dup(fd), "rb") as f:
@@ -127,3 +139,16 @@ class SplitRules:
             os.close(fd)
             self._fd = None
         return self._parts
+
+
+def _ended_within(pid: int, seconds: float) -> bool:
+    """Has child ``pid`` ended (not yet reaped) within ``seconds``? (A pidfd becomes
+    readable when its process ends.)"""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (OSError, AttributeError):  # no pidfd (Linux < 5.3): wait as long as it takes
+        return True
+    try:
+        return bool(select.select([pidfd], [], [], seconds)[0])
+    finally:
+        os.close(pidfd)
