@@ -185,11 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-v", "--verbose", action="store_true",
                    help="show the evidence of informational notes too")
     c.add_argument("--jobs", metavar="N", type=_jobs,
-                   help="processes that walk the LB IPs of a big node (1000 or more "
-                        "targets): 2 forks a helper for half of them: the same verdict in "
-                        "about 0.6x the time, for about 1.5x the memory (default: 2 where "
-                        "this process may use 2 CPUs; 1 with --npd, which runs in the "
-                        "background within node-problem-detector's limits)")
+                   help="processes that walk the LB IPs of a big iptables-mode node (1000 "
+                        "or more targets): 2 forks a helper for half of them: the same "
+                        "verdict, the diagnosis in about 0.8x the time, for about 1.5x the "
+                        "memory (default: 2 where this process may use 2 CPUs; 1 with "
+                        "--npd, which runs in the background within node-problem-detector's "
+                        "limits)")
     live_opts(c)
 
     s = sub.add_parser("snapshot", help="print the parsed node state as JSON",

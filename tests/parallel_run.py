@@ -6,9 +6,11 @@ the diagnosis took, with FAULT injected:
 
     python tests/parallel_run.py BUNDLE JOBS FAULT
 
-FAULT: none; kill-child (the child SIGKILLs itself in its first walk); hang-child (it
-sleeps instead, the parent's wait cut to 1 s); fail-last (the rule raises on the last LB
-IP, after the targets before it: as a bug would); usable (prints usable_jobs answers).
+FAULT: none (split as `check` would); any-mode (split whatever kube-proxy's mode, as
+every fault below does too); kill-child (the child SIGKILLs itself in its first walk);
+hang-child (it sleeps instead, the parent's wait cut to 1 s); fail-last (the rule raises
+on the last LB IP, after the targets before it: as a bug would); usable (prints
+usable_jobs answers).
 """
 
 from __future__ import annotations
@@ -79,6 +81,8 @@ def main() -> int:
     diagnose_module.FAMILY_RULES = tuple(swap.get(r, r) for r in diagnose_module.FAMILY_RULES)
     if fault == "hang-child":
         parallel.WAIT_AT_LEAST = 1.0
+    if fault != "none":  # the merging is the same in every mode: split this one too
+        parallel.SPLIT_MODES = ("iptables", "ipvs", "nftables")
     started = time.monotonic()
     doc = diagnose(snap, "node-a", now=NOW, jobs=jobs).to_dict()
     print(json.dumps({"doc": json.dumps(doc), "parent_walked": walked[0],

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from agent import __version__
 from agent.capture.model import CaptureResult
+from agent.diagnose import parallel
 from agent.diagnose.context import Context, Unknowns
 from agent.diagnose.family import ipv6_facts, ipv6_snapshot, v6_local_known
 from agent.diagnose.lb_ip import ChainServices, LbTarget, discover, split_by_family
@@ -95,7 +96,8 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
     v6_ctx = _ipv6_context(ctx, v6_targets) if v6_targets else None
     if v6_ctx is None:
         findings += _ipv6_not_walked(v6_targets, snap, mode)
-    split = SplitRules(ctx, FAMILY_RULES) if usable_jobs(jobs, len(targets)) > 1 else None
+    split = SplitRules(ctx, FAMILY_RULES) \
+        if mode in parallel.SPLIT_MODES and usable_jobs(jobs, len(targets)) > 1 else None
     for rule in RULES:
         try:
             findings.extend(split.run(rule, ctx) if split and rule in split.rules
