@@ -184,13 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "error); see daemonset/npd/")
     c.add_argument("-v", "--verbose", action="store_true",
                    help="show the evidence of informational notes too")
-    c.add_argument("--jobs", metavar="N", type=_jobs,
+    c.add_argument("--jobs", metavar="N", type=_jobs, default=1,
                    help="processes that walk the LB IPs of a big iptables-mode node (1000 "
-                        "or more targets): 2 forks a helper for half of them: the same "
-                        "verdict, the diagnosis in about 0.8x the time, for about 1.5x the "
-                        "memory (default: 2 where this process may use 2 CPUs; 1 with "
-                        "--npd, which runs in the background within node-problem-detector's "
-                        "limits)")
+                        "or more targets; default 1): 2 forks a helper for half of them "
+                        "where this process may use two CPUs: the same verdict, the "
+                        "diagnosis in about 0.8x the time on 2 vCPUs, for about 1.5x the "
+                        "memory (see README: whether it pays depends on the machine)")
     live_opts(c)
 
     s = sub.add_parser("snapshot", help="print the parsed node state as JSON",
@@ -498,15 +497,13 @@ def _verdict(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def _jobs_for(args: argparse.Namespace) -> int:
-    """--jobs, else 1 for --npd (background work, like the daemon's), else 2 where this
-    process may run on two CPUs or more (its affinity, which a container's cpuset
-    narrows): the walk splits in two at most."""
-    if getattr(args, "jobs", None):
-        return int(args.jobs)
-    if getattr(args, "npd", False):
+    """--jobs, where this process may run on that many CPUs (its affinity, which a
+    container's cpuset narrows), else 1: the walk splits in two at most."""
+    jobs = int(getattr(args, "jobs", 1) or 1)
+    if jobs < 2:
         return 1
     try:
-        return min(2, len(os.sched_getaffinity(0)))
+        return min(jobs, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return 1
 

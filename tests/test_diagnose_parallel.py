@@ -117,15 +117,13 @@ def test_check_cli_jobs(big: Path) -> None:
     assert p.returncode == EXIT_USAGE and "--jobs" in p.stderr and "3" in p.stderr
 
 
-def test_jobs_default_is_one_for_npd_and_the_cpus_for_a_person(monkeypatch: pytest.MonkeyPatch
-                                                               ) -> None:
+def test_jobs_is_one_unless_asked_and_the_cpus_allow(monkeypatch: pytest.MonkeyPatch) -> None:
     from agent.cli import _jobs_for, build_parser
 
     parse = build_parser().parse_args
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    assert _jobs_for(parse(["check", "--from", "x"])) == 2
-    assert _jobs_for(parse(["check", "--from", "x", "--npd"])) == 1  # background work
-    assert _jobs_for(parse(["check", "--from", "x", "--npd", "--jobs", "2"])) == 2
-    assert _jobs_for(parse(["check", "--from", "x", "--jobs", "1"])) == 1
+    assert _jobs_for(parse(["check", "--from", "x"])) == 1  # opt-in
+    assert _jobs_for(parse(["check", "--from", "x", "--npd"])) == 1
+    assert _jobs_for(parse(["check", "--from", "x", "--jobs", "2"])) == 2
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})  # a one-CPU cpuset
-    assert _jobs_for(parse(["check", "--from", "x"])) == 1
+    assert _jobs_for(parse(["check", "--from", "x", "--jobs", "2"])) == 1
