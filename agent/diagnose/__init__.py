@@ -66,9 +66,8 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
     if snap.nft or (snap.kube_proxy and snap.kube_proxy.mode == "nftables"):
         mode, mode_how = nft_mode(snap, mode, mode_how)
     targets, v6_targets, skipped = split_by_family(list(prepared.all_targets))
-    unknowns = [{"source": u.source, "reason": u.reason} for u in snap.unknowns]
-    unknowns += [{"source": "LB IPs", "reason": r} for r in skipped]
-    unknowns = Unknowns(unknowns)
+    unknowns = Unknowns([*({"source": u.source, "reason": u.reason} for u in snap.unknowns),
+                         *({"source": "LB IPs", "reason": r} for r in skipped)])
     paths = NftPathFinder(facts) if mode == "nftables" else PathFinder(facts)
     if isinstance(paths, NftPathFinder):  # its ip6 kube-proxy table is walked as the ip one
         targets += [t for t in v6_targets if paths.walks(t.ip)]

@@ -20,7 +20,7 @@ class Context:
     paths: PathFinder
     mode: str
     mode_how: str
-    unknowns: list[dict[str, str]]
+    unknowns: Unknowns  # shared by the IPv4 and IPv6 contexts of one diagnosis
     chain_services: Mapping[str, str]  # KUBE-SVC-<hash> etc. -> "ns/name"
     capture: CaptureResult | None = None
     # IPv6 LB addresses: not walked (ip6tables), but decided where the rule does not need
@@ -31,12 +31,7 @@ class Context:
     family: int = 4
 
     def unknown(self, source: str, reason: str) -> None:
-        if isinstance(self.unknowns, Unknowns):
-            self.unknowns.add(source, reason)
-            return
-        item = {"source": source, "reason": reason}
-        if item not in self.unknowns:
-            self.unknowns.append(item)
+        self.unknowns.add(source, reason)
 
 
 class Unknowns(list[dict[str, str]]):

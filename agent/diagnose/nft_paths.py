@@ -302,8 +302,7 @@ class NftPathFinder:
             return self._to_node(p, (*ev, f"routing: {p.dst} is local -> input"))
         out_iface = self._uplink(p.v6)
         leaving = out_iface or "(uplink unknown)"
-        ev = (*ev, f"routing: {p.dst} is not a local address -> forwarded out "
-                   f"{out_iface or '(uplink unknown)'}")
+        ev = (*ev, f"routing: {p.dst} is not a local address -> forwarded out {leaving}")
         p = p._replace(out_iface=out_iface)
         for fr in self.walker.walk_hook("forward", p):
             ev2 = ev + tuple(s.render() for s in fr.steps)

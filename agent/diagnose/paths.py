@@ -269,7 +269,7 @@ class PathFinder:
         out_iface = self.facts.uplink
         leaving = out_iface or "(uplink unknown)"
         ev = (*ev, f"routing: {p.dst} is not a local address -> forwarded out "
-                   f"{out_iface or '(uplink unknown)'}"
+                   f"{leaving}"
               + (f" [{self.facts.uplink_how}]" if self.facts.uplink_how else ""))
         p = p._replace(out_iface=out_iface)
         for fr in self._filter("FORWARD", p):
