@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from collections import Counter
 
 from agent.capture.model import NodePortStats
 from agent.diagnose.model import Finding, Verdict
@@ -112,12 +113,11 @@ def render(v: Verdict, verbose: bool = False, width: int = 100) -> str:
     infos = [f for f in v.findings if f.severity == "info"]
     if problems:
         out.append(f"Findings ({len(problems)}):")
-        per_kind: dict[str, int] = {}
+        per_kind = Counter(f.id for f in problems)
+        seen: Counter[str] = Counter()
         for f in problems:
-            per_kind[f.id] = per_kind.get(f.id, 0) + 1
-        in_full: dict[str, int] = {}
-        for f in problems:
-            n = in_full[f.id] = in_full.get(f.id, 0) + 1
+            seen[f.id] += 1
+            n = seen[f.id]
             if verbose or n <= FINDINGS_IN_FULL or per_kind[f.id] <= 2 * FINDINGS_IN_FULL:
                 out.extend(_finding(f, wrap, evidence=True))
             elif n <= FINDINGS_IN_FULL + FINDINGS_IN_LINES:
@@ -127,7 +127,7 @@ def render(v: Verdict, verbose: bool = False, width: int = 100) -> str:
                     out.append(f"  [{_MARK[f.severity]}] {f.id}, also for "
                                "(as above; --verbose shows each one's evidence):")
                 out.append(f"    {_where(f)}" + (f"  ({f.service})" if f.service else ""))
-        for kind, n in in_full.items():
+        for kind, n in per_kind.items():
             if not verbose and n > FINDINGS_IN_FULL + FINDINGS_IN_LINES:
                 out.append(f"  ... and {n - FINDINGS_IN_FULL - FINDINGS_IN_LINES} more {kind} "
                            "(--verbose lists every one; --json for a script)")
