@@ -413,3 +413,18 @@ def test_a_caller_never_learns_whether_another_nodes_document_is_stored(
     finally:
         srv.shutdown()
     assert counting.seen == [("b", "k1"), ("b", "k3")]
+
+
+def test_a_document_longer_as_stored_than_taken_is_refused(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """The collector stores its own encoding, which can be longer than the body it took
+    (1E9 is stored as 1000000000.0): past the inflate limit such a row could never be read
+    back, so it is refused with 413 naming the node."""
+    from agent.collector import docs
+    from agent.collector.intake import BadRequest
+
+    v = {"node": "n1", "time": "t", "numbers": [1e9] * 100}
+    monkeypatch.setattr(docs, "MAX_INFLATED", len(docs.split(v).text) - 1)
+    with pytest.raises(BadRequest) as e:
+        docs.split(v)
+    assert e.value.code == 413 and "'n1'" in e.value.message

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from agent.collector.intake import VOLATILE, dump
+from agent.collector.intake import MAX_INFLATED, VOLATILE, BadRequest, dump
 
 _HOLE = "null"
 
@@ -48,6 +48,11 @@ def split(v: dict[str, Any]) -> Body:
     text = "{" + ",".join(parts) + "}"
     del parts
     data = text.encode()
+    if len(data) > MAX_INFLATED:
+        # our own encoding may be longer than what was sent (1E9 -> 1000000000.0): bound
+        # what is stored as what is taken, or the row could never be read back
+        raise BadRequest(413, f"verdict of node {str(v.get('node'))[:100]!r} is "
+                              f"{len(data)} bytes as stored; at most {MAX_INFLATED}")
     return Body(data, hashlib.sha256(data).hexdigest(), tuple(holes), len(text),
                 tuple(v))
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import jsonschema
 
-MAX_BODY = 4 * 1024 * 1024  # on the wire: as received, compressed or not
-# what a gzip body may inflate to: a 10k-LoadBalancer-service node's verdict is 21 MB
-# (iptables) or 33 MB (IPVS); a zip bomb is refused at this size, never held whole
-MAX_INFLATED = 64 * 1024 * 1024
+from agent.ship import gz
+
+MAX_BODY = gz.WIRE_LIMIT  # on the wire: as received, compressed or not
+MAX_INFLATED = gz.INFLATED_LIMIT  # what a gzip body may inflate to
 MAX_BATCH = 500
 # what differs between two POSTs of an unchanged verdict (agent.collector.docs)
 VOLATILE = ("time", "idempotency_key")

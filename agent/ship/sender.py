@@ -18,7 +18,6 @@ gzip off and the batch goes again plain at once; nothing is set aside for it.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import random
 import stat
@@ -26,7 +25,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Any
 
 import requests
 
@@ -38,8 +36,7 @@ from agent.ship.spool import Spool, SpoolItem
 BATCH_BYTES = 2 * 1024 * 1024
 # a batch's JSON text at most (a larger verdict goes alone): what one drain pass holds
 BATCH_PLAIN_BYTES = 16 * 1024 * 1024
-# the collector's limit on a request as received (agent.collector.intake.MAX_BODY)
-WIRE_LIMIT = 4 * 1024 * 1024
+WIRE_LIMIT = gz.WIRE_LIMIT  # the collector's limit on a request as received
 MAX_TOKEN_BYTES = 64 * 1024  # a projected service-account token is ~1 KiB
 RETRYABLE = {408, 425, 429, 500, 502, 503, 504}
 REJECTED = {400, 413, 422}  # the collector will never take these verdicts as they are
@@ -51,7 +48,6 @@ class SendResult:
     status: int | None = None
     retry_after: float | None = None  # seconds, from the collector's Retry-After
     error: str | None = None
-    takes_gzip: bool = False  # the reply said Accept-Encoding: gzip
 
     @property
     def rejected(self) -> bool:
@@ -127,20 +123,11 @@ class Sender:
         # does the collector take gzip bodies? None: not known yet (no reply seen)
         self.gzip_ok: bool | None = None
 
-    def send(self, verdicts: list[dict[str, Any]]) -> SendResult:
-        """Post a batch of verdicts (encoded here)."""
-        return self.send_texts([json.dumps(v, separators=(",", ":")).encode()
-                                for v in verdicts])
-
-    def send_texts(self, texts: list[bytes]) -> SendResult:
-        """Post a batch of verdicts' JSON texts as one JSON array, gzipped when the
-        collector takes it or when plain could not be taken anyway."""
-        return self.send_items([SpoolItem("", t, len(t), len(t)) for t in texts])
-
     def send_items(self, items: list[SpoolItem]) -> SendResult:
-        """Post spooled verdicts as one JSON array, as send_texts. Gzipped, the array is
-        made from each item's text a MiB at a time: a 21 MB verdict costs its 1.5 MB of
-        gzip here, not its text."""
+        """Post spooled verdicts as one JSON array, gzipped when the collector takes it
+        or when plain could not be taken anyway. Gzipped, the array is made from each
+        item's text a MiB at a time: a 21 MB verdict costs its 1.5 MB of gzip here, not
+        its text."""
         plain_size = 1 + sum(it.plain_size + 1 for it in items)
         too_big = plain_size > WIRE_LIMIT  # plain could only be refused (413): set aside
         if too_big or self.gzip_ok:
@@ -172,14 +159,14 @@ class Sender:
         # every reply says it: a collector replaced by an older one stops getting gzip
         self.gzip_ok = takes
         if 200 <= r.status_code < 300:
-            return SendResult(True, r.status_code, takes_gzip=takes)
+            return SendResult(True, r.status_code)
         if r.status_code in (401, 403) and self.token is not None:
             self.token.invalidate()
         status = r.status_code
         if gzipped and status == 400 and not takes:
             status = 415  # an older collector's 400 to a coding it does not know
         return SendResult(False, status, _retry_after(r.headers.get("Retry-After")),
-                          f"HTTP {r.status_code}: {r.text[:200]}", takes_gzip=takes)
+                          f"HTTP {r.status_code}: {r.text[:200]}")
 
 
 class Backoff:

@@ -50,8 +50,9 @@ _NAME = re.compile(r"(\d{20})-([A-Za-z0-9][A-Za-z0-9._-]{0,127})\.json")
 # a verdict's compressed size may be at most this: well under the collector's 4 MiB
 # request (on the wire), so it is always sent whole
 MAX_ITEM_BYTES = 3 * 1024 * 1024
-# what the collector inflates a body to at most (agent.collector.intake.MAX_INFLATED)
-MAX_PLAIN_BYTES = 64 * 1024 * 1024
+# a verdict's JSON text at most: what the collector inflates a body to, less the "[" and
+# "]" of the batch it goes in alone (at exactly the limit it was refused, 413, and set aside)
+MAX_PLAIN_BYTES = gz.INFLATED_LIMIT - 2
 # the previous version wrote plain JSON files of up to 4 MiB: still read (upgrade in place)
 LEGACY_ITEM_BYTES = 4 * 1024 * 1024
 _MAX_PROBLEMS = 100  # kept until taken; older ones are dropped, never unbounded
