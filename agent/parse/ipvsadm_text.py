@@ -125,12 +125,11 @@ def _whole_save(text: str) -> _Servers | None:
         parts = block.replace(f"-a -{prot} {service} -r ", "")
         got = blocks.get(parts)
         if got is None:
-            got = _reals(parts, key[2], reals, places)
-            if got is None:
+            read = _reals(parts, key[2], reals, places)
+            if read is None:
                 return None
-            if any(p.partition(" ")[0].count(":") != 1 for p in parts.split("\n")[:-1]):
-                pass  # a real server without its port (or IPv6): not shared (see above)
-            else:
+            got, shareable = read
+            if shareable:  # (not when a real server without a port took the service's)
                 blocks[parts] = got
         servers[key] = (scheduler, got)
     return servers if pos == len(text) else None
@@ -190,29 +189,36 @@ def _service_key(protocol: str, place: str, places: dict[str, tuple[str, int | N
 
 def _reals(parts: str, port: int, reals: dict[str, IpvsRealServer],
            places: dict[str, tuple[str, int | None] | None]
-           ) -> tuple[IpvsRealServer, ...] | None:
-    """The real servers of "ADDR:PORT -m -w W\\n" lines, sorted; None where an address is
-    not valid. ``port``: the service's, for a real server without one."""
+           ) -> tuple[tuple[IpvsRealServer, ...], bool] | None:
+    """The real servers of "ADDR:PORT -m -w W\\n" lines, sorted, and whether every one
+    gave its port (else the block read depends on the service's ``port``); None where an
+    address is not valid."""
     out = []
+    shareable = True
     for part in parts.split("\n")[:-1]:
         rs = reals.get(part)
         if rs is None:
             real, forward, weight = _REAL_PART.fullmatch(part).groups()  # type: ignore[union-attr]
             m = _V4_PORT.fullmatch(real)
-            if m is not None and int(m[2]) <= 65535:
-                where: tuple[str, int | None] | None = (m[1], int(m[2]))
-            else:
-                where = _place(real, places)
-                if where is None:
-                    return None
-            if where[1] is None:  # no port: the service's (not one to share)
-                rs = IpvsRealServer(intern(where[0]), port, _FORWARD_FLAG[forward],
-                                    int(weight))
-            else:
-                rs = reals[part] = IpvsRealServer(intern(where[0]), where[1],
-                                                  _FORWARD_FLAG[forward], int(weight))
+            where = (m[1], int(m[2])) if m is not None and int(m[2]) <= 65535 else \
+                _place(real, places)
+            if where is None:
+                return None
+            rs = _real_server(part, where, port, forward, weight, reals)
+            shareable &= where[1] is not None
         out.append(rs)
-    return tuple(sorted(out, key=_BY_PLACE))
+    return tuple(sorted(out, key=_BY_PLACE)), shareable
+
+
+def _real_server(part: str, where: tuple[str, int | None], port: int, forward: str,
+                 weight: str, reals: dict[str, IpvsRealServer]) -> IpvsRealServer:
+    """The real server of one saved `-r ADDR[:PORT] -m -w W` part, remembered by its text
+    unless it has no port (then it takes the service's ``port``: not one to share)."""
+    if where[1] is None:
+        return IpvsRealServer(intern(where[0]), port, _FORWARD_FLAG[forward], int(weight))
+    rs = reals[part] = IpvsRealServer(intern(where[0]), where[1], _FORWARD_FLAG[forward],
+                                      int(weight))
+    return rs
 
 
 def _services(text: str, source: str) -> dict[tuple[str, str, int], _Service]:
@@ -316,11 +322,7 @@ def _saved(groups: tuple[str, ...], services: dict[tuple[str, str, int], _Servic
         where = _place(real, places)
         if where is None:
             return False
-        if where[1] is None:  # no port: the service's (not one to share)
-            rs = IpvsRealServer(intern(where[0]), key[2], _FORWARD_FLAG[forward], int(weight))
-        else:
-            rs = reals[real_part] = IpvsRealServer(intern(where[0]), where[1],
-                                                   _FORWARD_FLAG[forward], int(weight))
+        rs = _real_server(real_part, where, key[2], forward, weight, reals)
     svc.reals.append(rs)
     return True
 
