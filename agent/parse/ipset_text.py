@@ -56,9 +56,7 @@ def _parse_save(text: str, source: str) -> tuple[IpSet, ...]:
     members: dict[str, list[str]] = {}
     # set -> a regex its plain members match (None: none is known for its type)
     plain: dict[str, re.Pattern[str] | None] = {}
-    # set -> (set, the regex of a run of lines adding plain members to it)
-    runs: dict[str, tuple[str, re.Pattern[str]]] = {}
-    run: tuple[str, re.Pattern[str]] | None = None  # that of the set the last line named
+    run: str | None = None  # the set the last line named, when it has a plain shape
     pos = lineno = 0  # where the next line starts, and the lines before it
     n = len(text)
     while pos < n:
@@ -67,9 +65,12 @@ def _parse_save(text: str, source: str) -> tuple[IpSet, ...]:
             # (each line "add SET MEMBER\n", each member of its type's plain form) is
             # found by one match and taken by one split, not by the loop below line by
             # line (65k members at 10k services: 2x faster)
-            name, regex = run
-            run = None
-            m = regex.match(text, pos)
+            name, run = run, None
+            # (the next line adds to this set, or the run's match would read another
+            # set's whole run only to throw it away)
+            shape = plain[name]
+            m = _run_regex(shape.pattern).match(text, pos) \
+                if shape is not None and text.startswith(f"add {name} ", pos) else None
             if m is not None and m.group(1) == name:
                 chunk = text[pos:m.end()]
                 k = len(name) + 5  # "add SET "
@@ -97,7 +98,7 @@ def _parse_save(text: str, source: str) -> tuple[IpSet, ...]:
                 shape = plain[name] = _plain_shape(types[name]) if name in types else None
             if shape is not None and shape.fullmatch(elem):
                 members[name].append(elem)
-                run = _run_of(name, shape, runs)
+                run = name
                 continue
         parts = line.split(None, 3)
         if parts[0] == "create":
@@ -112,7 +113,7 @@ def _parse_save(text: str, source: str) -> tuple[IpSet, ...]:
             members[name] = []
             shape = plain[name] = _plain_shape(set_type)
             if shape is not None:
-                run = _run_of(name, shape, runs)
+                run = name
         elif parts[0] == "add":
             if len(parts) < 3:
                 raise InputError(source, lineno, "add line without set name and member")
@@ -127,15 +128,6 @@ def _parse_save(text: str, source: str) -> tuple[IpSet, ...]:
                              f"expected a 'create' or 'add' line, got {_short(line)!r}")
     return _result(types, members)
 
-
-def _run_of(name: str, shape: re.Pattern[str],
-            runs: dict[str, tuple[str, re.Pattern[str]]]) -> tuple[str, re.Pattern[str]]:
-    """(``name``, the regex of one or more lines "add SET MEMBER\\n" of one set, each
-    member of ``shape``; group 1: the set)."""
-    got = runs.get(name)
-    if got is None:
-        got = runs[name] = (name, _run_regex(shape.pattern))
-    return got
 
 
 @functools.lru_cache(maxsize=64)
