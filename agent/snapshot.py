@@ -18,9 +18,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
+from agent.quick_init import quick_init
+
 SNAPSHOT_SCHEMA = "loopback-agent/snapshot/v1"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Address:
     """One IPv4/IPv6 address bound on an interface (`ip addr`)."""
@@ -32,6 +35,7 @@ class Address:
     link_up: bool = True  # interface administratively/operationally up
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class LocalRoute:
     """One route of the `local` table (table 255), e.g. `local 10.0.0.5 dev kube-ipvs0 ...`."""
@@ -52,6 +56,7 @@ class IpSet:
     members: tuple[str, ...] = ()
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class IpvsRealServer:
     address: str
@@ -60,6 +65,7 @@ class IpvsRealServer:
     weight: int = 1
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class IpvsVirtualServer:
     protocol: str  # "TCP" | "UDP" | "SCTP"
@@ -222,6 +228,7 @@ class KubeProxy:
     args: tuple[str, ...] = ()
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ServicePort:
     port: int
@@ -230,6 +237,7 @@ class ServicePort:
     name: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class LoadBalancerIngress:
     ip: str | None = None
@@ -237,6 +245,7 @@ class LoadBalancerIngress:
     ip_mode: str | None = None  # "VIP" | "Proxy" | None (field absent)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Service:
     namespace: str

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 from agent.netfilter.rules import parse_rule_text
 from agent.parse.ip_text import canonical_ip
+from agent.quick_init import quick_init
 from agent.snapshot import Address, LocalRoute, NodeSnapshot, Rules, Service
 
 # kube-proxy comments: "ns/svc:port loadbalancer IP", "ns/svc:port external IP"
@@ -23,6 +24,7 @@ _DOTTED_QUAD = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
 _HASHED_CHAIN = re.compile(r"^KUBE-(SVC|EXT|SVL|FW|XLB)-([A-Z2-7]{16})$")
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class LbTarget:
     ip: str

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.capture.model import CaptureResult, Corroboration, NodePortStats
+from agent.quick_init import quick_init
 
 VERDICT_SCHEMA = "loopback-agent/verdict/v1"
 
@@ -13,6 +14,7 @@ SEVERITIES = ("info", "warning", "critical")
 STATUSES = ("healthy", "at-risk", "loopback")
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Finding:
     id: str
@@ -42,6 +44,7 @@ class Finding:
         }
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class LbIpReport:
     """One LoadBalancer/external/Ingress address the node knows, for the report."""
