@@ -452,6 +452,10 @@ class Daemon:
                 break
             res = drain(self.spool, self.sender)
             m.shipped.inc(res.sent)
+            if res.held:
+                log(f"{res.held} verdicts kept in the spool: too large to send without "
+                    f"gzip, which the collector does not take ({res.held_why}); they go "
+                    "once it does (upgrade the collector)")
             if res.last is None:
                 self.backoff.success()
                 break

@@ -354,13 +354,39 @@ def test_an_older_collector_gets_plain_bodies_and_keeps_what_it_cannot_take(
     res = drain(s, Sender(collector.url))
     assert [v["seq"] for v in collector.received] == [0, 1]
     assert [c for _, c in collector.bodies] == [None, "gzip"]
-    assert res.sent == 2 and res.rejected == 0 and res.last is not None
-    assert res.last.status == 415 and not res.last.rejected
+    assert res.sent == 2 and res.rejected == 0 and res.last is None and res.held == 1
     assert len(s) == 1 and s.rejected == 0 and not list(s.dir.glob("*.rejected"))
     collector.takes_gzip = True  # the collector is upgraded: the big one arrives
     res = drain(s, Sender(collector.url))
     assert res.sent == 1 and collector.received[-1]["seq"] == 2 and len(s) == 0
     assert collector.bodies[-1][1] == "gzip" and collector.bodies[-1][0] < 1_000_000
+
+
+def test_a_verdict_only_gzip_can_carry_does_not_hold_back_newer_ones(
+        tmp_path: Path, collector: Collector) -> None:
+    """The oldest verdicts in the spool too large to go plain (a 10k-service node's), the
+    collector an older release (no gzip): the newer, small ones behind them are delivered
+    in the same pass; the big ones are kept, only the first of them is tried (one
+    compression per pass, whose answer tells when the collector takes gzip), and the
+    pass is no failure (no backoff). Once the collector takes gzip they all arrive."""
+    s = Spool(tmp_path / "spool")
+    s.put(big_verdict(0))
+    s.put(big_verdict(1))
+    s.put({"seq": 2, "node": "n1"})
+    s.put({"seq": 3, "node": "n1"})
+    res = drain(s, Sender(collector.url))
+    assert [v["seq"] for v in collector.received] == [2, 3]
+    assert res.sent == 2 and res.held == 2 and res.rejected == 0 and res.last is None
+    assert res.held_why and "400" in res.held_why
+    # one gzip try (the first big verdict), then the small ones plain in one batch
+    assert [c for _, c in collector.bodies] == ["gzip", None]
+    assert len(s) == 2 and s.rejected == 0 and not list(s.dir.glob("*.rejected"))
+    res = drain(s, Sender(collector.url))  # the next pass: tried again, kept again
+    assert res.held == 2 and res.sent == 0 and len(collector.bodies) == 3
+    collector.takes_gzip = True  # the collector is upgraded
+    res = drain(s, Sender(collector.url))
+    assert res.sent == 2 and res.held == 0 and len(s) == 0
+    assert [v["seq"] for v in collector.received] == [2, 3, 0, 1]
 
 
 def test_a_415_or_an_older_replica_makes_it_resend_plain_at_once(

@@ -12,7 +12,9 @@ older collector, which refused it with 400 (taken here as "refused for good": th
 verdicts would have been set aside). A batch too large to go plain is gzipped anyway
 (plain could only be refused). A 415, or a 400 to a gzip body from a collector that
 does not advertise gzip (an older replica behind the same Service, or a rollback), turns
-gzip off and the batch goes again plain at once; nothing is set aside for it.
+gzip off and the batch goes again plain at once; nothing is set aside for it. A verdict
+that can only go gzipped stays in the spool until a collector takes it, and does not
+hold back the newer verdicts behind it.
 """
 
 from __future__ import annotations
@@ -128,8 +130,7 @@ class Sender:
         or when plain could not be taken anyway. Gzipped, the array is made from each
         item's text a MiB at a time: a 21 MB verdict costs its 1.5 MB of gzip here, not
         its text."""
-        plain_size = 1 + sum(it.plain_size + 1 for it in items)
-        too_big = plain_size > WIRE_LIMIT  # plain could only be refused (413): set aside
+        too_big = _too_big(items)  # plain could only be refused (413): set aside
         if too_big or self.gzip_ok:
             res = self._post(gz.compress_chunks(_array(items)), gzipped=True)
             if res.status != 415:
@@ -192,6 +193,10 @@ class DrainResult:
     sent: int = 0
     rejected: int = 0  # set aside: the collector refused them for good (4xx)
     last: SendResult | None = None  # the failure that ended the pass, if any
+    # kept for a collector that takes gzip: too large to go plain, and this one does not
+    # (415, or an older release's 400); the newer verdicts behind them went on
+    held: int = 0
+    held_why: str | None = None
 
 
 def drain(spool: Spool, sender: Sender, *, batch: int = 50,
@@ -202,10 +207,23 @@ def drain(spool: Spool, sender: Sender, *, batch: int = 50,
     goes alone); stop at the first failure. Verdicts are
     read one batch at a time, so memory is one batch, whatever the spool holds.
     A batch the collector rejects for good is retried one verdict at a time so a single
-    bad verdict is set aside (NAME.rejected) without holding back the others."""
+    bad verdict is set aside (NAME.rejected) without holding back the others. A verdict
+    too large to go plain, to a collector that takes no gzip, is kept (``held``) and the
+    pass goes on with the newer ones."""
     out = DrainResult()
     for chunk in _batches(spool.items(), batch, batch_bytes, batch_plain_bytes, sender):
+        if out.held and sender.gzip_ok is False and _too_big(chunk):
+            out.held += len(chunk)  # tried once this pass (the collector's answer stands)
+            continue
         res = sender.send_items(chunk)
+        if res.status == 415:
+            # only a batch that cannot go plain ends so (send_items resends the others
+            # plain): keep it for a collector that takes gzip, and do not let it hold
+            # back the newer verdicts behind it (on a 10k-service node every verdict is
+            # that large: each pass tries the first one, which tells when it is taken)
+            out.held += len(chunk)
+            out.held_why = res.error
+            continue
         if res.ok:
             for it in chunk:
                 spool.remove(it.name)
@@ -222,10 +240,18 @@ def drain(spool: Spool, sender: Sender, *, batch: int = 50,
             elif one.rejected:
                 spool.set_aside(it.name, f"rejected by the collector: {one.error}")
                 out.rejected += 1
+            elif one.status == 415:
+                out.held += 1
+                out.held_why = one.error
             else:
                 out.last = one
                 return out
     return out
+
+
+def _too_big(items: list[SpoolItem]) -> bool:
+    """Is the JSON array of ``items`` past what the collector takes plain?"""
+    return 1 + sum(it.plain_size + 1 for it in items) > WIRE_LIMIT
 
 
 def _batches(items: Iterator[SpoolItem], batch: int, batch_bytes: int,
