@@ -14,6 +14,7 @@ from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
+import fastjsonschema
 import jsonschema
 
 from agent.ship import gz
@@ -124,6 +125,42 @@ def replace_lone_surrogates(doc: Any) -> tuple[Any, list[str]]:
     return root[0], found
 
 
+# Keywords whose meaning is the same in draft-07 (what fastjsonschema compiles) and in
+# 2020-12 (the schema's), for the forms the schema uses them in ("items" a schema, not a
+# list; "format" and the annotations ignored, as jsonschema does without a format checker)
+_SAME_IN_DRAFT7 = frozenset({
+    "type", "properties", "required", "additionalProperties", "items", "enum", "const",
+    "pattern", "minimum", "maximum", "minLength", "maxLength", "maxItems", "minItems",
+    "$ref", "$defs", "description", "title", "format", "$schema", "$id"})
+_DROPPED_FOR_DRAFT7 = ("format", "$id", "$schema", "description", "title")
+
+
+def fast_validator(schema: dict[str, Any]) -> Callable[[Any], Any] | None:
+    """The schema compiled by fastjsonschema (as draft-07): 0.17 s for a 20 MB verdict,
+    where jsonschema takes 2.6 s (a 10k-service node's every changed verdict, times the
+    fleet). Only an accept-fast path: whatever it refuses goes to jsonschema, which
+    decides and words the error, so it may be stricter (it reads "$" as the end of the
+    text, where Python's re lets a trailing newline through) but never more lenient; a
+    test holds it to that at every place of a real verdict. None when the schema uses a
+    keyword or form outside those that mean the same in both drafts."""
+    def plain(node: Any, *, names: bool = False) -> Any:
+        if isinstance(node, list):
+            return [plain(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        if names:  # "properties"/"$defs": the keys are names, not keywords
+            return {k: plain(v) for k, v in node.items()}
+        if not set(node) <= _SAME_IN_DRAFT7 or isinstance(node.get("items"), list):
+            raise ValueError(f"keywords {sorted(set(node) - _SAME_IN_DRAFT7)}")
+        return {k: plain(v, names=k in ("properties", "$defs"))
+                for k, v in node.items() if k not in _DROPPED_FOR_DRAFT7}
+    try:
+        draft7 = {**plain(schema), "$schema": "http://json-schema.org/draft-07/schema#"}
+    except ValueError:
+        return None
+    return fastjsonschema.compile(draft7)
+
+
 class Intake:
     """Turns a body into a batch of valid verdicts or raises BadRequest."""
 
@@ -131,6 +168,7 @@ class Intake:
         text = resources.files("agent").joinpath("schema/verdict-v1.json").read_text()
         schema = json.loads(text)
         self.validator = jsonschema.Draft202012Validator(schema)
+        self.fast = fast_validator(schema)
         # stored with each document it validated: a document validated against another
         # schema (an older collector's) is validated again
         self.schema_tag = hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -169,6 +207,8 @@ class Intake:
             if known is not None and isinstance(v, dict) and known(v):
                 err = jsonschema.exceptions.best_match(self.volatile_validator.iter_errors(
                     {k: v[k] for k in VOLATILE if k in v}))
+            elif self._fast_valid(v):
+                err = None
             else:
                 err = jsonschema.exceptions.best_match(self.validator.iter_errors(v))
             if err is not None:
@@ -182,6 +222,16 @@ class Intake:
                 v["idempotency_key"] = hashlib.sha256(
                     json.dumps(v, sort_keys=True).encode()).hexdigest()  # as before: same key
         return batch
+
+
+    def _fast_valid(self, v: Any) -> bool:
+        if self.fast is None:
+            return False
+        try:
+            self.fast(v)
+        except fastjsonschema.JsonSchemaException:
+            return False  # jsonschema decides (and says why)
+        return True
 
 
 def dump(doc: Any) -> str:
