@@ -124,11 +124,12 @@ def test_restore_input_is_kube_proxys_form() -> None:
 
 
 def test_synthetic_is_deterministic_and_complete() -> None:
-    for mode in ("iptables", "ipvs"):
+    for mode in ("iptables", "ipvs", "nftables"):
         a, b = kpr.synthetic(50, mode, seed=7), kpr.synthetic(50, mode, seed=7)
         assert a == b
-        assert {"iptables-save.txt", "ipset.txt", "ipvsadm.txt", "route-local.txt",
-                "addr.txt", "sysctl.txt", "services.json"} <= set(a)
+        assert {"route-local.txt", "addr.txt", "sysctl.txt", "services.json"} <= set(a)
+        assert {"iptables-save.txt", "ipset.txt", "ipvsadm.txt"} <= set(a) \
+            if mode != "nftables" else "nft-transaction.txt" in a
     ipvs = kpr.synthetic(50, "ipvs")
     assert ipvs["ipvsadm.txt"].count("-A -t ") == 150  # cluster IP, LB IP, NodePort each
     assert "dev kube-ipvs0" in ipvs["route-local.txt"]
@@ -179,6 +180,41 @@ def test_restore_accepts_everything_generated(backend: str) -> None:
         ns.run(f"iptables-{backend}-restore", input=_KUBELET_MARK_DROP)
         _restore_test(ns, backend, kpr.kube_proxy_restore_input(
             SVCS, generation="old", cluster_cidr=CIDR, node_ip=NODE), "--noflush")
+
+
+@pytest.mark.netns
+@needs_root
+def test_nftables_synthetic_is_what_the_kernel_takes_and_diagnosed_as_iptables(
+        tmp_path: Path) -> None:
+    """The benchmark's nftables-mode state: `nft -f` loads it into a namespace; read back
+    from the kernel (`nft -j list table ip kube-proxy`, what the agent reads live) and as
+    the transaction text, it gives the same verdict, and the same findings per LB IP as
+    the iptables-mode state of the same Services."""
+    from agent.bundle import load_bundle
+    from agent.diagnose import diagnose
+
+    files = kpr.synthetic(120, "nftables")
+    with netns("lbt") as ns:
+        ns.run("nft", "-f", "-", input=files["nft-transaction.txt"])
+        dumped = ns.run("nft", "-j", "list", "table", "ip", "kube-proxy").stdout
+
+    def findings(bundle: dict[str, str], name: str) -> dict[str, list[str]]:
+        d = tmp_path / name
+        d.mkdir()
+        for fname, text in bundle.items():
+            (d / fname).write_text(text)
+        v = diagnose(load_bundle(d), "n").to_dict()
+        out: dict[str, list[str]] = {}
+        for f in v["findings"]:
+            out.setdefault(f["lb_ip"] or "", []).append(f["id"])
+        return {ip: sorted(ids) for ip, ids in out.items()}
+
+    rest = {k: v for k, v in files.items() if k != "nft-transaction.txt"}
+    as_text = findings(files, "text")
+    assert len(as_text) == 120 and all("pod-to-lb-captured" in ids for ids in as_text.values())
+    assert sum("etp-local-no-local-endpoint" in ids for ids in as_text.values()) > 10
+    assert findings({**rest, "nft-kube-proxy.json": dumped}, "kernel") == as_text
+    assert findings(kpr.synthetic(120, "iptables"), "iptables") == as_text
 
 
 @pytest.mark.netns

@@ -8,6 +8,7 @@ same way. An IPv6 LB IP is walked with an IPv6 packet through the `ip6` and `ine
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from dataclasses import replace
@@ -24,7 +25,13 @@ from agent.diagnose.node_facts import (
 from agent.diagnose.paths import ASSUMED, PathFinder, PathOutcome, ServedOutcome, node_address
 from agent.netfilter.nft_model import NftRuleset, NftTable
 from agent.netfilter.nft_read import ruleset_of
-from agent.netfilter.nft_walk import NftHookResult, NftPacket, NftWalker, iptables_nft_table
+from agent.netfilter.nft_walk import (
+    NftHookResult,
+    NftPacket,
+    NftStep,
+    NftWalker,
+    iptables_nft_table,
+)
 from agent.snapshot import NodeSnapshot
 
 # kube-proxy's chain names: "external-42NFTM6N-ns2/svc2/tcp/p80"
@@ -40,6 +47,10 @@ POD_STAND_IN6 = "2001:db8:ffff::77"
 OUTSIDE_CLIENT6 = "2001:db8:ffff:100::7"
 _RANK = {"not-masqueraded": 0, "unknown": 1, "dropped": 2, "masqueraded": 3, "captured": 4}
 _NO_LOOP = frozenset({"captured", "masqueraded", "dropped"})
+
+# a step's evidence line, made once for the many walks that share the step (the
+# services map, mark-for-masquerade, the filter chains)
+_rendered = functools.lru_cache(maxsize=4096)(NftStep.render)
 
 
 def nft_mode(snap: NodeSnapshot, mode: str, how: str) -> tuple[str, str]:
@@ -267,7 +278,7 @@ class NftPathFinder:
 
     def _after_prerouting(self, res: NftHookResult, head: tuple[str, ...]
                           ) -> list[PathOutcome]:
-        ev = head + tuple(s.render() for s in res.steps)
+        ev = head + tuple(_rendered(s) for s in res.steps)
         p = res.packet
         if res.verdict == "UNKNOWN":
             return [PathOutcome("unknown", res.detail, (*ev, res.detail))]
@@ -278,7 +289,7 @@ class NftPathFinder:
             how = f"kube-proxy's nftables rules rewrite the destination to {p.dnat_to} (DNAT)"
             out = []
             for fr in self.walker.walk_hook("forward", p._replace(out_iface=None)):
-                ev2 = ev + tuple(s.render() for s in fr.steps)
+                ev2 = ev + tuple(_rendered(s) for s in fr.steps)
                 if fr.verdict in ("DROP", "REJECT"):
                     out.append(PathOutcome("dropped", f"{fr.verdict.lower()} in the forward "
                                            "hook", ev2))
@@ -305,7 +316,7 @@ class NftPathFinder:
         ev = (*ev, f"routing: {p.dst} is not a local address -> forwarded out {leaving}")
         p = p._replace(out_iface=out_iface)
         for fr in self.walker.walk_hook("forward", p):
-            ev2 = ev + tuple(s.render() for s in fr.steps)
+            ev2 = ev + tuple(_rendered(s) for s in fr.steps)
             if fr.verdict == "UNKNOWN":
                 results.append(PathOutcome("unknown", fr.detail, (*ev2, fr.detail)))
                 continue
@@ -314,7 +325,7 @@ class NftPathFinder:
                                            "hook", ev2))
                 continue
             for pr in self.walker.walk_hook("postrouting", fr.packet):
-                ev3 = ev2 + tuple(s.render() for s in pr.steps)
+                ev3 = ev2 + tuple(_rendered(s) for s in pr.steps)
                 if pr.verdict == "UNKNOWN":
                     results.append(PathOutcome("unknown", pr.detail, (*ev3, pr.detail)))
                 elif pr.verdict in ("MASQUERADE", "SNAT"):
@@ -351,7 +362,7 @@ class NftPathFinder:
     def _to_node(self, p: NftPacket, ev: tuple[str, ...]) -> list[PathOutcome]:
         out = []
         for ir in self.walker.walk_hook("input", p):
-            ev2 = ev + tuple(s.render() for s in ir.steps)
+            ev2 = ev + tuple(_rendered(s) for s in ir.steps)
             if ir.verdict in ("DROP", "REJECT"):
                 out.append(PathOutcome("dropped", f"{ir.verdict.lower()} in the input hook",
                                        ev2))
@@ -404,7 +415,7 @@ class NftPathFinder:
         kept: bool | None = None
         evidence = head
         for res in self.walker.walk_hook("prerouting", pkt):
-            ev = head + tuple(s.render() for s in res.steps)
+            ev = head + tuple(_rendered(s) for s in res.steps)
             if res.verdict == "UNKNOWN" or res.assumed:
                 return ServedOutcome(None, None, (*ev, res.detail), res.detail or
                                      "it depends on what the input does not show")
@@ -416,12 +427,12 @@ class NftPathFinder:
                 for ir in self.walker.walk_hook("input", p):
                     if ir.verdict == "UNKNOWN":
                         return ServedOutcome(None, None, (*ev, ir.detail), ir.detail)
-                    evidence = (*ev, *(s.render() for s in ir.steps),
+                    evidence = (*ev, *(_rendered(s) for s in ir.steps),
                                 f"no DNAT to an endpoint: {ir.verdict.lower()} in the input "
                                 "hook")
                 continue
             for fr in self.walker.walk_hook("forward", p):
-                ev2 = ev + tuple(s.render() for s in fr.steps)
+                ev2 = ev + tuple(_rendered(s) for s in fr.steps)
                 if fr.verdict == "UNKNOWN":
                     return ServedOutcome(None, None, (*ev2, fr.detail), fr.detail)
                 if fr.verdict in ("DROP", "REJECT"):
@@ -433,7 +444,7 @@ class NftPathFinder:
                         return ServedOutcome(None, None, (*ev2, pr.detail), pr.detail)
                     masq = pr.verdict in ("MASQUERADE", "SNAT")
                     kept = (not masq) if kept is None else (kept and not masq)
-                    evidence = ev2 + tuple(s.render() for s in pr.steps)
+                    evidence = ev2 + tuple(_rendered(s) for s in pr.steps)
         if served_any:
             how2 = "served here" + ("" if kept is None else (
                 ", client source kept" if kept else ", source masqueraded"))

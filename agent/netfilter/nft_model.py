@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
+from agent.quick_init import quick_init
+
 # nft's priority names (netfilter's NF_IP_PRI_*): "dstnat - 10" is -110
 PRIORITY_NAMES = {"raw": -300, "mangle": -150, "dstnat": -100, "filter": 0, "security": 50,
                   "srcnat": 100, "out": 100}
@@ -31,6 +33,7 @@ class NftError(ValueError):
         super().__init__(f"{source}:{line}: {why}" if line else f"{source}: {why}")
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class NftRule:
     tokens: tuple  # tuple[Token, ...]

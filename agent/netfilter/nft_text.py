@@ -10,6 +10,7 @@ guessed at.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from agent.netfilter.nft_model import (
@@ -67,6 +68,12 @@ def _headless_family(text: str) -> str:
 
 
 _TOKEN = re.compile(r'"[^"]*"|"|[{};,]|#.*|[^\s{};,"]+')
+_SPECIAL = re.compile(r'[{};,"#]')  # what makes a token of its own in _TOKEN
+# the lines whose '{' opens a block, not a statement continued over lines
+_BLOCK_HEAD = re.compile(r"^(?:table|chain|set|map|flowtable|ct\s+\w+|counter|quota|limit)\s")
+_TABLE_HEAD = re.compile(r"^table\s+(\S+)\s+(\S+)\s*\{$")
+_TABLE_WORD = re.compile(r"^table\s")
+_MANY_TOKENS = re.compile(r"^(?:add|create|insert)\s+(?:element|set|map)\s")
 
 
 # an element list is one statement: bounded by the element count (each element a few
@@ -78,9 +85,20 @@ def tokenize(text: str, source: str = "", line: int | None = None,
              limit: int = MAX_TOKENS_PER_RULE) -> tuple:
     """Words, quoted strings (kept quoted), ';' ',' as tokens, brace groups as nested
     tuples; '#' at a word's start begins a comment (`# handle 5` after `nft -a`)."""
+    if text.isascii() and not _SPECIAL.search(text):
+        # words only (most rules of a 10k-service script): the words the pattern below
+        # would give, one after another (ASCII: both split at the same blanks)
+        words = tuple(text.split())
+        if len(words) > limit:
+            raise NftError(source, line, f"more than {limit} tokens in a "
+                           + ("rule" if limit == MAX_TOKENS_PER_RULE else "statement"))
+        return words
     stack: list[list] = [[]]
-    for count, m in enumerate(_TOKEN.finditer(text), 1):
-        tok = m.group()
+    # a line's tokens at once (strings, not match objects); a long statement's one at a
+    # time, so a hostile one stops at the bound without all its tokens made
+    tokens: Iterable[str] = _TOKEN.findall(text) if len(text) < 65536 else \
+        (m.group() for m in _TOKEN.finditer(text))
+    for count, tok in enumerate(tokens, 1):
         if count > limit:
             raise NftError(source, line, f"more than {limit} tokens in a "
                            + ("rule" if limit == MAX_TOKENS_PER_RULE else "statement"))
@@ -106,6 +124,10 @@ def tokenize(text: str, source: str = "", line: int | None = None,
 
 
 def render(tokens: tuple) -> str:
+    if not any(type(t) is tuple for t in tokens):  # words only: no group to open
+        text = " ".join(tokens)
+        return text.replace(" ,", ",").replace(" ;", ";") if "," in text or ";" in text \
+            else text
     out = []
     for t in tokens:
         if isinstance(t, tuple):
@@ -364,8 +386,7 @@ def read_nft_text(text: str, source: str) -> NftRuleset:
                 elif not _START.match(raw):
                     continue  # a prompt, the command, prose before the output
                 started = True
-            if _braces(line) > 0 and not re.match(
-                    r"^(?:table|chain|set|map|flowtable|ct\s+\w+|counter|quota|limit)\s", line):
+            if _braces(line) > 0 and not _BLOCK_HEAD.match(line):
                 pending, pending_line = [line], n
                 depth = _braces(line)  # outside quoted text: a comment may hold '{'
                 continue
@@ -431,7 +452,7 @@ def read_nft_text(text: str, source: str) -> NftRuleset:
                     b.problem(n_at, f"not understood in table {table.name}: {line[:80]!r}")
                 continue
             _top_level(b, line, n_at, source)
-            m = re.match(r"^table\s+(\S+)\s+(\S+)\s*\{$", line)
+            m = _TABLE_HEAD.match(line)
             if m:
                 table = b.table(m.group(1), m.group(2))
         except NftError as e:
@@ -449,10 +470,10 @@ def read_nft_text(text: str, source: str) -> NftRuleset:
 def _top_level(b: _Builder, line: str, n: int, source: str) -> None:
     """One command of an nft -f script (or a table block's opening line: done by the
     caller)."""
-    if re.match(r"^table\s", line):
+    if _TABLE_WORD.match(line):
         return
-    toks = tokenize(line, source, n, _ELEMENT_TOKENS if re.match(
-        r"^(?:add|create|insert)\s+(?:element|set|map)\s", line) else MAX_TOKENS_PER_RULE)
+    toks = tokenize(line, source, n, _ELEMENT_TOKENS if _MANY_TOKENS.match(line)
+                    else MAX_TOKENS_PER_RULE)
     if not toks:
         return
     verb = toks[0]
@@ -567,10 +588,6 @@ def _braces(s: str) -> int:
     """'{' minus '}' outside quoted strings."""
     if '"' not in s:
         return s.count("{") - s.count("}")
-    n, quoted = 0, False
-    for c in s:
-        if c == '"':
-            quoted = not quoted
-        elif not quoted:
-            n += (c == "{") - (c == "}")
-    return n
+    # the parts outside quotes are the even ones (after an odd quote, to the end: inside)
+    outside = s.split('"')[::2]
+    return sum(p.count("{") for p in outside) - sum(p.count("}") for p in outside)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import re
 from collections.abc import Callable, Mapping
 from typing import NamedTuple, Protocol
 
@@ -126,6 +127,8 @@ class NftWalker:
         self._maps: dict[int, dict[tuple[str, ...], str | None]] = {}
         self._stages: dict[tuple[str, bool], list[tuple[int, str, object]]] = {}
         self._sets: dict[int, tuple[NftSet, frozenset[str], list[str]]] = {}
+        # each rule's ops by id(): the rules live as long as the ruleset this walker holds
+        self._compiled: dict[int, list] = {}
 
     # -- the hooks ------------------------------------------------------------------
 
@@ -308,7 +311,11 @@ class NftWalker:
               ) -> list[tuple[tuple | None, NftPacket, tuple[str, ...]]]:
         """The rule's outcomes: (action or None for "on to the next rule", packet,
         notes). More than one when a match is undecidable or a choice is random."""
-        return _dedupe(self._ops(t, rule, compile_rule(rule.tokens), 0, p, ()))
+        ops = self._compiled.get(id(rule))
+        if ops is None:  # (by the rule's identity: its tokens' hash is a walk of them)
+            ops = self._compiled[id(rule)] = compile_rule(rule.tokens)
+        got = self._ops(t, rule, ops, 0, p, ())
+        return got if len(got) == 1 else _dedupe(got)
 
     def _ops(self, t: NftTable, rule: NftRule, ops: list, k: int, q: NftPacket,
              notes: tuple[str, ...]) -> list[tuple[tuple | None, NftPacket, tuple[str, ...]]]:
@@ -615,20 +622,18 @@ def _one(kind: str, actual: object, pattern: object) -> bool | None:
             if within is None:
                 return None
             try:
-                pod = ipaddress.ip_network(within, strict=False)
+                pod_version, first, last = _prefix(within)
             except ValueError:
                 return None
-            if pod.version != version:
+            if pod_version != version:
                 return False
-            first, last = int(pod.network_address), int(pod.broadcast_address)
             if lo <= first and last <= hi:
                 return True
             return None if first <= hi and lo <= last else False
-        try:
-            a = ipaddress.ip_address(actual)  # type: ignore[arg-type]
-        except ValueError:
+        got = _address(actual)  # type: ignore[arg-type]
+        if got is None:
             return None
-        return a.version == version and lo <= int(a) <= hi
+        return got[0] == version and lo <= got[1] <= hi
     if kind == "int":
         try:
             if "-" in pat.lstrip("-"):
@@ -661,7 +666,40 @@ def _any_of(kind: str, actual: object, patterns: list) -> bool | None:
     return None if unknown else False
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=65536)
+def _address(text: str) -> tuple[int, int] | None:
+    """(IP version, integer) of an address; None when it is not one (a packet's
+    addresses, asked at every address match of every walk)."""
+    if _QUAD.fullmatch(text):
+        return 4, _quad(text)
+    try:
+        a = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    return a.version, int(a)
+
+
+# an IPv4 address as ipaddress reads one (four decimal octets 0-255, no leading zero):
+# its integer by str.split (ipaddress took 3 us: a tenth of an nftables-mode walk)
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_QUAD = re.compile(rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}", re.ASCII)
+
+
+def _quad(text: str) -> int:
+    a, b, c, d = text.split(".")
+    return (int(a) << 24) | (int(b) << 16) | (int(c) << 8) | int(d)
+
+
+@functools.lru_cache(maxsize=256)
+def _prefix(text: str) -> tuple[int, int, int]:
+    """(IP version, first, last) of a prefix (the pods' CIDR)."""
+    net = ipaddress.ip_network(text, strict=False)
+    return net.version, int(net.network_address), int(net.broadcast_address)
+
+
+# 64k: kube-proxy names each endpoint's address in its endpoint chain (25k at 10k
+# services), and an LRU smaller than what a walk asks evicts every entry before reuse
+@functools.lru_cache(maxsize=65536)
 def _span(pat: str) -> tuple[int, int, int]:
     """(IP version, first, last) of an address, a prefix or a range: nft lists an
     interval set's merged prefixes as a range ("203.0.113.0-203.0.113.191")."""
@@ -670,6 +708,9 @@ def _span(pat: str) -> tuple[int, int, int]:
         if a.version != b.version or int(a) > int(b):
             raise ValueError(f"not a range: {pat}")
         return a.version, int(a), int(b)
+    if _QUAD.fullmatch(pat):  # one address (an endpoint's, a cluster IP)
+        n = _quad(pat)
+        return 4, n, n
     net = ipaddress.ip_network(pat, strict=False)
     return net.version, int(net.network_address), int(net.broadcast_address)
 

@@ -11,6 +11,8 @@ parser tests and the benchmark all see realistic input:
   mark-matching MASQUERADE;
 * IPVS mode (pkg/proxy/ipvs/proxier.go, ipset.go): the KUBE-* ipsets, the set-matching
   nat rules, the kube-ipvs0 addresses and the IPVS virtual servers;
+* nftables mode (pkg/proxy/nftables/proxier.go): the knftables transaction for table
+  `ip kube-proxy`, as `nft -f` takes it (nftables.py; the benchmark's nftables state);
 * ip-masq-agent's IP-MASQ-AGENT chain and a plain CNI masquerade rule.
 
 Two renderings of the same rules exist because both occur in the field: what
@@ -21,7 +23,7 @@ needed) and what kube-proxy itself pipes into ``iptables-restore``
 no hooks). The save rendering was checked against real ``iptables-save`` output by
 loading it into a namespace and saving it back (tests/test_lab.py).
 
-One module per mode (iptables, ipvs), what they share in common, the
+One module per mode (iptables, ipvs, nftables), what they share in common, the
 neighbours (ip-masq-agent, CNI), the API objects and node text outputs (objects), and the
 benchmark's synthetic states (synthetic); this package re-exports their public names.
 """

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from lab.kube_proxy_rules.common import LbService
 from lab.kube_proxy_rules.iptables import iptables_mode
 from lab.kube_proxy_rules.ipvs import ipvs_mode
+from lab.kube_proxy_rules.nftables import nftables_mode
 from lab.kube_proxy_rules.objects import (
     ip_addr_text,
     node_json,
@@ -30,8 +31,8 @@ def synthetic(n_services: int, mode: str, seed: int = 0) -> dict[str, str]:
     (allocateLoadBalancerNodePorts: false), past 20,000 no health check NodePort either
     (10000 + i would meet the NodePorts). Deterministic for a given seed; 50k services
     take some 10 s."""
-    if mode not in ("iptables", "ipvs"):
-        raise ValueError(f"mode must be 'iptables' or 'ipvs', not {mode!r}")
+    if mode not in ("iptables", "ipvs", "nftables"):
+        raise ValueError(f"mode must be 'iptables', 'ipvs' or 'nftables', not {mode!r}")
     rng = random.Random(seed)
     node_ip, pod_cidr, cluster_cidr = "10.0.0.10", "172.16.1.0/24", "172.16.0.0/16"
     svc_base = int(ipaddress.IPv4Address("10.96.0.0"))
@@ -67,6 +68,9 @@ def synthetic(n_services: int, mode: str, seed: int = 0) -> dict[str, str]:
         bundle["ipset.txt"] = ""
         bundle["ipvsadm.txt"] = ""
         sysctls["net.ipv4.conf.all.route_localnet"] = 1  # localhostNodePorts
+    elif mode == "nftables":  # the proxier's transaction, as `nft -f` takes it
+        bundle["nft-transaction.txt"] = nftables_mode(
+            services, cluster_cidr=cluster_cidr, node_ip=node_ip, service_cidr="10.96.0.0/12")
     else:
         state = ipvs_mode(services, bind_lb_ip=True, cluster_cidr=cluster_cidr, node_ip=node_ip)
         bundle["iptables-save.txt"] = state.iptables_restore

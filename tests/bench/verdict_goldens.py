@@ -7,7 +7,7 @@ compared after it.
 
 Cases: each directory of tests/data/realworld, tests/data/constructed and
 tests/data/bundles (its files but case.json, as tests/test_realworld.py loads them), and
-the synthetic iptables and IPVS dumps of check_from.py for each size, through the CLI
+the synthetic iptables, IPVS and nftables dumps of check_from.py for each size, through the CLI
 (`check --from DIR --json`), whole and in variants that make the walk fork: without
 the Node object (the pods' addresses unknown), without the node's addresses (which
 addresses are local unknown), without either. The goldens of big sizes are tens of
@@ -74,7 +74,7 @@ def verdicts(sizes: list[int]):  # type: ignore[no-untyped-def]
     for name, d in _data_cases():
         yield name, _data_verdict(d)
     with tempfile.TemporaryDirectory(prefix="lb-goldens-") as tmp:
-        for mode in ("iptables", "ipvs"):
+        for mode in ("iptables", "ipvs", "nftables"):
             for n in sizes:
                 files = synthetic(n, mode)
                 for variant, left_out in VARIANTS:
