@@ -73,14 +73,15 @@ def test_a_result_with_unknowns_is_reused_a_bounded_number_of_times() -> None:
 
 
 def test_budget_scales_with_the_nft_chains(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(markers, "nft_table_uses", lambda: {"nat": 47_412, "filter": 10})
+    monkeypatch.setattr(markers, "nft_table_uses",
+                        lambda family=2: {"nat": 47_412, "filter": 10})
     b = nat_rules.read_budget("nft")
     # 1e-8 x 47422^2 + 2e-4 x 47422 = 31.97 s expected, x3 + 10
     assert b.seconds == pytest.approx(10 + 3 * (1e-8 * 47_422 ** 2 + 2e-4 * 47_422))
     assert b.sized_on == "47,422 chains and sets in the nft ip tables"
-    monkeypatch.setattr(markers, "nft_table_uses", lambda: {"nat": 10})
+    monkeypatch.setattr(markers, "nft_table_uses", lambda family=2: {"nat": 10})
     assert nat_rules.read_budget("nft").seconds == pytest.approx(10 + 3 * 2e-3, abs=1e-3)
-    monkeypatch.setattr(markers, "nft_table_uses", lambda: {"nat": 10_000_000})
+    monkeypatch.setattr(markers, "nft_table_uses", lambda family=2: {"nat": 10_000_000})
     assert nat_rules.read_budget("nft").seconds == nat_rules.BUDGET_CEILING
 
 
@@ -94,7 +95,7 @@ def test_budget_scales_with_the_legacy_rules(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_budget_without_counts_is_the_floor(monkeypatch: pytest.MonkeyPatch) -> None:
-    def fail() -> dict[str, int]:
+    def fail(family: int = 2) -> dict[str, int]:
         raise markers.MarkerError("EPERM")
     monkeypatch.setattr(markers, "nft_table_uses", fail)
     assert nat_rules.read_budget("nft", floor=12) == nat_rules.Budget(

@@ -334,3 +334,48 @@ def test_interface_matches_and_wildcards() -> None:
         "prerouting", NftPacket(src="10.0.1.5", dst="1.2.3.4", in_iface=iface))}
         for iface in ("vethab12", "cni0", None)}
     assert verdicts == {"vethab12": {"DROP"}, "cni0": {"ACCEPT"}, None: {"DROP", "ACCEPT"}}
+
+
+def _json_variants(text: str) -> list[str]:
+    """The real listing, and the same with every shape the item-by-item reader must
+    hand back to json.loads or refuse as it did."""
+    body = text.strip()
+    inner = body[body.index("[") + 1:body.rindex("]")]
+    return [
+        text, body, " \n" + body + "\n\n", body.replace('{"nftables": [', '{ "nftables" :[\n', 1),
+        '{"nftables": []}', '{"nftables": [ ]} ', '{"nftables": []} x',
+        '{"nftables": [' + inner + '], "other": 1}',
+        '{"nftables": [' + inner + '], "nftables": [{"table": {"family": "ip", '
+        '"name": "second", "handle": 1}}]}',
+        '{"nftables": [' + inner + ',]}', '{"nftables": [' + inner + ' {}]}',
+        '{"nftables": [' + inner[: len(inner) // 2],
+        '{"nftables": [' + inner + ']',
+        '{"nftables": [' + inner.replace("}", "} x", 1) + "]}",
+        '{"nftables": [' + "[" * 100_000 + "]" * 100_000 + "]}",
+        '{"nftables": {"a": 1}}', '{"other": [], "nftables": []}', "[]",
+    ]
+
+
+def test_the_json_listing_read_item_by_item_reads_as_read_whole() -> None:
+    """nft -j output is read one array item at a time (the whole tree of a 10k-service
+    listing was 500 MB); every document reads as json.loads of it read (the same
+    model, or the same error naming the file and line)."""
+    from agent.netfilter import nft_json
+
+    texts = [p.read_text() for p in (DATA / "nft" / "overall.json",
+                                      DATA / "constructed" / "nft-iptables-nft-mangle-xt" /
+                                      "nft-ruleset.json")]
+    for text in texts:
+        for variant in _json_variants(text):
+            try:
+                expected: object = nft_json._read(nft_json._whole(variant, "x.json"), "x.json")
+            except NftError as e:
+                expected = ("error", str(e))
+            try:
+                got: object = nft_json.read_nft_json(variant, "x.json")
+            except NftError as e:
+                got = ("error", str(e))
+            assert got == expected, variant[:120]
+    # the plain listing takes the item-by-item path (the test above is not all fallback)
+    items = list(nft_json._items(texts[0], "x.json"))
+    assert len(items) > 10 and all(isinstance(i, dict) for i in items)

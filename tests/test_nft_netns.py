@@ -328,3 +328,43 @@ def test_constructed_notrack_before_kube_proxy(tmp_path: Path) -> None:
         got = _live_ids(node, tmp_path)
     assert got["192.168.99.33"] == {"pod-to-lb-not-masqueraded"}, got
     assert "pod-to-lb-captured" in got["1.2.3.4"], got
+
+
+_BUDGET = r"""
+import json
+from agent.probes import nat_rules, nft_rules
+from agent.probes.base import ProbeContext
+out = {"sized_on": nat_rules.read_budget("nft", 10.0, family=0).sized_on}
+r = nft_rules.collect(ProbeContext())
+out["read"] = r.value is not None and not r.unknowns
+# a budget this node's listing cannot meet: the floor alone (1 ms), no slack
+nat_rules.BUDGET_SLACK, nft_rules.BUDGET_FLOOR = 0.0, 0.001
+r = nft_rules.collect(ProbeContext(timeout=0.001))
+out["stopped"] = [r.value is None, [u.reason for u in r.unknowns]]
+print(json.dumps(out))
+"""
+
+
+def test_the_nft_read_is_budgeted_by_the_tables_size_and_says_so_when_stopped() -> None:
+    """The nftables-mode read (`nft -j list ruleset`) had a fixed 10 s: a 10k-service node
+    took 16 s to list here, and came out "unknown". Its budget now grows with the chains
+    and sets of the ip and ip6 tables, counted by netlink (a kube-proxy state of 150
+    Services, loaded with `nft -f` in a namespace made here), and a read stopped at its
+    budget says what it was sized on."""
+    from lab import kube_proxy_rules as kpr
+    from lab.netns import netns
+
+    text = kpr.synthetic(150, "nftables")["nft-transaction.txt"]
+    objects = len(re.findall(r"^add (?:chain|set|map) ", text, re.M))
+    with netns("lbnb") as ns:
+        ns.run("nft", "-f", "-", input=text)
+        r = ns.run(sys.executable, "-c", _BUDGET, check=False, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["sized_on"] == f"{objects:,} chains and sets in the nft ip and ip6 tables"
+    assert out["read"]
+    gone, reasons = out["stopped"]
+    assert gone and reasons == ["nft -j list ruleset (nft backend) was stopped after 0.001 s, "
+                                "its time "
+                                f"budget for {objects:,} chains and sets in the nft ip and "
+                                "ip6 tables"], reasons

@@ -9,6 +9,8 @@ reader does not know is rendered as `<unknown:KEY>`: the walk treats it as undec
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from agent.netfilter.nft_model import (
@@ -31,9 +33,49 @@ def looks_like_nft_json(text: str) -> bool:
     return head.startswith("{") and '"nftables"' in head
 
 
-def read_nft_json(text: str, source: str) -> NftRuleset:
-    if len(text) > MAX_JSON_BYTES:
-        raise NftError(source, None, f"larger than {MAX_JSON_BYTES} bytes")
+# what `nft -j` prints: one object whose one member is the array of nft objects
+_HEAD = re.compile(r'\s*\{\s*"nftables"\s*:\s*\[')
+_TAIL = re.compile(r"\s*\]\s*\}\s*")
+_BLANKS = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
+
+
+class _NotPlain(Exception):
+    """The document is not the plain `{"nftables": [...]}` of nft -j."""
+
+
+def _items(text: str, source: str) -> Iterator[Any]:
+    """The items of the "nftables" array, decoded one at a time: a 10k-service node's
+    42 MB listing decoded whole was 500 MB of dicts alive at once, where each item is
+    needed only while it is read into the model. Raises _NotPlain, at the latest after
+    the last item, for a document of any other shape (another member beside the array,
+    a second "nftables", a misplaced comma): the caller reads it whole instead, as
+    before, and its answer or error is json.loads's. A syntax error inside an item is
+    the first one of the text: the same error json.loads would give."""
+    head = _HEAD.match(text)
+    if head is None:
+        raise _NotPlain
+    decode = json.JSONDecoder().raw_decode
+    pos = _BLANKS.match(text, head.end()).end()
+    if text.startswith("]", pos):
+        if not _TAIL.fullmatch(text, pos):
+            raise _NotPlain
+        return
+    while True:
+        try:
+            item, pos = decode(text, pos)
+        except (ValueError, RecursionError) as e:
+            raise NftError(source, getattr(e, "lineno", None), f"not JSON: {e}") from None
+        yield item
+        pos = _BLANKS.match(text, pos).end()
+        if text.startswith(",", pos):
+            pos = _BLANKS.match(text, pos + 1).end()
+            continue
+        if _TAIL.fullmatch(text, pos):
+            return
+        raise _NotPlain
+
+
+def _whole(text: str, source: str) -> list[Any]:
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError) as e:
@@ -42,6 +84,19 @@ def read_nft_json(text: str, source: str) -> NftRuleset:
     items = doc.get("nftables") if isinstance(doc, dict) else None
     if not isinstance(items, list):
         raise NftError(source, None, "no \"nftables\" array (not `nft -j` output)")
+    return items
+
+
+def read_nft_json(text: str, source: str) -> NftRuleset:
+    if len(text) > MAX_JSON_BYTES:
+        raise NftError(source, None, f"larger than {MAX_JSON_BYTES} bytes")
+    try:
+        return _read(_items(text, source), source)
+    except _NotPlain:
+        return _read(_whole(text, source), source)
+
+
+def _read(items: Iterable[Any], source: str) -> NftRuleset:
     tables: dict[tuple[str, str], dict[str, Any]] = {}
     problems: list[str] = []
     elements = 0

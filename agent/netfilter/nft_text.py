@@ -10,6 +10,7 @@ guessed at.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -69,6 +70,7 @@ def _headless_family(text: str) -> str:
 
 _TOKEN = re.compile(r'"[^"]*"|"|[{};,]|#.*|[^\s{};,"]+')
 _SPECIAL = re.compile(r'[{};,"#]')  # what makes a token of its own in _TOKEN
+_intern = sys.intern
 # the lines whose '{' opens a block, not a statement continued over lines
 _BLOCK_HEAD = re.compile(r"^(?:table|chain|set|map|flowtable|ct\s+\w+|counter|quota|limit)\s")
 _TABLE_HEAD = re.compile(r"^table\s+(\S+)\s+(\S+)\s*\{$")
@@ -88,7 +90,9 @@ def tokenize(text: str, source: str = "", line: int | None = None,
     if text.isascii() and not _SPECIAL.search(text):
         # words only (most rules of a 10k-service script): the words the pattern below
         # would give, one after another (ASCII: both split at the same blanks)
-        words = tuple(text.split())
+        # (interned: kube-proxy's words and chain names repeat in every service's rules,
+        # a third of a 10k-service model was copies of them)
+        words = tuple(map(_intern, text.split()))
         if len(words) > limit:
             raise NftError(source, line, f"more than {limit} tokens in a "
                            + ("rule" if limit == MAX_TOKENS_PER_RULE else "statement"))
@@ -117,7 +121,7 @@ def tokenize(text: str, source: str = "", line: int | None = None,
             group = tuple(stack.pop())
             stack[-1].append(group)
         else:
-            stack[-1].append(tok)
+            stack[-1].append(_intern(tok))
     if len(stack) != 1:
         raise NftError(source, line, "'{' without '}'")
     return tuple(stack[0])

@@ -22,6 +22,7 @@ import time
 from agent.probes import markers
 from agent.probes.base import (
     CommandError,
+    CommandTimeout,
     Probe,
     ProbeContext,
     ProbeResult,
@@ -31,6 +32,7 @@ from agent.probes.base import (
     run_command,
     unavailable,
 )
+from agent.probes.nat_rules import BUDGET_FLOOR, Overrun, read_budget
 from agent.snapshot import NftDump
 
 SOURCE = "nft rules"
@@ -51,17 +53,31 @@ def kube_proxy_table() -> bool | None:
         return None
 
 
-def read_table(timeout: float, has_table: bool | None = None) -> str | None:
+def read_table(timeout: float, has_table: bool | None = None,
+               background: bool = False) -> str | None:
     """The ruleset's JSON text, or None when no kube-proxy table is in it (iptables or
     IPVS mode: their rulesets can be big, and are not read twice). ``has_table``: what
-    netlink said; None asks nft."""
-    deadline = time.monotonic() + timeout
+    netlink said; None asks nft. ``timeout``: at least this; more as the node's tables
+    hold more (nat_rules.read_budget: `nft -j list ruleset` of a 10k-service nftables
+    node took 16 s, and a fixed 10 s made that node "unknown"). Raises CommandTimeout
+    naming the budget and what it was sized on."""
+    budget = read_budget("nft", timeout, family=0)
+    deadline = time.monotonic() + budget.seconds
+
+    def run(cmd: tuple[str, ...], seconds: float) -> str:
+        try:
+            return run_command(list(cmd), seconds, background)
+        except CommandTimeout:
+            raise CommandTimeout(str(Overrun("nft", " ".join(cmd), budget, background)),
+                                 budget.seconds) from None
+
     if has_table is None:
-        if not _KUBE_PROXY.search(run_command(list(TABLES), timeout)):
+        if not _KUBE_PROXY.search(run(TABLES, budget.seconds)):
             return None
     elif not has_table:
         return None
-    return run_command(list(COMMAND), max(deadline - time.monotonic(), 1.0))
+    # (a second at least for the listing when asking for the tables took the budget)
+    return run(COMMAND, max(deadline - time.monotonic(), min(1.0, budget.seconds)))
 
 
 def collect(ctx: ProbeContext) -> ProbeResult:
@@ -73,7 +89,7 @@ def collect(ctx: ProbeContext) -> ProbeResult:
 
 def _collect(ctx: ProbeContext) -> ProbeResult:
     try:
-        text = read_table(max(ctx.timeout, 10.0), kube_proxy_table())
+        text = read_table(max(ctx.timeout, BUDGET_FLOOR), kube_proxy_table(), ctx.background)
     except CommandError as exc:
         if "command not found" in str(exc):
             return unavailable(SOURCE, NO_NFT)
