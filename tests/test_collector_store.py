@@ -25,25 +25,15 @@ import pytest
 import requests
 
 from agent.ship import gz
-from tests.test_collector import Proc, free_port, verdict
+from tests.test_collector import Proc, free_port
 from tests.test_collector import postgres as postgres  # the fixture, for db below
+from tests.test_collector_abuse import base as base  # the fixtures: a verdict, a database
+from tests.test_collector_abuse import db as db
 from tests.test_collector_abuse import status_kib
 from tests.test_collector_gzip import zip_bomb
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA2 = ROOT / "tests" / "data" / "collector" / "store-schema2.py.txt"
-
-
-@pytest.fixture(scope="module")
-def base() -> dict[str, Any]:
-    return verdict("base")
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite://{tmp_path / 'c.db'}"
-    return request.getfixturevalue("postgres").new_db()
 
 
 def like(base: dict[str, Any], node: str, i: int, **changes: Any) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
 from agent.netfilter.rules import parse_rule_text
-from agent.parse.ip_text import canonical_ip
+from agent.parse.ip_text import PLAIN_V4, canonical_ip
 from agent.quick_init import quick_init
 from agent.snapshot import Address, LocalRoute, NodeSnapshot, Rules, Service
 
@@ -17,10 +17,6 @@ from agent.snapshot import Address, LocalRoute, NodeSnapshot, Rules, Service
 _KIND_BY_COMMENT = (("loadbalancer IP", "loadbalancer"), ("external IP", "external"))
 _SVC_IN_COMMENT = re.compile(r"^([a-z0-9][-a-z0-9.]*)/([a-z0-9][-a-z0-9.]*)(?::(\S*))?")
 _PROTOCOLS = frozenset({"TCP", "UDP", "SCTP"})
-# an IPv4 address as ipaddress.ip_address reads one: four decimal octets 0-255, no
-# leading zero
-_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-_DOTTED_QUAD = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
 _HASHED_CHAIN = re.compile(r"^KUBE-(SVC|EXT|SVL|FW|XLB)-([A-Z2-7]{16})$")
 
 
@@ -231,7 +227,7 @@ def split_by_family(targets: list[LbTarget]
     for t in targets:
         try:
             # (a dotted quad as ipaddress takes it, without building the address)
-            version = 4 if _DOTTED_QUAD.fullmatch(t.ip) else ipaddress.ip_address(t.ip).version
+            version = 4 if PLAIN_V4.fullmatch(t.ip) else ipaddress.ip_address(t.ip).version
         except ValueError:
             if t.ip not in seen:
                 skipped.append(f"{t.ip!r} ({', '.join(t.learned_from)}) is not an IP address")
