@@ -496,9 +496,13 @@ def test_resources_bounded(rendered: list[Obj], workload: str) -> None:
     for what in ("cpu", "memory"):
         request, limit = quantity(res["requests"][what]), quantity(res["limits"][what])
         assert 0 < request <= limit, f"{what}: request {request} limit {limit}"
-    # the measured peaks (55 MiB agent, 41 MiB collector) fit under the limits with room
-    peak = {"agent": 55, "collector": 41}[workload] * 2**20
-    assert quantity(res["limits"]["memory"]) >= 2 * peak
+    # the measured peaks fit under the limits: the collector's (41 MiB) with room; the
+    # agent's container on a 10k-Service nftables-mode node (408 MiB, the rules listing
+    # it runs charged to it: tests/test_memory_limit_netns.py shows what happens past it)
+    if workload == "agent":
+        assert quantity(res["limits"]["memory"]) >= 408 * 2**20
+    else:
+        assert quantity(res["limits"]["memory"]) >= 2 * 41 * 2**20
 
 
 # -- RBAC ------------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ def _comparable(verdict: dict[str, Any]) -> dict[str, Any]:
                            if u["source"] not in ("ipvs", "ipvsadm.txt", "kube-proxy",
                                                   "kubernetes API", "services.json",
                                                   "node.json", "ingresses.json",
-                                                  "nft-kube-proxy.json"))
+                                                  "nft-ruleset.txt"))
     return v
 
 

@@ -187,9 +187,9 @@ def test_restore_accepts_everything_generated(backend: str) -> None:
 def test_nftables_synthetic_is_what_the_kernel_takes_and_diagnosed_as_iptables(
         tmp_path: Path) -> None:
     """The benchmark's nftables-mode state: `nft -f` loads it into a namespace; read back
-    from the kernel (`nft -j list table ip kube-proxy`, what the agent reads live) and as
-    the transaction text, it gives the same verdict, and the same findings per LB IP as
-    the iptables-mode state of the same Services."""
+    from the kernel (`nft list ruleset`, what the agent reads live, and `nft -j list
+    table ip kube-proxy`) and as the transaction text, it gives the same verdict, and the
+    same findings per LB IP as the iptables-mode state of the same Services."""
     from agent.bundle import load_bundle
     from agent.diagnose import diagnose
 
@@ -197,6 +197,7 @@ def test_nftables_synthetic_is_what_the_kernel_takes_and_diagnosed_as_iptables(
     with netns("lbt") as ns:
         ns.run("nft", "-f", "-", input=files["nft-transaction.txt"])
         dumped = ns.run("nft", "-j", "list", "table", "ip", "kube-proxy").stdout
+        listed = ns.run("nft", "list", "ruleset").stdout
 
     def findings(bundle: dict[str, str], name: str) -> dict[str, list[str]]:
         d = tmp_path / name
@@ -214,6 +215,7 @@ def test_nftables_synthetic_is_what_the_kernel_takes_and_diagnosed_as_iptables(
     assert len(as_text) == 120 and all("pod-to-lb-captured" in ids for ids in as_text.values())
     assert sum("etp-local-no-local-endpoint" in ids for ids in as_text.values()) > 10
     assert findings({**rest, "nft-kube-proxy.json": dumped}, "kernel") == as_text
+    assert findings({**rest, "nft-ruleset.txt": listed}, "listed") == as_text
     assert findings(kpr.synthetic(120, "iptables"), "iptables") == as_text
 
 

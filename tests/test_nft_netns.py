@@ -104,7 +104,7 @@ def test_kernel_and_agent_agree_on_an_nftables_mode_node(case: str, tmp_path: Pa
                                                          "kube-proxy").stdout)
         after = unchanging(capture(node))
     assert before == after, "the agent changed the node"
-    assert (bundle / "nft-kube-proxy.json").exists()
+    assert (bundle / "nft-ruleset.txt").exists()
     assert v["kube_proxy_mode"] == "nftables", v
     got = ids_by_ip(v)
     # the agent says what the kernel did
@@ -346,7 +346,7 @@ print(json.dumps(out))
 
 
 def test_the_nft_read_is_budgeted_by_the_tables_size_and_says_so_when_stopped() -> None:
-    """The nftables-mode read (`nft -j list ruleset`) had a fixed 10 s: a 10k-service node
+    """The nftables-mode read (`nft list ruleset`) had a fixed 10 s: a 10k-service node
     took 16 s to list here, and came out "unknown". Its budget now grows with the chains
     and sets of the ip and ip6 tables, counted by netlink (a kube-proxy state of 150
     Services, loaded with `nft -f` in a namespace made here), and a read stopped at its
@@ -364,7 +364,7 @@ def test_the_nft_read_is_budgeted_by_the_tables_size_and_says_so_when_stopped() 
     assert out["sized_on"] == f"{objects:,} chains and sets in the nft ip and ip6 tables"
     assert out["read"]
     gone, reasons = out["stopped"]
-    assert gone and reasons == ["nft -j list ruleset (nft backend) was stopped after 0.001 s, "
+    assert gone and reasons == ["nft list ruleset (nft backend) was stopped after 0.001 s, "
                                 "its time "
                                 f"budget for {objects:,} chains and sets in the nft ip and "
                                 "ip6 tables"], reasons

@@ -9,7 +9,9 @@ SYSCTL = "sysctl.txt"
 SERVICES = "services.json"
 NODE = "node.json"
 INGRESSES = "ingresses.json"
-NFT = "nft-kube-proxy.json"  # `nft -j list ruleset` when a kube-proxy table is in it
+# `nft list ruleset` when a kube-proxy table is in it (bundles before 2026-11 have it as
+# nft-kube-proxy.json, `nft -j`: every file is read by its content, so both still load)
+NFT = "nft-ruleset.txt"
 IP6TABLES = "ip6tables-save.txt"  # the IPv6 rules, of the backend iptables-save.txt's is
 
 ALL = (IPTABLES, IPSET, IPVSADM, ROUTE_LOCAL, ADDR, SYSCTL, SERVICES, NODE, INGRESSES, NFT,

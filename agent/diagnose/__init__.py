@@ -224,7 +224,7 @@ def _ipv6_not_walked(targets: list[LbTarget], snap: NodeSnapshot | None = None,
             evidence=("learned from " + "; ".join(t.learned_from),
                       f"IPv6 is not walked: {why}"),
             remedy=("Give `nft list table ip6 kube-proxy` output (the bundle's "
-                    "nft-kube-proxy.json holds the whole ruleset), or check the ip6 table's "
+                    "nft-ruleset.txt holds the whole ruleset), or check the ip6 table's "
                     "rules by hand, as for IPv4." if nft else
                     "Give `ip6tables-save` output (the bundle has it as ip6tables-save.txt), "
                     "or check the IPv6 nat rules by hand, as for IPv4.")))

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.probes import memory_limit
 from agent.snapshot import NodeSnapshot, Unknown
 
 
@@ -48,6 +50,10 @@ class ProbeResult:
 
     value: object | None
     unknowns: tuple[Unknown, ...] = ()
+    # a failure the same read would repeat while the source is unchanged (the kernel
+    # killed it for memory): a daemon's ReadCache keeps it like a partial read, rather
+    # than an out-of-memory kill on the node every cycle
+    repeats: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,8 +75,9 @@ class ReadCache:
 
     ``read(source, marker, collect)`` takes the marker *before* reading, so a change made
     during a read shows as a new marker next time. A read that failed (value None) is not
-    kept: the next cycle tries again; one that said what it could not read (unknowns,
-    e.g. a dump that overran its budget) is reused at most ``retry_after`` times. A
+    kept: the next cycle tries again, unless the failure ``repeats``; that one, and one
+    that said what it could not read (unknowns, e.g. a dump that overran its budget), is
+    reused at most ``retry_after`` times. A
     marker that cannot be taken (it raises) means "read it". Not thread-safe: one daemon
     cycle at a time uses it.
     """
@@ -97,7 +104,7 @@ class ReadCache:
             return last[1]
         result = collect()
         self.read_count[source] = self.read_count.get(source, 0) + 1
-        if key is not None and result.value is not None:
+        if key is not None and (result.value is not None or result.repeats):
             uses = float("inf") if not result.unknowns else float(self.retry_after)
             self._last[source] = (key, result, uses)
         else:
@@ -156,6 +163,11 @@ class CommandTimeout(CommandError):
         self.seconds = seconds
 
 
+class CommandKilled(CommandError):
+    """The command died of a signal: on a node, the kernel's out-of-memory killer, most
+    often (the message says whether the cgroup counted a kill, and its limit)."""
+
+
 def low_priority(args: Sequence[str]) -> list[str]:
     """``args`` run at the lowest CPU priority (nice 19) and the lowest best-effort I/O
     priority (ionice -c2 -n7), from its first instruction: a wrapper, not a
@@ -169,12 +181,24 @@ def low_priority(args: Sequence[str]) -> list[str]:
     return [*prefix, *args]
 
 
+def first_victim(args: Sequence[str]) -> list[str]:
+    """``args`` as the process the out-of-memory killer takes first (oom_score_adj 1000,
+    by util-linux's choom): a child is charged to the agent's container, and when a
+    listing outgrows the container's limit it is the listing that must die, not the agent
+    that would say why. A wrapper, like low_priority (raising one's own score needs no
+    privilege); without choom it runs as it is."""
+    if shutil.which("choom"):
+        return ["choom", "-n", "1000", "--", *args]
+    return list(args)
+
+
 def run_command(args: Sequence[str], timeout: float, background: bool = False) -> str:
     """Run a read-only command, return its stdout exactly as printed.
 
-    Raises CommandError (missing binary, timeout, non-zero exit with its stderr) so
-    callers can turn it into an Unknown or a "skipped" line, never a traceback.
-    ``background``: a long read, run at the lowest CPU and I/O priority.
+    Raises CommandError (missing binary, timeout, non-zero exit with its stderr; a death
+    by a signal as CommandKilled) so callers can turn it into an Unknown or a "skipped"
+    line, never a traceback. ``background``: a long read, run at the lowest CPU and I/O
+    priority.
     """
     exe = shutil.which(args[0])
     if exe is None:
@@ -185,6 +209,9 @@ def run_command(args: Sequence[str], timeout: float, background: bool = False) -
     argv = [exe, *args[1:]]
     if background:
         argv = low_priority(argv)
+    argv = first_victim(argv)
+    kills = memory_limit.oom_kills()
+    start = time.monotonic()
     try:
         proc = subprocess.run(argv, capture_output=True, text=True,
                               timeout=timeout, env=env, stdin=subprocess.DEVNULL)
@@ -193,10 +220,36 @@ def run_command(args: Sequence[str], timeout: float, background: bool = False) -
                              timeout) from None
     except OSError as exc:
         raise CommandError(f"{' '.join(args)}: {exc}") from None
+    if proc.returncode < 0:
+        raise CommandKilled(killed(" ".join(args), -proc.returncode,
+                                   time.monotonic() - start, kills))
     if proc.returncode != 0:
         err = proc.stderr.strip() or proc.stdout.strip() or "no output"
         raise CommandError(f"{' '.join(args)} exited {proc.returncode}: {err}")
     return proc.stdout
+
+
+def killed(command: str, signum: int, seconds: float, kills_before: int | None) -> str:
+    """Why ``command`` died of ``signum``, for the verdict: the out-of-memory killer when
+    the cgroup's kill count rose meanwhile (or may have: SIGKILL, count unknown), with the
+    container's limit and what to do."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    head = f"{command} was killed ({name}) after {seconds:.1f}s"
+    if signum != signal.SIGKILL:
+        return head
+    limit = memory_limit.limit_bytes()
+    kills = memory_limit.oom_kills()
+    room = (f"this container may use {memory_limit.mib(limit)} (its cgroup's memory limit)"
+            if limit is not None else "the memory limit is not known")
+    if kills_before is not None and kills is not None and kills > kills_before:
+        return (f"{head} by the kernel's out-of-memory killer: {room}, and this read needs "
+                "more on this node; raise the agent's memory limit (the DaemonSet's "
+                "resources.limits.memory says how to size it)")
+    return (f"{head}: by the out-of-memory killer if it outgrew the container ({room}), "
+            "else by another process")
 
 
 def kernel_module_present(name: str) -> bool:

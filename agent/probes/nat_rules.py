@@ -36,6 +36,7 @@ from agent.netfilter.rules_text import RulesText, parse_iptables_save, read_rule
 from agent.probes import markers
 from agent.probes.base import (
     CommandError,
+    CommandKilled,
     CommandTimeout,
     Probe,
     ProbeContext,
@@ -154,12 +155,14 @@ def kube_score(text: str) -> tuple[int, int, int]:
 
 @dataclass(frozen=True)
 class Overrun:
-    """A dump stopped at its budget."""
+    """A dump stopped at its budget, or killed (the container's memory: ``killed``, and
+    the CommandKilled's message says so): either way too big to read whole."""
 
     backend: str
     command: str
     budget: Budget
     background: bool = False
+    killed: bool = False
 
     def __str__(self) -> str:
         return (f"{self.command} ({self.backend} backend) was stopped after "
@@ -194,6 +197,12 @@ def dump_backends(timeout: float = BUDGET_FLOOR, background: bool = False, famil
             overrun = Overrun(backend, commands[backend], budget, background)
             overruns.append(overrun)
             errors.append(str(overrun))
+            continue
+        except CommandKilled as exc:
+            # (too big for the container's memory: read chain by chain, as an overrun)
+            overruns.append(Overrun(backend, commands[backend], budget, background,
+                                    killed=True))
+            errors.append(str(exc))
             continue
         except CommandError as exc:
             errors.append(str(exc))
@@ -301,7 +310,9 @@ def _collect(ctx: ProbeContext) -> ProbeResult:
                            "excerpt: chains it does not show are undecided, not empty)")
                 reason += "".join(f"; {p}" for p in problems)
                 return ProbeResult(excerpt, (Unknown(SOURCE, reason),))
-        return ProbeResult(None, (Unknown(SOURCE, reason),))
+        # a kill repeats while the rules stay as they are: not every cycle
+        return ProbeResult(None, (Unknown(SOURCE, reason),),
+                           repeats=any(o.killed for o in sel.overruns))
     return _parsed(SOURCE, dump, errors)
 
 
@@ -336,7 +347,8 @@ def _collect6(ctx: ProbeContext) -> ProbeResult:
     dump, errors = sel.dump, sel.errors
     if dump is None:
         reason = NO_BINARY6 if not sel.have_binary else "; ".join(errors)
-        return ProbeResult(None, (Unknown(SOURCE6, reason),))
+        return ProbeResult(None, (Unknown(SOURCE6, reason),),
+                           repeats=any(o.killed for o in sel.overruns))
     return _parsed(SOURCE6, dump, errors)
 
 

@@ -1,6 +1,11 @@
-"""kube-proxy's nftables mode: the ruleset, as `nft -j list ruleset` gives it (libnftables'
-JSON through the nft command: the structured interface), read when `nft -j list tables`
-shows a kube-proxy table. The whole ruleset, not only kube-proxy's table: other tables on
+"""kube-proxy's nftables mode: the ruleset, as `nft list ruleset` prints it, read when
+netlink (or `nft -j list tables`) shows a kube-proxy table. The text listing, not the JSON
+one (`nft -j`): the same rules (tests/test_nft_netns.py reads a kernel's both ways), read
+by the reader of pasted listings, and nft needs far less memory to print it. On a node of
+10k services in nftables mode, nft's own peak was 370 MB for the text and 834 MB for the
+JSON (libjansson builds the whole document before printing it), all charged to the
+agent's container: see agent.probes.memory_limit for what the verdict says when the
+kernel kills it. The whole ruleset, not only kube-proxy's table: other tables on
 the same hooks decide too (a CNI's own nft masquerade, flannel's `ip flannel-ipv4`;
 firewalld's `inet firewalld`), and reading kube-proxy's alone made a masqueraded pod
 look unmasqueraded.
@@ -22,6 +27,7 @@ import time
 from agent.probes import markers
 from agent.probes.base import (
     CommandError,
+    CommandKilled,
     CommandTimeout,
     Probe,
     ProbeContext,
@@ -33,11 +39,11 @@ from agent.probes.base import (
     unavailable,
 )
 from agent.probes.nat_rules import BUDGET_FLOOR, Overrun, read_budget
-from agent.snapshot import NftDump
+from agent.snapshot import NftDump, Unknown
 
 SOURCE = "nft rules"
 TABLES = ("nft", "-j", "list", "tables")
-COMMAND = ("nft", "-j", "list", "ruleset")
+COMMAND = ("nft", "list", "ruleset")
 NO_NFT = ("nft: command not found: kube-proxy's nftables mode (table ip kube-proxy) cannot "
           "be read; install nftables or give `nft list ruleset` output")
 # {"table": {"family": "ip", "name": "kube-proxy", ...}} as nft -j prints it
@@ -55,12 +61,13 @@ def kube_proxy_table() -> bool | None:
 
 def read_table(timeout: float, has_table: bool | None = None,
                background: bool = False) -> str | None:
-    """The ruleset's JSON text, or None when no kube-proxy table is in it (iptables or
-    IPVS mode: their rulesets can be big, and are not read twice). ``has_table``: what
-    netlink said; None asks nft. ``timeout``: at least this; more as the node's tables
-    hold more (nat_rules.read_budget: `nft -j list ruleset` of a 10k-service nftables
-    node took 16 s, and a fixed 10 s made that node "unknown"). Raises CommandTimeout
-    naming the budget and what it was sized on."""
+    """The ruleset as `nft list ruleset` prints it, or None when no kube-proxy table is
+    in it (iptables or IPVS mode: their rulesets can be big, and are not read twice).
+    ``has_table``: what netlink said; None asks nft. ``timeout``: at least this; more as
+    the node's tables hold more (nat_rules.read_budget: listing a 10k-service nftables
+    node took 13-16 s, and a fixed 10 s made that node "unknown"). Raises CommandTimeout
+    naming the budget and what it was sized on, CommandKilled when nft died (of the
+    container's memory limit, most often)."""
     budget = read_budget("nft", timeout, family=0)
     deadline = time.monotonic() + budget.seconds
 
@@ -90,13 +97,15 @@ def collect(ctx: ProbeContext) -> ProbeResult:
 def _collect(ctx: ProbeContext) -> ProbeResult:
     try:
         text = read_table(max(ctx.timeout, BUDGET_FLOOR), kube_proxy_table(), ctx.background)
+    except CommandKilled as exc:
+        return ProbeResult(None, (Unknown(SOURCE, str(exc)),), repeats=True)
     except CommandError as exc:
         if "command not found" in str(exc):
             return unavailable(SOURCE, NO_NFT)
         return unavailable(SOURCE, str(exc))
     if text is None:
         return ProbeResult(None)
-    return ProbeResult((NftDump("json", text, " ".join(COMMAND)),))
+    return ProbeResult((NftDump("text", text, " ".join(COMMAND)),))
 
 
 PROBE = register(Probe(name=SOURCE, field="nft", collect=collect))
