@@ -67,6 +67,7 @@ bench: deps venv
 	$(PY) tests/bench/live_read.py
 	$(PY) tests/bench/daemon_cost.py
 	$(PY) tests/bench/daemon_cost.py --backend legacy
+	$(PY) tests/bench/daemon_cost.py --capture
 	$(PY) tests/bench/ipv6_scale.py
 	$(PY) tests/bench/big_verdict.py
 

