@@ -379,3 +379,25 @@ def test_the_json_listing_read_item_by_item_reads_as_read_whole() -> None:
     # the plain listing takes the item-by-item path (the test above is not all fallback)
     items = list(nft_json._items(texts[0], "x.json"))
     assert len(items) > 10 and all(isinstance(i, dict) for i in items)
+
+
+def test_one_snapshots_ruleset_is_kept_not_every_ones() -> None:
+    """prepare() and diagnose() of one snapshot share one parse; a daemon whose rules
+    change every cycle must not keep the old ones (the cache kept eight: +67 MiB a change
+    on a 10k-service node, past the DaemonSet's limit after a few changes)."""
+    import gc
+    import weakref
+
+    from agent.netfilter.nft_read import ruleset_of
+    from agent.snapshot import NftDump
+
+    text = (Path(__file__).parent / "data" / "nft" / "overall-list.txt").read_text()
+    a = NodeSnapshot(nft=(NftDump("text", text, "a"),))
+    rs_a = ruleset_of(a)[0]
+    assert rs_a is not None and ruleset_of(a)[0] is rs_a  # read once
+    old = weakref.ref(rs_a.tables[0])
+    del rs_a, a
+    b = NodeSnapshot(nft=(NftDump("text", text + "\n", "b"),))
+    assert ruleset_of(b)[0] is not None
+    gc.collect()
+    assert old() is None, "the previous snapshot's ruleset is still held"

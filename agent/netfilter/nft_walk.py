@@ -127,8 +127,12 @@ class NftWalker:
         self._maps: dict[int, dict[tuple[str, ...], str | None]] = {}
         self._stages: dict[tuple[str, bool], list[tuple[int, str, object]]] = {}
         self._sets: dict[int, tuple[NftSet, frozenset[str], list[str]]] = {}
-        # each rule's ops by id(): the rules live as long as the ruleset this walker holds
+        # each rule's ops by id(): the rules live as long as the ruleset this walker holds;
+        # and by tokens, so that rules written alike compile once. The walker's own: a
+        # module-wide cache kept 100k compiled rules (35 MB) in a daemon between cycles,
+        # to save 0.4 s when the rules change
         self._compiled: dict[int, list] = {}
+        self._by_tokens: dict[tuple, list] = {}
 
     # -- the hooks ------------------------------------------------------------------
 
@@ -313,7 +317,10 @@ class NftWalker:
         notes). More than one when a match is undecidable or a choice is random."""
         ops = self._compiled.get(id(rule))
         if ops is None:  # (by the rule's identity: its tokens' hash is a walk of them)
-            ops = self._compiled[id(rule)] = compile_rule(rule.tokens)
+            ops = self._by_tokens.get(rule.tokens)
+            if ops is None:
+                ops = self._by_tokens[rule.tokens] = _compile(rule.tokens)
+            self._compiled[id(rule)] = ops
         got = self._ops(t, rule, ops, 0, p, ())
         return got if len(got) == 1 else _dedupe(got)
 
@@ -735,17 +742,6 @@ _SELECTOR_HEADS = {
 _SINGLE = frozenset({"mark", "iifname", "oifname", "iif", "oif"})
 _VERDICT_WORDS = frozenset({"accept", "drop", "reject", "return", "continue"})
 _PASSIVE = frozenset({"counter", "log", "<passive:log>", "<passive:limit>"})
-_COMPILED: dict[tuple, list] = {}
-
-
-def compile_rule(tokens: tuple) -> list:
-    got = _COMPILED.get(tokens)
-    if got is None:
-        got = _compile(tokens)
-        if len(_COMPILED) > 100_000:
-            _COMPILED.clear()
-        _COMPILED[tokens] = got
-    return got
 
 
 def _selector(toks: tuple, i: int) -> tuple[str | None, int]:

@@ -1,6 +1,6 @@
 """kube-proxy's nftables mode: the ruleset, as `nft list ruleset` prints it, read when
 netlink (or `nft -j list tables`) shows a kube-proxy table. The text listing, not the JSON
-one (`nft -j`): the same rules (tests/test_nft_netns.py reads a kernel's both ways), read
+one (`nft -j`): the same rules (tests/test_lab.py reads a kernel's both ways), read
 by the reader of pasted listings, and nft needs far less memory to print it. On a node of
 10k services in nftables mode, nft's own peak was 370 MB for the text and 834 MB for the
 JSON (libjansson builds the whole document before printing it), all charged to the
