@@ -233,6 +233,10 @@ class TableWalker:
         self._old: dict[str, _ChainIndex] = {}
         self._budget = MAX_PATHS
         self._sets: dict[str, tuple[str, frozenset[str]] | None] = {}  # what the view said
+        # a net set's members indexed for lookup, by (set, net dimensions, dimensions):
+        # the walker's own (a module-wide LRU kept 64 sets' members past their snapshot)
+        self._net_indexes: dict[tuple[str, tuple[int, ...], int],
+                                dict[tuple[str, ...], list[tuple[tuple[str, ...], bool]]]] = {}
 
     def _index(self, name: str) -> _ChainIndex | None:
         ix = self._young.get(name) or self._big.get(name)
@@ -592,7 +596,10 @@ class TableWalker:
         if not nets:
             key = ",".join(parts)
             return (TRUE if key in members else FALSE), ""
-        index = _net_index(members, tuple(nets), len(parts))
+        key_of_index = (name, tuple(nets), len(parts))
+        index = self._net_indexes.get(key_of_index)
+        if index is None:
+            index = self._net_indexes[key_of_index] = _net_index(members, *key_of_index[1:])
         return (TRUE if _net_member(parts, nets, index) else FALSE), ""
 
 
@@ -649,7 +656,6 @@ def _net_member(parts: list[str], nets: list[int],
     return hit
 
 
-@functools.lru_cache(maxsize=64)
 def _net_index(members: frozenset[str], nets: tuple[int, ...], n: int
                ) -> dict[tuple[str, ...], list[tuple[tuple[str, ...], bool]]]:
     index: dict[tuple[str, ...], list[tuple[tuple[str, ...], bool]]] = {}
