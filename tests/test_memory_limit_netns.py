@@ -152,6 +152,19 @@ def test_every_child_is_the_first_victim_and_the_agent_is_not() -> None:
     assert Path("/proc/self/oom_score_adj").read_text().strip() != "1000"
 
 
+def test_a_read_only_proc_does_not_stop_the_commands() -> None:
+    """Where the score cannot be written (/proc mounted read-only, in a mount and PID
+    namespace of this test's), the command still runs, with the score it had."""
+    from agent.probes.base import first_victim
+
+    inner = ["sh", "-c", 'mount -t proc -o ro proc /proc && exec "$@"', "sh",
+             *first_victim(["cat", "/proc/self/oom_score_adj"])]
+    r = subprocess.run(["unshare", "--mount", "--pid", "--fork", "--propagation", "private",
+                        *inner], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "0"
+
+
 def test_a_child_killed_by_another_signal_is_named() -> None:
     """A real process dying of SIGTERM (sent by itself): the message names the signal and
     claims no memory cause."""

@@ -181,15 +181,20 @@ def low_priority(args: Sequence[str]) -> list[str]:
     return [*prefix, *args]
 
 
+# sets its own oom_score_adj (in the shell's process: a brace group, not a subshell),
+# then becomes the command, whether the write worked or not
+_FIRST_VICTIM = ('{ echo 1000 > /proc/self/oom_score_adj; } 2>/dev/null; exec "$@"')
+
+
 def first_victim(args: Sequence[str]) -> list[str]:
-    """``args`` as the process the out-of-memory killer takes first (oom_score_adj 1000,
-    by util-linux's choom): a child is charged to the agent's container, and when a
-    listing outgrows the container's limit it is the listing that must die, not the agent
-    that would say why. A wrapper, like low_priority (raising one's own score needs no
-    privilege); without choom it runs as it is."""
-    if shutil.which("choom"):
-        return ["choom", "-n", "1000", "--", *args]
-    return list(args)
+    """``args`` as the process the out-of-memory killer takes first (oom_score_adj 1000):
+    a child is charged to the agent's container, and when a listing outgrows the
+    container's limit it is the listing that must die, not the agent that would say why.
+    A wrapper, like low_priority (raising one's own score needs no privilege; a
+    preexec_fn is unsafe with the daemon's threads). Not util-linux's choom: it refuses
+    to run the command when the score cannot be written (a read-only /proc), and every
+    read would fail; here the command runs regardless."""
+    return ["sh", "-c", _FIRST_VICTIM, "sh", *args]
 
 
 def run_command(args: Sequence[str], timeout: float, background: bool = False) -> str:
