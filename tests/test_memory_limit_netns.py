@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ from agent.probes.base import (
 )
 from agent.snapshot import Unknown
 from lab import cgroup
-from lab.netns import netns
+from lab.netns import Netns, netns
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_cgroup = pytest.mark.skipif(cgroup.why_not() is not None,
@@ -66,34 +67,43 @@ def test_the_agent_reads_its_own_cgroups_limit_and_kill_count() -> None:
     assert outside is None or outside > 300 << 20
 
 
-def test_a_listing_that_outgrows_the_container_is_killed_and_the_verdict_says_so(
-        tmp_path: Path) -> None:
+_CHECK = (sys.executable, "-m", "agent", "check", "--json", "--no-kube-api",
+          "--node-name", "n1")
+
+
+def _check_past_the_limit(ns: Netns, load: Callable[[], object], listing: tuple[str, ...]
+                          ) -> tuple[subprocess.CompletedProcess[str], int, int]:
+    """The agent's live check in ``ns`` in a container (memory cgroup) that it fits in
+    and ``listing`` of the state ``load`` makes does not: each peak measured first, in a
+    cgroup of its own (the agent's before the state is loaded). (its run, the limit, the
+    cgroup's OOM kills)"""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    check = (sys.executable, "-m", "agent", "check", "--json", "--no-kube-api",
-             "--node-name", "n1")
+    ns_cmd = ("ip", "netns", "exec", ns.name)
+    with cgroup.memory_cgroup() as cg:
+        r = _in(cg, *ns_cmd, *_CHECK, env=env)
+        agent_peak = cg.peak()
+    assert r.returncode in (0, 1, 2), r.stderr[-2000:]
+    load()
+    with cgroup.memory_cgroup() as cg:
+        assert _in(cg, *ns_cmd, *listing).returncode == 0
+        listing_peak = cg.peak()
+    assert listing_peak > agent_peak // 2, (listing_peak, agent_peak)
+    limit = agent_peak + listing_peak // 2
+    with cgroup.memory_cgroup() as cg:
+        cg.set_limit(limit)
+        # (`ip netns exec` mounts a sysfs of the namespace's: the cgroup hierarchy is
+        # mounted again there, as the runtime mounts it in the agent's container)
+        r = _in(cg, *ns_cmd, "sh", "-c", f'{cg.mount()} && exec "$@"', "sh", *_CHECK,
+                env=env)
+        kills = cg.oom_kills()
+    assert r.returncode in (0, 1, 2), (r.returncode, limit, r.stderr[-2000:])  # it lived
+    return r, limit, kills
+
+
+def test_a_listing_that_outgrows_the_container_is_killed_and_the_verdict_says_so() -> None:
     with netns("lboom") as ns:
-        ns_cmd = ("ip", "netns", "exec", ns.name)
-        # what the agent needs without a ruleset to list, and what nft needs to list the
-        # set, each in a cgroup of its own
-        with cgroup.memory_cgroup() as cg:
-            r = _in(cg, *ns_cmd, *check, env=env)
-            agent_peak = cg.peak()
-        assert r.returncode in (0, 1, 2), r.stderr[-2000:]
-        ns.run("nft", "-f", "-", input=_big_set())
-        with cgroup.memory_cgroup() as cg:
-            assert _in(cg, *ns_cmd, "nft", "list", "ruleset").returncode == 0
-            nft_peak = cg.peak()
-        assert nft_peak > agent_peak, (nft_peak, agent_peak)
-        # a container the agent fits in, and the agent with nft's listing does not
-        limit = agent_peak + nft_peak // 2
-        with cgroup.memory_cgroup() as cg:
-            cg.set_limit(limit)
-            # (`ip netns exec` mounts a sysfs of the namespace's: the cgroup hierarchy is
-            # mounted again there, as the runtime mounts it in the agent's container)
-            r = _in(cg, *ns_cmd, "sh", "-c", f'{cg.mount()} && exec "$@"', "sh", *check,
-                    env=env)
-            kills = cg.oom_kills()
-    assert r.returncode in (0, 1, 2), (r.returncode, r.stderr[-2000:])  # the agent lived
+        r, limit, kills = _check_past_the_limit(
+            ns, lambda: ns.run("nft", "-f", "-", input=_big_set()), ("nft", "list", "ruleset"))
     assert kills == 1  # nft, the first victim
     v = json.loads(r.stdout)
     why = [u["reason"] for u in v["unknowns"] if u["source"] == "nft rules"]
@@ -113,26 +123,10 @@ def test_an_iptables_dump_killed_for_memory_is_read_chain_by_chain_instead() -> 
     that overran its time budget; the verdict says both."""
     from lab import kube_proxy_rules as kpr
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    check = (sys.executable, "-m", "agent", "check", "--json", "--no-kube-api",
-             "--node-name", "n1")
+    state = kpr.synthetic(4000, "iptables")["iptables-save.txt"]
     with netns("lboomi") as ns:
-        ns_cmd = ("ip", "netns", "exec", ns.name)
-        with cgroup.memory_cgroup() as cg:
-            r = _in(cg, *ns_cmd, *check, env=env)
-            agent_peak = cg.peak()
-        ns.run("iptables-nft-restore", input=kpr.synthetic(4000, "iptables")[
-            "iptables-save.txt"])
-        with cgroup.memory_cgroup() as cg:
-            assert _in(cg, *ns_cmd, "iptables-nft-save").returncode == 0
-            save_peak = cg.peak()
-        limit = agent_peak + save_peak // 2
-        with cgroup.memory_cgroup() as cg:
-            cg.set_limit(limit)
-            r = _in(cg, *ns_cmd, "sh", "-c", f'{cg.mount()} && exec "$@"', "sh", *check,
-                    env=env)
-            kills = cg.oom_kills()
-    assert r.returncode in (0, 1, 2), (r.returncode, limit, r.stderr[-2000:])
+        r, limit, kills = _check_past_the_limit(
+            ns, lambda: ns.run("iptables-nft-restore", input=state), ("iptables-nft-save",))
     assert kills >= 1
     v = json.loads(r.stdout)
     why = [u["reason"] for u in v["unknowns"] if u["source"] == "nat rules"]
