@@ -65,6 +65,7 @@ bench: deps venv
 	$(PY) tests/bench/agent_idle.py
 	$(PY) tests/bench/api_requests.py
 	$(PY) tests/bench/live_read.py
+	$(PY) tests/bench/nft_live.py
 	$(PY) tests/bench/daemon_cost.py
 	$(PY) tests/bench/daemon_cost.py --backend legacy
 	$(PY) tests/bench/daemon_cost.py --capture
