@@ -172,7 +172,7 @@ def check_pod(node: str, name: str, *, image: str = IMAGE, namespace: str = AGEN
                 "env": [{"name": "NODE_NAME",
                          "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
                 "resources": {"requests": {"cpu": "20m", "memory": "64Mi"},
-                              "limits": {"cpu": "1", "memory": "512Mi"}},
+                              "limits": {"cpu": "1", "memory": "768Mi"}},
                 "securityContext": {
                     "runAsUser": 0,
                     "runAsNonRoot": False,

@@ -497,10 +497,11 @@ def test_resources_bounded(rendered: list[Obj], workload: str) -> None:
         request, limit = quantity(res["requests"][what]), quantity(res["limits"][what])
         assert 0 < request <= limit, f"{what}: request {request} limit {limit}"
     # the measured peaks fit under the limits: the collector's (41 MiB) with room; the
-    # agent's container on a 10k-Service nftables-mode node (408 MiB, the rules listing
-    # it runs charged to it: tests/test_memory_limit_netns.py shows what happens past it)
+    # agent's container on a 10k-Service nftables-mode node through a change of the
+    # rules (594 MiB, the listing it runs charged to it: tests/bench/nft_live.py;
+    # tests/test_memory_limit_netns.py shows what happens past the limit)
     if workload == "agent":
-        assert quantity(res["limits"]["memory"]) >= 408 * 2**20
+        assert quantity(res["limits"]["memory"]) >= 594 * 2**20
     else:
         assert quantity(res["limits"]["memory"]) >= 2 * 41 * 2**20
 

@@ -166,6 +166,7 @@ def test_a_child_killed_by_another_signal_is_named() -> None:
         run_command(["sh", "-c", "kill -TERM $$"], 10)
     assert str(e.value).startswith("sh -c kill -TERM $$ was killed (SIGTERM) after "), e.value
     assert "memory" not in str(e.value)
+    assert not e.value.oom  # (so a daemon tries it again next cycle: not "repeats")
 
 
 def test_the_daemon_keeps_a_kill_while_the_rules_are_unchanged() -> None:

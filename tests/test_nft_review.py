@@ -210,7 +210,8 @@ def test_the_probe_says_when_nft_hangs(tmp_path: Path, monkeypatch) -> None:  # 
 
 
 def test_iptables_nft_tables_in_the_json_ruleset_are_the_iptables_dumps() -> None:
-    """The live probe now reads `nft -j list ruleset`: iptables-nft's own tables come with
+    """The live probe read `nft -j list ruleset` (it now reads the text listing; bundles
+    and pastes still carry the JSON): iptables-nft's own tables come with
     it, their extensions as bare `xt` objects (tests/data/constructed/nft-iptables-nft-
     mangle-xt: nft 1.0.6's JSON of two iptables-nft mangle rules). Walked as nft rules
     they were 'not evaluated' and every walk undetermined; with the iptables dump given

@@ -13,6 +13,12 @@ from agent.snapshot import NftDump, NodeSnapshot
 _CACHE: dict[int, tuple[tuple[NftDump, ...], NftRuleset | None, tuple[str, ...]]] = {}
 
 
+def forget() -> None:
+    """Drop the last ruleset: a new listing is being read (the live probe, before it
+    runs nft: the old parse need not share the container with nft's peak)."""
+    _CACHE.clear()
+
+
 def read_dump(d: NftDump) -> NftRuleset:
     return read_nft_json(d.text, d.source) if d.format == "json" else \
         read_nft_text(d.text, d.source)

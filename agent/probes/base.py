@@ -102,6 +102,10 @@ class ReadCache:
             self._last[source] = (key, last[1], last[2] - 1)
             self.reused[source] = self.reused.get(source, 0) + 1
             return last[1]
+        # the old read goes before the new one is made: a 10k-service node's listing is
+        # tens of MB of text, held twice at the read's peak otherwise
+        self._last.pop(source, None)
+        del last
         result = collect()
         self.read_count[source] = self.read_count.get(source, 0) + 1
         if key is not None and (result.value is not None or result.repeats):
@@ -165,7 +169,12 @@ class CommandTimeout(CommandError):
 
 class CommandKilled(CommandError):
     """The command died of a signal: on a node, the kernel's out-of-memory killer, most
-    often (the message says whether the cgroup counted a kill, and its limit)."""
+    often (the message says whether the cgroup counted a kill, and its limit). ``oom``:
+    the cgroup counted one meanwhile (None: it cannot say)."""
+
+    def __init__(self, message: str, oom: bool | None = None) -> None:
+        super().__init__(message)
+        self.oom = oom
 
 
 def low_priority(args: Sequence[str]) -> list[str]:
@@ -226,18 +235,20 @@ def run_command(args: Sequence[str], timeout: float, background: bool = False) -
     except OSError as exc:
         raise CommandError(f"{' '.join(args)}: {exc}") from None
     if proc.returncode < 0:
+        after = memory_limit.oom_kills()
+        oom = None if kills is None or after is None else after > kills
         raise CommandKilled(killed(" ".join(args), -proc.returncode,
-                                   time.monotonic() - start, kills))
+                                   time.monotonic() - start, oom), oom)
     if proc.returncode != 0:
         err = proc.stderr.strip() or proc.stdout.strip() or "no output"
         raise CommandError(f"{' '.join(args)} exited {proc.returncode}: {err}")
     return proc.stdout
 
 
-def killed(command: str, signum: int, seconds: float, kills_before: int | None) -> str:
+def killed(command: str, signum: int, seconds: float, oom: bool | None) -> str:
     """Why ``command`` died of ``signum``, for the verdict: the out-of-memory killer when
-    the cgroup's kill count rose meanwhile (or may have: SIGKILL, count unknown), with the
-    container's limit and what to do."""
+    the cgroup's kill count rose meanwhile (``oom``; None: may have, for a SIGKILL), with
+    the container's limit and what to do."""
     try:
         name = signal.Signals(signum).name
     except ValueError:
@@ -246,10 +257,9 @@ def killed(command: str, signum: int, seconds: float, kills_before: int | None) 
     if signum != signal.SIGKILL:
         return head
     limit = memory_limit.limit_bytes()
-    kills = memory_limit.oom_kills()
     room = (f"this container may use {memory_limit.mib(limit)} (its cgroup's memory limit)"
             if limit is not None else "the memory limit is not known")
-    if kills_before is not None and kills is not None and kills > kills_before:
+    if oom:
         return (f"{head} by the kernel's out-of-memory killer: {room}, and this read needs "
                 "more on this node; raise the agent's memory limit (the DaemonSet's "
                 "resources.limits.memory says how to size it)")

@@ -155,8 +155,9 @@ def kube_score(text: str) -> tuple[int, int, int]:
 
 @dataclass(frozen=True)
 class Overrun:
-    """A dump stopped at its budget, or killed (the container's memory: ``killed``, and
-    the CommandKilled's message says so): either way too big to read whole."""
+    """A dump stopped at its budget, or killed (``killed``: the cgroup counted an
+    out-of-memory kill, and the CommandKilled's message says so): either way too big to
+    read whole."""
 
     backend: str
     command: str
@@ -201,7 +202,7 @@ def dump_backends(timeout: float = BUDGET_FLOOR, background: bool = False, famil
         except CommandKilled as exc:
             # (too big for the container's memory: read chain by chain, as an overrun)
             overruns.append(Overrun(backend, commands[backend], budget, background,
-                                    killed=True))
+                                    killed=bool(exc.oom)))
             errors.append(str(exc))
             continue
         except CommandError as exc:

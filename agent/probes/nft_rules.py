@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 import time
 
+from agent.netfilter import nft_read
 from agent.probes import markers
 from agent.probes.base import (
     CommandError,
@@ -95,10 +96,13 @@ def collect(ctx: ProbeContext) -> ProbeResult:
 
 
 def _collect(ctx: ProbeContext) -> ProbeResult:
+    nft_read.forget()  # (the rules changed, or this is the first read)
     try:
         text = read_table(max(ctx.timeout, BUDGET_FLOOR), kube_proxy_table(), ctx.background)
     except CommandKilled as exc:
-        return ProbeResult(None, (Unknown(SOURCE, str(exc)),), repeats=True)
+        # (an out-of-memory kill repeats while the rules stay as they are: not every
+        # cycle; any other death is tried again next cycle)
+        return ProbeResult(None, (Unknown(SOURCE, str(exc)),), repeats=bool(exc.oom))
     except CommandError as exc:
         if "command not found" in str(exc):
             return unavailable(SOURCE, NO_NFT)

@@ -7,11 +7,14 @@ its own (lab.cgroup: the container's view, the agent and the commands it runs to
 - `nft list ruleset` (what the agent reads) and `nft -j list ruleset` (what it read
   before): wall time and peak;
 - a live `check --json --no-kube-api` in the namespace: wall time and the container's
-  peak; right when its mode is nftables and it finds every LB IP.
+  peak; right when its mode is nftables and it finds every LB IP;
+- the daemon (`run --no-capture`) through one change of the rules: its container's peak
+  from its start to the verdict after the change, when it holds the last cycle's
+  snapshot and verdict while nft lists the new ruleset.
 
 Targets: the check within 2x the listing alone (the issue's 1.5x is for iptables-save,
 whose text the agent reads as printed; here the nft text is tokenized and walked), and
-under the DaemonSet's memory limit (512Mi).
+both peaks under the DaemonSet's memory limit.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -29,8 +34,10 @@ from lab import cgroup, netns
 from lab.kube_proxy_rules import synthetic
 from tests.bench.live_read import node_like_synthetic
 
-LIMIT_MIB = 512  # daemonset/agent-daemonset.yaml
+LIMIT_MIB = 768  # daemonset/agent-daemonset.yaml
 TARGET_RATIO = 2.0
+INTERVAL = 30
+DAEMON_SECONDS = 900
 
 
 def in_cgroup(ns: netns.Netns, *cmd: str) -> tuple[float, float, subprocess.CompletedProcess[str]]:
@@ -41,6 +48,34 @@ def in_cgroup(ns: netns.Netns, *cmd: str) -> tuple[float, float, subprocess.Comp
                            capture_output=True, text=True, timeout=1800)
         wall = time.monotonic() - t
         return wall, cg.peak() / 2**20, r
+
+
+def daemon_through_a_change(ns: netns.Netns, spool: str) -> tuple[float, int]:
+    """(the daemon's container peak MiB, verdicts seen) from its start to the first
+    verdict made after one rule was added."""
+    with cgroup.memory_cgroup("lbbd") as cg:
+        proc = subprocess.Popen([*cg.prefix(), "ip", "netns", "exec", ns.name,
+                                 sys.executable, "-m", "agent", "run", "--no-capture",
+                                 "--no-kube-api", "--listen", "", "--interval",
+                                 str(INTERVAL), "--spool", spool],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        # (bounded: a daemon that stops printing is stopped, and the bench says so)
+        guard = threading.Timer(DAEMON_SECONDS, proc.kill)
+        guard.start()
+        try:
+            assert proc.stdout is not None
+            lines = [proc.stdout.readline()]  # the first verdict (a full read)
+            ns.run("nft", "add rule ip kube-proxy services ip daddr 10.255.0.1 tcp dport 81 "
+                   "drop")
+            # the next cycle reads the changed rules (one more: a cycle under way when the
+            # rule went in reads the old ones)
+            lines += [proc.stdout.readline(), proc.stdout.readline()]
+            assert all(lines), "the daemon stopped"
+            return cg.peak() / 2**20, len(lines)
+        finally:
+            guard.cancel()
+            proc.terminate()
+            proc.wait(timeout=60)
 
 
 def main() -> int:
@@ -70,6 +105,8 @@ def main() -> int:
         lb_ips = len(v["lb_ips"])
         right = v["kube_proxy_mode"] == "nftables" and lb_ips == args.services
         rows.append(("live check (agent and nft)", wall, peak))
+        with tempfile.TemporaryDirectory(prefix="lb-nft-live-") as spool:
+            daemon_peak, _ = daemon_through_a_change(ns, spool)
     for what, w, p in rows:
         print(f"  {what:<30} {w:7.1f} s  peak {p:6.0f} MiB")
     ratio = rows[-1][1] / rows[0][1]
@@ -77,9 +114,11 @@ def main() -> int:
           f"{len(v['findings'])} findings: {'right' if right else 'WRONG'}; "
           f"{ratio:.2f}x `nft list ruleset` alone; the JSON listing needs "
           f"{rows[1][2] / rows[0][2]:.2f}x the text's memory")
-    ok = right and ratio <= TARGET_RATIO and rows[-1][2] < LIMIT_MIB
-    print(f"target: right, within {TARGET_RATIO:g}x the listing, under {LIMIT_MIB} MiB: "
-          f"{'OK' if ok else 'MISSED'}")
+    print(f"  daemon through one change of the rules (interval {INTERVAL}s): container "
+          f"peak {daemon_peak:.0f} MiB")
+    ok = right and ratio <= TARGET_RATIO and max(rows[-1][2], daemon_peak) < LIMIT_MIB
+    print(f"target: right, within {TARGET_RATIO:g}x the listing, both peaks under "
+          f"{LIMIT_MIB} MiB: {'OK' if ok else 'MISSED'}")
     return 0 if ok else 1
 
 
