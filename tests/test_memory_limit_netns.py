@@ -53,6 +53,29 @@ def _in(cg: cgroup.MemoryCgroup, *cmd: str, env: dict[str, str] | None = None
                           timeout=300, env=env)
 
 
+@pytest.mark.parametrize(("proc_cgroup", "want"), [
+    # cgroup v1 (this machine): the memory hierarchy's path, then its mount's root
+    ("4:memory:/kubepods/pod1/c1\n0::/\n",
+     [("memory/kubepods/pod1/c1", False), ("memory", False), ("", True), ("", True)]),
+    # cgroup v2, the container's own cgroup namespace: "/" is its cgroup
+    ("0::/\n", [("", True), ("", True)]),
+    # cgroup v2 without one: the host's path, else the mount's root (the runtime mounts
+    # the container's cgroup there)
+    ("0::/kubepods.slice/cri-c1.scope\n",
+     [("kubepods.slice/cri-c1.scope", True), ("", True)]),
+    # v1 with memory mounted beside another controller: looked for under "memory" (the
+    # link systemd makes to a joint mount); where there is none, no number is invented
+    ("3:cpu,memory:/c1\n", [("memory/c1", False), ("memory", False)]),
+])
+def test_where_the_agent_looks_for_its_memory_cgroup(
+        proc_cgroup: str, want: list[tuple[str, bool]]) -> None:
+    """/proc/self/cgroup as the kernel writes it in the layouts a node may have
+    (constructed: one line per hierarchy, "ID:CONTROLLERS:PATH")."""
+    got = [("" if d == memory_limit.ROOT else str(d.relative_to(memory_limit.ROOT)), v2)
+           for d, v2 in memory_limit.own_dirs(proc_cgroup)]
+    assert got == want
+
+
 def test_the_agent_reads_its_own_cgroups_limit_and_kill_count() -> None:
     with cgroup.memory_cgroup() as cg:
         cg.set_limit(300 << 20)
