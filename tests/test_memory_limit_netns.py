@@ -182,6 +182,16 @@ def test_a_read_only_proc_does_not_stop_the_commands() -> None:
     assert r.stdout.strip() == "0"
 
 
+def test_without_a_shell_the_commands_run_as_they_are(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """An image without `sh` (a PATH that holds only the command): the command runs."""
+    (tmp_path / "cat").symlink_to(subprocess.run(
+        ["sh", "-c", "command -v cat"], capture_output=True, text=True).stdout.strip())
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert run_command(["cat", "/proc/self/oom_score_adj"], 10).strip() == \
+        Path("/proc/self/oom_score_adj").read_text().strip()
+
+
 def test_a_child_killed_by_another_signal_is_named() -> None:
     """A real process dying of SIGTERM (sent by itself): the message names the signal and
     claims no memory cause."""

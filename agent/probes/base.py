@@ -202,8 +202,9 @@ def first_victim(args: Sequence[str]) -> list[str]:
     A wrapper, like low_priority (raising one's own score needs no privilege; a
     preexec_fn is unsafe with the daemon's threads). Not util-linux's choom: it refuses
     to run the command when the score cannot be written (a read-only /proc), and every
-    read would fail; here the command runs regardless."""
-    return ["sh", "-c", _FIRST_VICTIM, "sh", *args]
+    read would fail; here the command runs regardless, and as it is without a shell."""
+    sh = shutil.which("sh")
+    return [sh, "-c", _FIRST_VICTIM, "sh", *args] if sh else list(args)
 
 
 def run_command(args: Sequence[str], timeout: float, background: bool = False) -> str:
