@@ -231,7 +231,8 @@ def test_what_the_filter_keeps_the_decoder_reads() -> None:
         for _ in range(rnd.randrange(1, 4)):
             i = rnd.randrange(min(len(fr), 90))
             fr[i] = rnd.choice((rnd.randrange(256), 0, 6, 43, 44, 60, 0x60, 0x86, 0xDD))
-        fr = fr[:rnd.randrange(40, len(fr) + 1)]
+        if rnd.random() < 0.3:  # (a frame cut short: the filter drops it, as its IPv6
+            fr = fr[:rnd.randrange(40, len(fr) + 1)]  # payload length is then a lie)
         for pkttype in (PACKET_HOST, OUT):
             n = bpf.run(PROGRAM, bytes(fr), hatype, pkttype)
             got = d.decode(bytes(fr), hatype)  # never raises

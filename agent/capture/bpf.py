@@ -32,6 +32,11 @@ Layout handled:
   An IPv6 packet whose TCP flags lie beyond the snap length is rejected too, so user
   space never sees a truncated one.
 
+- the length fields: an IPv4 total length or IPv6 payload length too short for the
+  headers and a 20-byte TCP header, or longer than the frame, and a TCP data offset
+  under 5, are rejected: the kernel drops such a packet before TCP (a SYN never
+  answered: counted, it would be an unanswered handshake that never was one).
+
 Loads past the end of the packet make the kernel return 0 (drop), so truncated frames
 never reach user space.
 """
@@ -46,7 +51,7 @@ from collections.abc import Sequence
 # Opcode pieces (linux/bpf_common.h).
 LD, LDX, ST, STX, ALU, JMP, RET, MISC = 0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07
 W, H, B = 0x00, 0x08, 0x10
-IMM, ABS, IND, MEM, MSH = 0x00, 0x20, 0x40, 0x60, 0xA0
+IMM, ABS, IND, MEM, LEN, MSH = 0x00, 0x20, 0x40, 0x60, 0x80, 0xA0
 ADD, AND, LSH = 0x00, 0x50, 0x60
 JA, JEQ, JGT, JGE, JSET = 0x00, 0x10, 0x20, 0x30, 0x40
 K, X = 0x00, 0x08
@@ -183,10 +188,29 @@ def nodeport_filter(port_range: tuple[int, int] = DEFAULT_PORT_RANGE,
     a.jmp(JMP | JEQ | K, socket.IPPROTO_TCP, 0, "drop")
     a.op(LD | H | IND, 6)  # flags + fragment offset
     a.jmp(JMP | JSET | K, 0x1FFF, "drop", 0)
+    a.op(LD | H | IND, 2)  # total length
+    a.op(ST, 1)
+    a.op(MISC | TXA, 0)
+    a.op(ST, 2)  # M[2] = offset of the IP header
     a.op(LD | B | IND, 0)
     a.op(ALU | AND | K, 0x0F)
     a.op(ALU | LSH | K, 2)  # A = IHL * 4
     a.jmp(JMP | JGE | K, 20, 0, "drop")
+    a.op(ST, 3)
+    # the IP length field must hold the headers, and the frame the whole datagram: the
+    # kernel drops any other packet before TCP sees it, so its SYN is never answered
+    # (counted, it would be an unanswered handshake that never was one)
+    a.op(ALU | ADD | K, 20)
+    a.op(MISC | TAX, 0)  # X = IHL * 4 + a TCP header
+    a.op(LD | MEM, 1)
+    a.jmp(JMP | JGE | X, 0, 0, "drop")
+    a.op(LDX | MEM, 2)
+    a.op(ALU | ADD | X, 0)
+    a.op(MISC | TAX, 0)  # X = where the datagram ends
+    a.op(LD | W | LEN, 0)
+    a.jmp(JMP | JGE | X, 0, 0, "drop")
+    a.op(LDX | MEM, 2)
+    a.op(LD | MEM, 3)
     a.op(ALU | ADD | X, 0)  # A = L2 length + IP header length
     a.op(MISC | TAX, 0)  # X = offset of the TCP header
     a.ja("tcp")
@@ -197,6 +221,8 @@ def nodeport_filter(port_range: tuple[int, int] = DEFAULT_PORT_RANGE,
     a.op(LD | B | IND, 0)
     a.op(ALU | AND | K, 0xF0)
     a.jmp(JMP | JEQ | K, 0x60, 0, "drop")
+    a.op(MISC | TXA, 0)
+    a.op(ST, 2)  # M[2] = offset of the IPv6 header
     a.op(LD | B | IND, 6)  # next header
     a.op(ST, 0)
     a.op(MISC | TXA, 0)
@@ -229,10 +255,31 @@ def nodeport_filter(port_range: tuple[int, int] = DEFAULT_PORT_RANGE,
         a.op(ALU | ADD | X, 0)
         a.op(MISC | TAX, 0)
     a.label("tcp6")
+    # as for IPv4: the payload length must hold the extension headers and a TCP header,
+    # and the frame the whole datagram
+    a.op(MISC | TXA, 0)
+    a.op(ST, 3)  # M[3] = offset of the TCP header
+    a.op(LDX | MEM, 2)
+    a.op(LD | H | IND, 4)  # payload length
+    a.op(ALU | ADD | K, IPV6_HEADER)
+    a.op(ALU | ADD | X, 0)
+    a.op(ST, 1)  # M[1] = where the datagram ends
+    a.op(MISC | TAX, 0)
+    a.op(LD | W | LEN, 0)
+    a.jmp(JMP | JGE | X, 0, 0, "drop")
+    a.op(LD | MEM, 3)
+    a.op(ALU | ADD | K, 20)
+    a.op(MISC | TAX, 0)
+    a.op(LD | MEM, 1)
+    a.jmp(JMP | JGE | X, 0, 0, "drop")
+    a.op(LDX | MEM, 3)
     a.op(MISC | TXA, 0)  # the TCP flags must be within what is kept
     a.jmp(JMP | JGT | K, snaplen - 14, "drop", "tcp")
 
     a.label("tcp")
+    a.op(LD | B | IND, 12)  # data offset: a TCP header is at least 20 bytes
+    a.op(ALU | AND | K, 0xF0)
+    a.jmp(JMP | JGE | K, 0x50, 0, "drop")
     # Flags and direction, as HandshakeTable._dispatch reads them: a SYN coming in to a
     # NodePort, the node's SYN-ACK or RST going out from one, a RST coming in to one.
     # Anything else (data, FIN, the handshake's last ACK, our own SYNs out, SYN-ACKs in)
@@ -312,6 +359,9 @@ def run(program: Sequence[Insn], frame: bytes, hatype: int = ARPHRD_ETHER,
             if mode == IMM:
                 a = k
                 continue
+            if mode == LEN:
+                a = n
+                continue
             if mode == MEM:
                 got = mem[k]
                 if got is None:
@@ -329,6 +379,11 @@ def run(program: Sequence[Insn], frame: bytes, hatype: int = ARPHRD_ETHER,
                 if got is None:
                     return 0
                 x = (got & 0x0F) * 4
+            elif code & 0xE0 == MEM:
+                got = mem[k]
+                if got is None:
+                    raise ValueError(f"BPF load of scratch M[{k}] before a store")
+                x = got
             else:
                 x = k
         elif cls == ST:
