@@ -46,12 +46,10 @@ class MemoryCgroup:
         return int((self.path / name).read_text())
 
     def oom_kills(self) -> int:
-        name = "memory.events" if self.v2 else "memory.oom_control"
-        for line in (self.path / name).read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-        raise OSError(f"{self.path / name}: no oom_kill count (kernel older than 4.13?)")
+        got = memory_limit.oom_kills_in(self.path)
+        if got is None:
+            raise OSError(f"{self.path}: no oom_kill count (kernel older than 4.13?)")
+        return got
 
 
 def _parent() -> tuple[Path, bool] | None:

@@ -72,6 +72,27 @@ def test_a_result_with_unknowns_is_reused_a_bounded_number_of_times() -> None:
     assert src.reads == 3  # read, reused twice, read, reused twice, read
 
 
+def test_the_old_read_is_freed_before_the_new_one_is_made() -> None:
+    """A changed marker: the last read (a 10k-service node's listing is tens of MB) is
+    not held while the next one is read."""
+    import gc
+    import weakref
+
+    class Listing:  # (a value a weak reference can follow)
+        pass
+
+    cache, seen = ReadCache(), []
+    old = weakref.ref(cache.read("rules", lambda: 1, lambda: ProbeResult(Listing())).value)
+
+    def read_again() -> ProbeResult:
+        gc.collect()
+        seen.append(old() is None)
+        return ProbeResult(Listing())
+
+    cache.read("rules", lambda: 2, read_again)
+    assert seen == [True]
+
+
 def test_budget_scales_with_the_nft_chains(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(markers, "nft_table_uses",
                         lambda family=2: {"nat": 47_412, "filter": 10})

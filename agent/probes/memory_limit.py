@@ -9,6 +9,7 @@ and /sys/fs/cgroup, cgroup v2 or v1; None where they do not say (no cgroup, no l
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
@@ -31,11 +32,14 @@ def own_dirs(proc_cgroup: str) -> list[tuple[Path, bool]]:
     return dirs
 
 
-def _dirs() -> list[Path]:
+@functools.cache
+def _dirs() -> tuple[Path, ...]:
+    """own_dirs of this process, read once (run_command asks before every command; a
+    process stays in its cgroup)."""
     try:
-        return [d for d, _ in own_dirs(Path("/proc/self/cgroup").read_text())]
+        return tuple(d for d, _ in own_dirs(Path("/proc/self/cgroup").read_text()))
     except OSError:
-        return []
+        return ()
 
 
 def _read(d: Path, name: str) -> str | None:
@@ -60,17 +64,26 @@ def limit_bytes() -> int | None:
 
 
 def oom_kills() -> int | None:
-    """How many processes the kernel's OOM killer has killed in this cgroup (v2
-    memory.events, v1 memory.oom_control since Linux 4.13); None when not known."""
+    """How many processes the kernel's OOM killer has killed in this process's cgroup;
+    None when not known."""
     for d in _dirs():
-        for name in ("memory.events", "memory.oom_control"):
-            text = _read(d, name)
-            if text is None:
-                continue
-            for line in text.splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill" and value.strip().isdigit():
-                    return int(value)
+        got = oom_kills_in(d)
+        if got is not None:
+            return got
+    return None
+
+
+def oom_kills_in(d: Path) -> int | None:
+    """The OOM kill count of cgroup directory ``d`` (v2 memory.events, v1
+    memory.oom_control since Linux 4.13); None when it has none."""
+    for name in ("memory.events", "memory.oom_control"):
+        text = _read(d, name)
+        if text is None:
+            continue
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
     return None
 
 

@@ -155,15 +155,15 @@ def kube_score(text: str) -> tuple[int, int, int]:
 
 @dataclass(frozen=True)
 class Overrun:
-    """A dump stopped at its budget, or killed (``killed``: the cgroup counted an
-    out-of-memory kill, and the CommandKilled's message says so): either way too big to
-    read whole."""
+    """A dump stopped at its budget, or killed by a signal (its message is then the
+    CommandKilled's; ``oom``: the cgroup counted an out-of-memory kill): either way read
+    chain by chain instead."""
 
     backend: str
     command: str
     budget: Budget
     background: bool = False
-    killed: bool = False
+    oom: bool = False
 
     def __str__(self) -> str:
         return (f"{self.command} ({self.backend} backend) was stopped after "
@@ -200,9 +200,10 @@ def dump_backends(timeout: float = BUDGET_FLOOR, background: bool = False, famil
             errors.append(str(overrun))
             continue
         except CommandKilled as exc:
-            # (too big for the container's memory: read chain by chain, as an overrun)
+            # (killed: by the container's memory limit, most often; read chain by chain,
+            # as an overrun)
             overruns.append(Overrun(backend, commands[backend], budget, background,
-                                    killed=bool(exc.oom)))
+                                    oom=bool(exc.oom)))
             errors.append(str(exc))
             continue
         except CommandError as exc:
@@ -313,7 +314,7 @@ def _collect(ctx: ProbeContext) -> ProbeResult:
                 return ProbeResult(excerpt, (Unknown(SOURCE, reason),))
         # a kill repeats while the rules stay as they are: not every cycle
         return ProbeResult(None, (Unknown(SOURCE, reason),),
-                           repeats=any(o.killed for o in sel.overruns))
+                           repeats=any(o.oom for o in sel.overruns))
     return _parsed(SOURCE, dump, errors)
 
 
@@ -349,7 +350,7 @@ def _collect6(ctx: ProbeContext) -> ProbeResult:
     if dump is None:
         reason = NO_BINARY6 if not sel.have_binary else "; ".join(errors)
         return ProbeResult(None, (Unknown(SOURCE6, reason),),
-                           repeats=any(o.killed for o in sel.overruns))
+                           repeats=any(o.oom for o in sel.overruns))
     return _parsed(SOURCE6, dump, errors)
 
 
