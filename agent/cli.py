@@ -89,6 +89,18 @@ def _listen(text: str) -> str:
     return text
 
 
+def _cpu_percent(text: str) -> float:
+    """A share of one CPU in percent, above 0 and at most 100 ("10", "2.5", "10%")."""
+    try:
+        v = float(text.strip().removesuffix("%"))
+    except ValueError:
+        v = float("nan")
+    if not 0 < v <= 100:  # (NaN fails it too)
+        raise argparse.ArgumentTypeError(f"not a percentage of one CPU above 0 and at most "
+                                         f"100: {text!r} (try 10)")
+    return v
+
+
 def _port_range(text: str) -> tuple[int, int]:
     lo, sep, hi = text.partition("-")
     try:
@@ -244,6 +256,13 @@ def build_parser() -> argparse.ArgumentParser:
                   "only) (default 0.0.0.0:9808; '' to disable)")
     _env_opt(r, "--nodeport-range", metavar="LOW-HIGH", type=_port_range, default=(30000, 32767),
              help="NodePort range to watch (default 30000-32767)")
+    _env_opt(r, "--reread-cpu", metavar="PERCENT", type=_cpu_percent, default=10.0,
+             help="rules, ipsets and IPVS that changed are read again within this share "
+                  "of one CPU (default 10): a read and its diagnosis that took 35 s of CPU "
+                  "(iptables-nft-save of 10k services) are repeated 350 s after it at the "
+                  "soonest, and until "
+                  "then the verdict is the node as that read saw it, with the Services of "
+                  "that time, and says so. 100: read every change at once")
     _env_opt(r, "--max-finding-series", metavar="N", type=int, default=500,
              help="cap on loopback_agent_finding series in /metrics (default 500)")
     r.add_argument("--no-capture", action="store_true", help="static checks only")
@@ -649,7 +668,8 @@ def _run(args: argparse.Namespace) -> int:
         nodeport_range=args.nodeport_range, node_name=_node(args, None),
         use_kube_api=not (args.no_kube_api or args.kube_json), kubeconfig=args.kubeconfig,
         kube_json=args.kube_json, cycles=args.cycles,
-        max_finding_series=args.max_finding_series, kube_report=args.kube_report)
+        max_finding_series=args.max_finding_series, kube_report=args.kube_report,
+        reread_cpu=args.reread_cpu)
     return Daemon(cfg).run()
 
 

@@ -31,6 +31,7 @@ from urllib.parse import quote
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from agent.bundle import files as bundle_files
 from agent.bundle import with_kube_json
 from agent.capture.model import OUTCOMES, SOURCE_CLASSES
 from agent.daemon_http import BoundedHTTPServer, QuietHandler, from_this_host
@@ -41,8 +42,12 @@ from agent.probes.base import ProbeContext, ReadCache
 from agent.ship import logline
 from agent.ship.sender import Backoff, Sender, drain
 from agent.ship.spool import IDEMPOTENCY_KEY, Spool
-from agent.snapshot import NodeSnapshot
+from agent.snapshot import NodeSnapshot, Unknown
 from agent.watch import watch_node
+
+# what says the Services, Ingresses and Node: the API, or --kube-json's files
+_KUBE_SOURCES = frozenset({kube_api.SOURCE, bundle_files.SERVICES, bundle_files.NODE,
+                           bundle_files.INGRESSES})
 
 # loopback_agent_finding has one series per (finding id, severity, LB IP, Service): a node
 # with thousands of LB IPs at risk must not blow up Prometheus. Past the cap the least
@@ -94,6 +99,9 @@ class DaemonConfig:
     kube_watch_timeout: float = 300.0
     kube_change_gap: float = 5.0  # also the shortest capture a change may cut
     kube_report: bool = False  # write the Node condition and Events (agent.kubereport)
+    # the share of one CPU, in percent, that reading changed rules/ipsets/IPVS again may
+    # take (ReadCache.cpu_share); 100: read every change at once
+    reread_cpu: float = 10.0
 
 
 class Metrics:
@@ -222,7 +230,13 @@ class Daemon:
         self.sender = (Sender(cfg.collector, token_file=cfg.token_file, ca_file=cfg.ca_file)
                        if cfg.collector else None)
         self.backoff = Backoff()
-        self.reads = ReadCache()  # unchanged rules/ipsets/IPVS are not re-read each cycle
+        # unchanged rules/ipsets/IPVS are not re-read each cycle, changed ones within a
+        # share of a CPU
+        self.reads = ReadCache(cpu_share=cfg.reread_cpu / 100)
+        # the Services, Ingresses and Node (and what the API said of them) when the rules
+        # were last read: the verdict pairs them with a read that stands while a new one
+        # is put off (fresh Services beside old rules would miss a new LB IP's rules)
+        self._kube_at_read: tuple[dict[str, Any], tuple[Unknown, ...]] | None = None
         self._last: tuple[NodeSnapshot, Any, Verdict] | None = None  # snapshot, prepared, v
         self.next_ship = 0.0
         self.last_cycle_end = time.monotonic()
@@ -304,11 +318,13 @@ class Daemon:
                                          cache=self.reads, background=True))
         if self.cfg.kube_json:
             snap = self._with_kube_json(snap, self.cfg.kube_json)
+        snap = self._kube_as_read(snap)
         # the same snapshot as last cycle (its parts reused: ReadCache): the same facts,
         # and without a capture the same verdict, made again only in its time
         last = self._last if self._last is not None and self._last[0] == snap else None
         self._last = None  # changed: the old facts go before the new ones are made
         # the capture and the diagnosis share the facts; no capture: the verdict is reused
+        work = time.thread_time()  # (the capture's minutes below are not the diagnosis)
         if last is None:
             prepared: Prepared | None = prepare(snap)
         elif self.cfg.capture:
@@ -316,11 +332,13 @@ class Daemon:
         else:
             prepared = None  # the same verdict, below
         t1 = time.monotonic()
+        work = time.thread_time() - work
         capture = None
         if self.cfg.capture and prepared is not None:
             capture = watch_node(prepared, self.cfg.interval,
                                  port_range=self.cfg.nodeport_range, stop=self.wake)
-        if self.kube is not None and self.kube.version() != kube_seen:
+        resumed = time.thread_time()
+        if self.kube is not None and self.kube.version() != kube_seen and not self.reads.stale:
             # changed during the capture (which it ended): diagnose what the API says now
             snap = self._refresh_kube(snap)
             prepared = prepare(snap)
@@ -335,6 +353,8 @@ class Daemon:
                          capture=capture, prepared=prepared)
         # the facts are kept for the next capture only: without one they are memory
         self._last = (snap, prepared if self.cfg.capture else None, v)
+        # what a read of changed rules costs includes the diagnosis it leads to
+        self.reads.charge(work + time.thread_time() - resumed)
         t3 = time.monotonic()
         for phase, secs in (("probes", t1 - t0), ("capture", t2 - t1), ("diagnose", t3 - t2)):
             self.metrics.probe_seconds.labels(phase).set(secs)
@@ -430,6 +450,18 @@ class Daemon:
             self._kube_timer = threading.Timer(due, self.wake.set)  # one for a burst
             self._kube_timer.daemon = True
             self._kube_timer.start()
+
+    def _kube_as_read(self, snap: NodeSnapshot) -> NodeSnapshot:
+        """``snap`` with the Services, Ingresses and Node of the last read of the rules
+        while a changed source's read is put off (ReadCache.stale): the verdict is then
+        the node as of that read, whole."""
+        mine = tuple(u for u in snap.unknowns if u.source in _KUBE_SOURCES)
+        if not self.reads.stale or self._kube_at_read is None:
+            self._kube_at_read = ({f: getattr(snap, f) for f in kube_api.FIELDS}, mine)
+            return snap
+        values, said = self._kube_at_read
+        others = tuple(u for u in snap.unknowns if u.source not in _KUBE_SOURCES)
+        return replace(snap, unknowns=others + said, **values)
 
     def _refresh_kube(self, snap: NodeSnapshot) -> NodeSnapshot:
         ctx = ProbeContext(node_name=self.cfg.node_name, kube_cache=self.kube)

@@ -164,3 +164,93 @@ def test_a_background_read_runs_at_the_lowest_priorities() -> None:
         "19", "best-effort: prio 7"]
     own = run_command(["sh", "-c", script], 10).split("\n")[0]
     assert own == str(os.getpriority(os.PRIO_PROCESS, 0))  # a `check`: as it is
+
+
+def _burn(seconds: float) -> None:
+    """Spend ``seconds`` of this thread's CPU."""
+    import time
+
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_a_changed_source_is_read_again_within_its_share_of_a_cpu() -> None:
+    """A read's CPU, its commands' included, spaces the next read of a changed source:
+    until it is due the last read stands, said to be out of date in the same words every
+    time (the daemon does not diagnose an unchanged snapshot again)."""
+    import subprocess
+    import sys
+
+    now = [1000.0]
+    cache, src = ReadCache(cpu_share=0.1, clock=lambda: now[0]), Source()
+
+    def costly() -> ProbeResult:  # a command that works 0.2 s, then a parse of 0.05 s
+        subprocess.run([sys.executable, "-c", "import time\nend = time.process_time() + 0.2\n"
+                        "while time.process_time() < end: pass"], check=True)
+        _burn(0.05)
+        return src.collect()
+
+    assert cache.read("s", src.marker, costly).value == "v1"
+    cpu = cache.read_cost["s"][2]
+    assert 0.25 <= cpu < 2.0  # the child's CPU is counted (the bulk of a rules dump)
+    src.mark, src.value = 2, "v2"
+    now[0] += 0.9 * cpu / 0.1  # not due yet: 10 % of a CPU allows one read per cpu/0.1 s
+    put_off = [cache.read("s", src.marker, costly) for _ in range(2)]
+    assert src.reads == 1 and [p.value for p in put_off] == ["v1", "v1"]
+    assert put_off[0].unknowns == put_off[1].unknowns
+    why = put_off[0].unknowns[-1]
+    assert why.source == "s" and "changed since it was read at" in why.reason
+    assert f"that read and its diagnosis took {cpu:.3g} s" in why.reason
+    assert "10 % of one CPU" in why.reason
+    assert "s" in cache.stale and cache.deferred["s"] == 2
+    now[0] += 0.2 * cpu / 0.1  # due: read
+    assert cache.read("s", src.marker, costly).value == "v2"
+    assert src.reads == 2 and "s" not in cache.stale
+
+
+def test_a_put_off_source_that_changes_back_is_current_again() -> None:
+    now = [0.0]
+    cache, src = ReadCache(cpu_share=0.01, clock=lambda: now[0]), Source()
+
+    def costly() -> ProbeResult:
+        _burn(0.02)
+        return src.collect()
+
+    cache.read("s", src.marker, costly)
+    src.mark = 2  # (a rule added...)
+    assert cache.read("s", src.marker, costly).unknowns and "s" in cache.stale
+    src.mark = 1  # (...and deleted: the generation moves on in nftables, a digest does not)
+    assert cache.read("s", src.marker, costly).unknowns == ()
+    assert src.reads == 1 and "s" not in cache.stale
+
+
+def test_only_a_good_read_stands_for_a_changed_source() -> None:
+    """A read that failed is no picture of the node: the next one is not put off, nor is
+    any read without a share (a one-off check) or without a marker."""
+    now = [0.0]
+    cache, src = ReadCache(cpu_share=0.0001, clock=lambda: now[0]), Source()
+    src.value = None
+    for mark in (1, 2, 3):
+        src.mark = mark
+        cache.read("s", src.marker, lambda: (_burn(0.01), src.collect())[1])
+    assert src.reads == 3 and not cache.stale
+    src.value, src.mark = "v", OSError("netlink: EPERM")
+    for _ in range(2):
+        cache.read("s", src.marker, lambda: (_burn(0.01), src.collect())[1])
+    assert src.reads == 5 and not cache.stale
+
+
+def test_the_diagnosis_a_read_led_to_is_charged_to_that_read_only() -> None:
+    now = [0.0]
+    cache, a, b = ReadCache(cpu_share=0.1, clock=lambda: now[0]), Source(), Source()
+    cache.read("a", a.marker, a.collect)
+    cache.charge(3.0)  # the walk after reading "a"
+    cost_a = cache.read_cost["a"][2]
+    assert 3.0 <= cost_a < 3.5
+    cache.read("b", b.marker, b.collect)
+    cache.charge(1.0)  # only "b" was read since
+    assert cache.read_cost["a"][2] == cost_a and 1.0 <= cache.read_cost["b"][2] < 1.5
+    a.mark = 2
+    now[0] = 0.9 * cost_a / 0.1
+    assert cache.read("a", a.marker, a.collect).unknowns and a.reads == 1  # 30 s: not yet

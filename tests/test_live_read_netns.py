@@ -335,3 +335,63 @@ def test_legacy_ip6tables_have_a_change_marker_too() -> None:
         assert again["entries"] == first["entries"]
         assert again["digest"]["nat"] != first["digest"]["nat"]
         assert again["digest"]["filter"] == first["digest"]["filter"]
+
+
+def _services(*ips: str) -> str:
+    """`kubectl get services -A -o json` of one LoadBalancer Service per address."""
+    return json.dumps({"kind": "List", "apiVersion": "v1", "items": [
+        {"metadata": {"name": f"web{i}", "namespace": "ns"},
+         "spec": {"type": "LoadBalancer", "clusterIP": f"10.96.0.{10 + i}",
+                  "ports": [{"port": 80, "protocol": "TCP", "nodePort": 30080 + i}]},
+         "status": {"loadBalancer": {"ingress": [{"ip": ip}]}}}
+        for i, ip in enumerate(ips)]})
+
+
+def test_a_change_too_soon_after_a_costly_read_waits_with_the_services_of_that_read(
+        tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """--reread-cpu: a read that would take more than the share of a CPU is put off.
+    Until it is made, the verdict is the node as the last read saw it, Services too: a
+    new Service's LB IP beside rules read before kube-proxy wrote it would look like a
+    loop. The verdict says so; nothing is re-read meanwhile."""
+    with node("nft") as (ns, _):
+        kube = tmp_path / "kube"
+        kube.mkdir()
+        (kube / "services.json").write_text(_services("10.0.32.1"))
+        spool = tmp_path / "spool"
+        # 0.001 % of a CPU: the first read (some 10 ms of CPU) spaces the next by 1,000 s
+        agent = ns.popen([PY, "-m", "agent", "run", "--no-capture", "--kube-json", str(kube),
+                          "--listen", "", "--interval", "1", "--spool", str(spool),
+                          "--heartbeat-every", "1", "--reread-cpu", "0.001"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            assert agent.stdout is not None
+
+            def verdict() -> dict:  # type: ignore[type-arg]
+                line = agent.stdout.readline()  # type: ignore[union-attr]
+                assert line, agent.stderr.read() if agent.stderr else "agent died"
+                return spooled(log_line(line), spool)  # type: ignore[no-any-return]
+
+            def put_off(v: dict) -> list[str]:  # type: ignore[type-arg]
+                return [u["reason"] for u in v["unknowns"]
+                        if "changed since it was read at" in u["reason"]]
+
+            first = verdict()
+            assert {r["ip"] for r in first["lb_ips"]} == {"10.0.32.1", "10.0.32.2"}
+            assert not put_off(first)
+            # a new LoadBalancer Service, and kube-proxy's rule for it
+            (kube / "services.json").write_text(_services("10.0.32.1", "10.0.32.9"))
+            ns.run("iptables-nft", "-t", "nat", "-A", "KUBE-SERVICES", "-d", "10.0.32.9/32",
+                   "-p", "tcp", "-m", "comment", "--comment", "ns/web1:http loadbalancer IP",
+                   "-m", "tcp", "--dport", "80", "-j", "KUBE-EXT-ABC")
+            later = [verdict() for _ in range(3)]
+            for v in later[1:]:  # (the first may have been read before the change)
+                assert {r["ip"] for r in v["lb_ips"]} == {"10.0.32.1", "10.0.32.2"}, v["lb_ips"]
+                said = {u["source"] for u in v["unknowns"] if u["reason"] in put_off(v)}
+                # (ip6tables-nft's rules share the nftables generation: put off too)
+                assert "nat rules" in said and said <= {"nat rules", "ip6tables", "ipsets"}, \
+                    v["unknowns"]
+                assert all(f.get("lb_ip") != "10.0.32.9" for f in v["findings"])
+            assert put_off(later[1]) == put_off(later[2])  # the same words: the same verdict
+        finally:
+            agent.terminate()
+            agent.wait(timeout=30)

@@ -80,14 +80,30 @@ class ReadCache:
     reused at most ``retry_after`` times. A
     marker that cannot be taken (it raises) means "read it". Not thread-safe: one daemon
     cycle at a time uses it.
+
+    ``cpu_share``: a source whose marker moved is read again only once its last read's
+    CPU time (the agent's and its commands') fits that share of one CPU since that read
+    began; until then the last read stands, with an unknown saying so (``stale``). On a
+    10k-service iptables-nft node kube-proxy rewrites the rules on every endpoint
+    change, and each read costs some 35 s of CPU: read on every change, that is a core
+    all day on every such node of the fleet.
     """
 
-    def __init__(self, retry_after: int = 10) -> None:
+    def __init__(self, retry_after: int = 10, cpu_share: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.retry_after = retry_after
+        self.cpu_share = cpu_share  # None: read every change at once (tests, one-offs)
+        self._clock = clock
         self._last: dict[str, tuple[object, ProbeResult, float]] = {}
         self.reused: dict[str, int] = {}  # source -> reads saved (metrics, logs, tests)
         self.read_count: dict[str, int] = {}  # source -> reads done
         self.marker_seconds: dict[str, float] = {}  # source -> last marker's cost
+        # source -> (when its last read began: clock, wall clock; the CPU seconds it took)
+        self.read_cost: dict[str, tuple[float, float, float]] = {}
+        # source -> (its last read's start, when the next may begin): a change not read yet
+        self.stale: dict[str, tuple[float, float]] = {}
+        self.deferred: dict[str, int] = {}  # source -> changed reads put off (metrics, tests)
+        self._unpaid: set[str] = set()  # sources read since the last charge()
 
     def read(self, source: str, marker: Callable[[], object],
              collect: Callable[[], ProbeResult]) -> ProbeResult:
@@ -101,12 +117,20 @@ class ReadCache:
         if key is not None and last is not None and last[0] == key and last[2] > 0:
             self._last[source] = (key, last[1], last[2] - 1)
             self.reused[source] = self.reused.get(source, 0) + 1
+            self.stale.pop(source, None)  # (changed back: what was read is the node's)
             return last[1]
+        put_off = self._put_off(source, key, last)
+        if put_off is not None:
+            return put_off
         # the old read goes before the new one is made: a 10k-service node's listing is
         # tens of MB of text, held twice at the read's peak otherwise
         self._last.pop(source, None)
         del last
+        self.stale.pop(source, None)
+        began, wall, cpu = self._clock(), time.time(), _cpu_seconds()
         result = collect()
+        self.read_cost[source] = (began, wall, _cpu_seconds() - cpu)
+        self._unpaid.add(source)
         self.read_count[source] = self.read_count.get(source, 0) + 1
         if key is not None and (result.value is not None or result.repeats):
             uses = float("inf") if not result.unknowns else float(self.retry_after)
@@ -114,6 +138,52 @@ class ReadCache:
         else:
             self._last.pop(source, None)
         return result
+
+    def charge(self, seconds: float) -> None:
+        """Add ``seconds`` of CPU (the diagnosis the new reads led to) to the cost of each
+        source read since the last call: a changed node costs its reads and its walks."""
+        for source in self._unpaid:
+            began, wall, cpu = self.read_cost[source]
+            self.read_cost[source] = (began, wall, cpu + seconds)
+        self._unpaid.clear()
+
+    def _put_off(self, source: str, key: object,
+                 last: tuple[object, ProbeResult, float] | None) -> ProbeResult | None:
+        """The last read, said to be out of date, while a new one would spend more than
+        ``cpu_share``; None: read now."""
+        cost = self.read_cost.get(source)
+        if self.cpu_share is None or key is None or last is None or cost is None or \
+                last[0] == key or last[1].value is None:
+            return None
+        began, wall, cpu = cost
+        due = began + cpu / self.cpu_share
+        if self._clock() >= due:
+            return None
+        self.stale[source] = (began, due)
+        self.deferred[source] = self.deferred.get(source, 0) + 1
+        # (the same words every cycle until the read: an unchanged snapshot, whose
+        # verdict the daemon does not make again)
+        why = (f"changed since it was read at {_utc(wall)}; it is read again from "
+               f"{_utc(wall + due - began)} on (that read and its diagnosis took {cpu:.3g} s "
+               f"of CPU, and changes are read within {self.cpu_share * 100:g} % of one CPU: "
+               "--reread-cpu): until then the verdict shows the node as that read saw it")
+        result = last[1]
+        return ProbeResult(result.value, (*result.unknowns, Unknown(source, why)),
+                           result.repeats)
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this thread and of the children it waited for (a read's commands)."""
+    import resource
+
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.thread_time() + children.ru_utime + children.ru_stime
+
+
+def _utc(wall: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(wall, dt.timezone.utc).strftime("%H:%M:%S UTC")
 
 
 def cached(ctx: ProbeContext, source: str, marker: Callable[[], object],
