@@ -165,6 +165,13 @@ class Metrics:
         self.capture_packets = Counter(p + "capture_packets",
                                        "Packets the capture filter passed to the agent",
                                        registry=r)
+        # (source: one of the few cached sources, "nat rules", "ipsets", ...)
+        self.read_put_off = Gauge(p + "read_put_off",
+                                  "1 while this source changed and its read is put off "
+                                  "(--reread-cpu): the verdict shows its last read",
+                                  ["source"], registry=r)
+        self.read_cpu = Gauge(p + "read_cpu_seconds", "CPU of this source's last read, "
+                              "with the diagnosis it led to", ["source"], registry=r)
 
     def verdict(self, v: Verdict) -> None:
         for s in ("healthy", "at-risk", "loopback"):
@@ -197,6 +204,11 @@ class Metrics:
                 if c.source == "in_martian_src" and c.value:
                     self.martian.inc(c.value)
         self.last_verdict.set(time.time())
+
+    def reads(self, cache: ReadCache) -> None:
+        for source, (_, _, cpu) in cache.read_cost.items():
+            self.read_cpu.labels(source).set(cpu)
+            self.read_put_off.labels(source).set(1 if source in cache.stale else 0)
 
     def _set_findings(self, v: Verdict) -> None:
         """One series per distinct finding key, the most severe first up to the cap; series
@@ -359,6 +371,7 @@ class Daemon:
         for phase, secs in (("probes", t1 - t0), ("capture", t2 - t1), ("diagnose", t3 - t2)):
             self.metrics.probe_seconds.labels(phase).set(secs)
         self.metrics.verdict(v)
+        self.metrics.reads(self.reads)
         return v
 
     # -- the log line and /verdict -------------------------------------------------------

@@ -70,6 +70,8 @@ def render(v: Verdict, verbose: bool = False, width: int = 100) -> str:
     shown = {"ok": 0, "exposed": 0}
     hidden = {"ok": 0, "exposed": 0}
     limit = {"ok": OK_LB_IPS_LISTED, "exposed": EXPOSED_LB_IPS_LISTED}
+    # the address column as wide as the longest address (IPv6 ones run to 39 characters)
+    ip_width = max(15, *(len(r.ip) for r in v.lb_ips)) if v.lb_ips else 15
     for r in v.lb_ips:
         worst = by_ip.get(r.ip, [])
         tag = "exposed" if any(f.severity != "info" for f in worst) else "ok"
@@ -79,7 +81,7 @@ def render(v: Verdict, verbose: bool = False, width: int = 100) -> str:
         shown[tag] += 1
         svc = ",".join(r.services) or "service unknown"
         local = {True: "bound locally", False: "not local", None: "local?"}[r.local]
-        out.append(f"  {r.ip:<16} {' '.join(r.ports):<14} {r.kind:<12} "
+        out.append(f"  {r.ip:<{ip_width + 1}} {' '.join(r.ports):<14} {r.kind:<12} "
                    f"{svc:<28} {local:<13} {tag}")
     if hidden["exposed"]:
         out.append(f"  ... and {hidden['exposed']} more exposed (their findings are below; "
@@ -161,6 +163,8 @@ def render(v: Verdict, verbose: bool = False, width: int = 100) -> str:
 def _where(f: Finding) -> str:
     where = f.lb_ip or ""
     if f.port:
+        # an IPv6 address before its port in brackets: 2001:db8::7:80 is another address
+        where = f"[{where}]" if ":" in where else where
         where += f":{f.port}/{f.protocol or ''}"
     return where
 

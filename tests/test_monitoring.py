@@ -191,6 +191,33 @@ def test_capture_availability_and_counters(tke_verdict: Verdict) -> None:
     assert status == {"healthy": 0.0, "at-risk": 1.0, "loopback": 0.0}
 
 
+def test_read_costs_and_reads_put_off() -> None:
+    """--reread-cpu's state per cached source: what its last read cost, and whether a
+    change of it waits (the verdict then shows that read)."""
+    from agent.probes.base import ProbeResult, ReadCache
+
+    now = [0.0]
+    cache, mark = ReadCache(cpu_share=0.1, clock=lambda: now[0]), [1]
+    for source in ("nat rules", "ipsets"):
+        cache.read(source, lambda: mark[0], lambda: ProbeResult("rules"))
+    cache.charge(20.0)  # the walk that followed: the next read in 200 s at the soonest
+    mark[0] = 2
+    now[0] = 100.0
+    cache.read("nat rules", lambda: mark[0], lambda: ProbeResult("new rules"))
+    m = Metrics()
+    m.reads(cache)
+    got = {(n, lb["source"]): v for n, lb, v in samples(generate_latest(m.registry).decode())
+           if n.startswith("loopback_agent_read_")}
+    assert got[("loopback_agent_read_put_off", "nat rules")] == 1.0
+    assert got[("loopback_agent_read_put_off", "ipsets")] == 0.0
+    assert 20.0 <= got[("loopback_agent_read_cpu_seconds", "nat rules")] < 21.0
+    now[0] = 250.0
+    cache.read("nat rules", lambda: mark[0], lambda: ProbeResult("new rules"))
+    m.reads(cache)
+    assert ("loopback_agent_read_put_off", {"source": "nat rules"}, 0.0) in \
+        samples(generate_latest(m.registry).decode())
+
+
 # -- the collector's per-node last-seen series ----------------------------------------------
 
 

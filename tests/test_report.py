@@ -111,3 +111,29 @@ def test_a_few_findings_of_a_kind_are_all_shown_in_full(at_risk: Verdict) -> Non
     v = replace(at_risk, findings=tuple(few), lb_ips=at_risk.lb_ips[:len(few)])
     text = render(v)
     assert text.count("Evidence:") == len(few) and "also for" not in text
+
+
+def test_ipv6_addresses_keep_the_columns_and_are_bracketed_before_a_port() -> None:
+    """A dual-stack node (constructed bundle): the LB IP column is as wide as its longest
+    address, and a finding's address:port is unambiguous ([2001:db8:ff::7]:80, not
+    2001:db8:ff::7:80, which is another address)."""
+    import dataclasses
+
+    from agent.diagnose.model import LbIpReport
+
+    data = Path(__file__).parent / "data" / "constructed" / "ipvs6-dual-stack-kube-6-sets"
+    v = diagnose(load_bundle(str(data)), "node-a")
+    long6 = "2001:db8:ffff:ffff:ffff:ffff:ffff:1"  # 35 characters
+    v = dataclasses.replace(v, lb_ips=(
+        *v.lb_ips, LbIpReport(ip=long6, ports=("TCP/443",), kind="loadbalancer",
+                              services=("ns/web",), learned_from=("constructed",),
+                              local=False),
+        LbIpReport(ip="10.0.32.1", ports=("TCP/80",), kind="loadbalancer",
+                   services=("ns/web4",), learned_from=("constructed",), local=False)))
+    text = render(v, verbose=True)
+    rows = [line for line in text.splitlines()
+            if line.startswith("  ") and " TCP/" in line and "loadbalancer" in line]
+    assert len(rows) == 4, text
+    assert len({row.index(" TCP/") for row in rows}) == 1, rows  # one column for the ports
+    assert all(row.index(" TCP/") > len("  " + long6) for row in rows)
+    assert "[2001:db8:ff::7]:80/TCP" in text and "2001:db8:ff::7:80" not in text
