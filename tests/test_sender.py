@@ -33,6 +33,8 @@ class Collector:
         self.script: list[tuple[int, dict[str, str]]] = []
         self.received: list[dict[str, Any]] = []
         self.bodies: list[tuple[int, str | None]] = []  # (bytes on the wire, coding)
+        self.wire: list[bytes] = []  # each body, inflated
+        self.sent: list[bytes] = []  # each body as it came
         self.takes_gzip = False
         self.auth: list[str | None] = []
         self.reject_seq: set[int] = set()
@@ -42,6 +44,7 @@ class Collector:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 wire = self.rfile.read(int(self.headers["Content-Length"]))
+                outer.sent.append(wire)
                 coding = self.headers.get("Content-Encoding")
                 outer.bodies.append((len(wire), coding))
                 time.sleep(outer.delay)
@@ -55,6 +58,9 @@ class Collector:
                     body = json.loads(wire)
                 except ValueError:
                     body, status = [], 400  # what the old intake said to a gzip body
+                outer.wire.append(wire)
+                if isinstance(body, dict):  # a verdict alone, as the collector takes it
+                    body = [body]
                 if status == 200 and any(v.get("seq") in outer.reject_seq for v in body):
                     status = 422
                 if status == 200:
@@ -342,6 +348,24 @@ def test_gzip_only_once_the_collector_says_it_takes_it(tmp_path: Path,
     assert res.sent == 3 and [v["seq"] for v in collector.received] == [0, 1, 2]
     # the first reply said Accept-Encoding: gzip; nothing before it is gzipped
     assert [c for _, c in collector.bodies] == [None, "gzip", "gzip"]
+
+
+def test_a_verdict_alone_goes_as_its_spool_file(tmp_path: Path, collector: Collector) -> None:
+    """A gzipped verdict that goes alone (a big node's always does) is posted as the spool
+    wrote it, not inflated and deflated again; several still go as one array."""
+    collector.takes_gzip = True
+    s = Spool(tmp_path / "spool")
+    s.put(big_verdict(0))
+    files = [p.read_bytes() for p in sorted((tmp_path / "spool").iterdir())]
+    res = drain(s, Sender(collector.url), batch=1)
+    assert res.sent == 1 and collector.received[0]["seq"] == 0
+    assert collector.sent == files and collector.bodies[0][1] == "gzip"
+    assert json.loads(collector.wire[0]) == big_verdict(0)  # the verdict itself, no array
+    s.put({"seq": 1, "node": "n1"})
+    s.put({"seq": 2, "node": "n1"})
+    drain(s, Sender(collector.url))
+    assert json.loads(gzip.decompress(collector.sent[-1])) == [{"seq": 1, "node": "n1"},
+                                                               {"seq": 2, "node": "n1"}]
 
 
 def test_an_older_collector_gets_plain_bodies_and_keeps_what_it_cannot_take(

@@ -126,13 +126,17 @@ class Sender:
         self.gzip_ok: bool | None = None
 
     def send_items(self, items: list[SpoolItem]) -> SendResult:
-        """Post spooled verdicts as one JSON array, gzipped when the collector takes it
-        or when plain could not be taken anyway. Gzipped, the array is made from each
-        item's text a MiB at a time: a 21 MB verdict costs its 1.5 MB of gzip here, not
-        its text."""
+        """Post spooled verdicts as one JSON array (a single verdict gzipped: its spool
+        file), gzipped when the collector takes it or when plain could not be taken
+        anyway. Gzipped, the array is made from each item's text a MiB at a time: a 21 MB
+        verdict costs its 1.5 MB of gzip here, not its text."""
         too_big = _too_big(items)  # plain could only be refused (413): set aside
         if too_big or self.gzip_ok:
-            res = self._post(gz.compress_chunks(_array(items)), gzipped=True)
+            # one verdict, spooled as gzip: its file is the body (the collector takes a
+            # verdict alone as well as an array), not inflated and deflated again: a
+            # 10k-service verdict, which always goes alone, cost 0.4 s of CPU a shipment
+            one = items[0].raw if len(items) == 1 and items[0].gzipped else None
+            res = self._post(one or gz.compress_chunks(_array(items)), gzipped=True)
             if res.status != 415:
                 return res
             self.gzip_ok = False
