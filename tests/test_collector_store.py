@@ -74,7 +74,7 @@ old = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(old)
 store = old.open_store(sys.argv[2])
 add = store.add
-store.add = lambda batch, bodies=None, schema=None: add(batch)  # stores every document
+store.add = lambda batch, bodies=None, schema=None, stored_docs=None: add(batch)  # stores all
 store.known = lambda node, fingerprint: (False, None)  # so every one is validated
 server = serve("127.0.0.1:" + sys.argv[1], store)
 print("ready", flush=True)
@@ -358,6 +358,26 @@ def test_a_stored_document_is_not_validated_again(server: tuple[str, Any],
     assert post(url, like(base, "x", 10)).status_code == 200
     assert counting.seen[4:] == [("x", "k9")]
     assert len(requests.get(url + "/v1/nodes/v", timeout=10).json()) == 4
+
+
+def test_a_heartbeat_looks_its_document_up_once_before_storing(
+        server: tuple[str, Any], base: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the intake found stored is not looked up again by Store.add (three lookups of
+    (node, fingerprint) per verdict before, each a round trip to PostgreSQL)."""
+    url, col = server
+    lookups: list[str] = []
+    known = col.store.known
+
+    def counted(node: str, fingerprint: str) -> tuple[bool, str | None]:
+        lookups.append(node)
+        return known(node, fingerprint)
+
+    monkeypatch.setattr(col.store, "known", counted)
+    assert post(url, like(base, "h", 1)).status_code == 200  # new: stored
+    assert post(url, [like(base, "h", 2), like(base, "h", 3)]).status_code == 200
+    assert lookups == ["h", "h", "h"]  # one per verdict, in the intake
+    assert [v["idempotency_key"] for v in
+            requests.get(url + "/v1/nodes/h", timeout=10).json()] == ["k3", "k2", "k1"]
 
 
 def test_a_document_is_stored_gzipped(tmp_path: Path, base: dict[str, Any]) -> None:

@@ -67,6 +67,7 @@ class Collector:
 
     def ingest(self, caller: Caller, body: bytes | bytearray) -> dict[str, Any]:
         bodies: dict[int, Body] = {}  # by id() of each verdict: made once, stored by add
+        stored_docs: set[int] = set()  # id() of those whose document is stored: add knows
 
         def known(v: Any) -> bool:
             """Its document is stored for its node and valid under this schema."""
@@ -78,11 +79,14 @@ class Collector:
                 return False
             bodies[id(v)] = b = split(v)
             stored, schema = self.store.known(v["node"], b.fingerprint)
+            if stored:
+                stored_docs.add(id(v))
             return stored and schema == self.intake.schema_tag
 
         batch = self.intake.verdicts(body, known)
         authorize(caller, [v["node"] for v in batch])
-        stored, dup = self.store.add(batch, bodies, schema=self.intake.schema_tag)
+        stored, dup = self.store.add(batch, bodies, schema=self.intake.schema_tag,
+                                     stored_docs=stored_docs)
         self.accepted.inc(stored)
         self.duplicates.inc(dup)
         return {"stored": stored, "duplicates": dup}

@@ -177,11 +177,13 @@ class Store:
     # -- writing -----------------------------------------------------------------------
 
     def add(self, verdicts: list[dict[str, Any]], bodies: dict[int, docs.Body] | None = None,
-            schema: str | None = None) -> tuple[int, int]:
+            schema: str | None = None, stored_docs: set[int] | None = None) -> tuple[int, int]:
         """Store a batch in one transaction; returns (stored, duplicates). Each verdict
         that is the newest of its node replaces the node's summary. ``bodies``: each
         verdict's docs.Body by id() when the caller made it already; ``schema``: the tag
-        of the verdict schema the caller validated them against."""
+        of the verdict schema the caller validated them against; ``stored_docs``: the id()
+        of each verdict whose body in ``bodies`` the caller found stored (known()): not
+        looked up again (a stored one pruned since is stored again in the transaction)."""
         now = time.time()
         stored = 0
         octets = self._placeholder != "?"  # the served text's length as history counts it
@@ -192,7 +194,10 @@ class Store:
             body = (bodies or {}).get(id(v))
             if body is None or body.keys != tuple(v):  # e.g. an idempotency key added since
                 body = docs.split(v)
-            known, _ = self.known(v["node"], body.fingerprint)
+                known, _ = self.known(v["node"], body.fingerprint)
+            else:
+                known = id(v) in stored_docs if stored_docs is not None else \
+                    self.known(v["node"], body.fingerprint)[0]
             packed = None if known else gz.compress(body.text)
             rows.append((v, body, packed, docs.frame(v, body),
                          docs.served_size(v, body, octets), summarize(v)))
