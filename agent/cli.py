@@ -258,11 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
              help="NodePort range to watch (default 30000-32767)")
     _env_opt(r, "--reread-cpu", metavar="PERCENT", type=_cpu_percent, default=10.0,
              help="rules, ipsets and IPVS that changed are read again within this share "
-                  "of one CPU (default 10): a read and its diagnosis that took 35 s of CPU "
-                  "(iptables-nft-save of 10k services) are repeated 350 s after it at the "
-                  "soonest, and until "
-                  "then the verdict is the node as that read saw it, with the Services of "
-                  "that time, and says so. 100: read every change at once")
+                  "of one CPU (default 10): reads and a diagnosis that took 40 s of CPU "
+                  "(iptables-nft-save of 10k services) are repeated 400 s after at the "
+                  "soonest; until then the verdict is the node as those reads saw it, with "
+                  "the Services of that time, and says so. 100: read every change at once")
     _env_opt(r, "--max-finding-series", metavar="N", type=int, default=500,
              help="cap on loopback_agent_finding series in /metrics (default 500)")
     r.add_argument("--no-capture", action="store_true", help="static checks only")

@@ -170,8 +170,8 @@ class Metrics:
                                   "1 while this source changed and its read is put off "
                                   "(--reread-cpu): the verdict shows its last read",
                                   ["source"], registry=r)
-        self.read_cpu = Gauge(p + "read_cpu_seconds", "CPU of this source's last read, "
-                              "with the diagnosis it led to", ["source"], registry=r)
+        self.read_cpu = Gauge(p + "read_cpu_seconds", "CPU of this source's last read",
+                              ["source"], registry=r)
 
     def verdict(self, v: Verdict) -> None:
         for s in ("healthy", "at-risk", "loopback"):
@@ -206,7 +206,7 @@ class Metrics:
         self.last_verdict.set(time.time())
 
     def reads(self, cache: ReadCache) -> None:
-        for source, (_, _, cpu) in cache.read_cost.items():
+        for source, cpu in cache.read_cpu.items():
             self.read_cpu.labels(source).set(cpu)
             self.read_put_off.labels(source).set(1 if source in cache.stale else 0)
 
@@ -323,6 +323,7 @@ class Daemon:
     def cycle(self) -> Verdict:
         t0 = time.monotonic()
         kube_seen = self.kube.version() if self.kube is not None else None
+        self.reads.begin_cycle()
         snap = collect_live(ProbeContext(node_name=self.cfg.node_name,
                                          use_kube_api=self.cfg.use_kube_api,
                                          kubeconfig=self.cfg.kubeconfig,
@@ -365,8 +366,8 @@ class Daemon:
                          capture=capture, prepared=prepared)
         # the facts are kept for the next capture only: without one they are memory
         self._last = (snap, prepared if self.cfg.capture else None, v)
-        # what a read of changed rules costs includes the diagnosis it leads to
-        self.reads.charge(work + time.thread_time() - resumed)
+        if last is None:  # a new snapshot, diagnosed in full: part of the reads' cost
+            self.reads.charge(work + time.thread_time() - resumed)
         t3 = time.monotonic()
         for phase, secs in (("probes", t1 - t0), ("capture", t2 - t1), ("diagnose", t3 - t2)):
             self.metrics.probe_seconds.labels(phase).set(secs)
@@ -455,7 +456,10 @@ class Daemon:
 
     def _kube_changed(self, what: str) -> None:
         """A change the diagnosis can see: diagnose now (ending the wait or the capture),
-        but not sooner than kube_change_gap after the cycle began."""
+        but not sooner than kube_change_gap after the cycle began; not while a read of
+        changed rules is put off (the verdict keeps the Services of the last read)."""
+        if self.reads.stale:
+            return
         due = self.cycle_started + self.cfg.kube_change_gap - time.monotonic()
         if due <= 0:
             self.wake.set()
@@ -468,9 +472,12 @@ class Daemon:
         """``snap`` with the Services, Ingresses and Node of the last read of the rules
         while a changed source's read is put off (ReadCache.stale): the verdict is then
         the node as of that read, whole."""
-        mine = tuple(u for u in snap.unknowns if u.source in _KUBE_SOURCES)
         if not self.reads.stale or self._kube_at_read is None:
-            self._kube_at_read = ({f: getattr(snap, f) for f in kube_api.FIELDS}, mine)
+            # kept from a cycle that read the rules (the kube objects are taken first:
+            # never newer than those rules), when the API answered
+            if self.reads.cycle_reads and snap.services is not None:
+                mine = tuple(u for u in snap.unknowns if u.source in _KUBE_SOURCES)
+                self._kube_at_read = ({f: getattr(snap, f) for f in kube_api.FIELDS}, mine)
             return snap
         values, said = self._kube_at_read
         others = tuple(u for u in snap.unknowns if u.source not in _KUBE_SOURCES)

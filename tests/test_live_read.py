@@ -175,15 +175,35 @@ def _burn(seconds: float) -> None:
         pass
 
 
+class Node:
+    """Cycles over a ReadCache with a share, a clock the test moves and reads that cost
+    real CPU."""
+
+    def __init__(self, share: float | None = 0.1, *sources: str) -> None:
+        self.now = 1000.0
+        self.cache = ReadCache(cpu_share=share, clock=lambda: self.now)
+        self.src = {name: Source() for name in sources or ("s",)}
+
+    def cycle(self, cost: float = 0.02) -> dict[str, ProbeResult]:
+        self.cache.begin_cycle()
+
+        def reader(src: Source):  # type: ignore[no-untyped-def]
+            return lambda: (_burn(cost), src.collect())[1]
+
+        return {name: self.cache.read(name, src.marker, reader(src))
+                for name, src in self.src.items()}
+
+
 def test_a_changed_source_is_read_again_within_its_share_of_a_cpu() -> None:
-    """A read's CPU, its commands' included, spaces the next read of a changed source:
-    until it is due the last read stands, said to be out of date in the same words every
-    time (the daemon does not diagnose an unchanged snapshot again)."""
+    """A cycle's reads' CPU, their commands' included, and the diagnosis charged to it,
+    space the next reads of changed sources: until they are due the last read stands,
+    said to be out of date in the same words every time (the daemon does not diagnose
+    an unchanged snapshot again)."""
     import subprocess
     import sys
 
-    now = [1000.0]
-    cache, src = ReadCache(cpu_share=0.1, clock=lambda: now[0]), Source()
+    node = Node(0.1)
+    cache, src = node.cache, node.src["s"]
 
     def costly() -> ProbeResult:  # a command that works 0.2 s, then a parse of 0.05 s
         subprocess.run([sys.executable, "-c", "import time\nend = time.process_time() + 0.2\n"
@@ -191,66 +211,114 @@ def test_a_changed_source_is_read_again_within_its_share_of_a_cpu() -> None:
         _burn(0.05)
         return src.collect()
 
+    cache.begin_cycle()
     assert cache.read("s", src.marker, costly).value == "v1"
-    cpu = cache.read_cost["s"][2]
-    assert 0.25 <= cpu < 2.0  # the child's CPU is counted (the bulk of a rules dump)
+    assert 0.25 <= cache.read_cpu["s"] < 2.0  # the child's CPU is counted
+    cache.charge(1.0)  # the diagnosis of what was read
+    cost = cache.read_cpu["s"] + 1.0
     src.mark, src.value = 2, "v2"
-    now[0] += 0.9 * cpu / 0.1  # not due yet: 10 % of a CPU allows one read per cpu/0.1 s
-    put_off = [cache.read("s", src.marker, costly) for _ in range(2)]
+    node.now += 0.9 * cost / 0.1  # not due yet: 10 % of a CPU allows a read per cost/0.1 s
+    put_off = []
+    for _ in range(2):
+        cache.begin_cycle()
+        put_off.append(cache.read("s", src.marker, costly))
     assert src.reads == 1 and [p.value for p in put_off] == ["v1", "v1"]
     assert put_off[0].unknowns == put_off[1].unknowns
     why = put_off[0].unknowns[-1]
     assert why.source == "s" and "changed since it was read at" in why.reason
-    assert f"that read and its diagnosis took {cpu:.3g} s" in why.reason
+    assert f"reads and diagnosis took {cost:.3g} s of CPU" in why.reason
     assert "10 % of one CPU" in why.reason
     assert "s" in cache.stale and cache.deferred["s"] == 2
-    now[0] += 0.2 * cpu / 0.1  # due: read
+    cache.charge(0.5)  # the diagnosis of the first verdict put off: the due time moves...
+    cache.begin_cycle()
+    assert cache.read("s", src.marker, costly).unknowns == put_off[0].unknowns  # ...not the words
+    node.now += 0.2 * cost / 0.1 + 0.5 / 0.1  # due: read
+    cache.begin_cycle()
     assert cache.read("s", src.marker, costly).value == "v2"
-    assert src.reads == 2 and "s" not in cache.stale
+    assert src.reads == 2 and not cache.stale
+
+
+def test_a_cycle_reads_every_changed_source_or_none() -> None:
+    """Sources that change together (the nat rules and ip6tables share the nftables
+    generation) are one picture: a cycle that reads one reads the others that changed,
+    and one that puts one off puts off all."""
+    node = Node(0.1, "nat rules", "ip6tables")
+    node.cycle()
+    for src in node.src.values():
+        src.mark = 2
+    node.now += 0.01  # (reads of 0.02 s each: due 0.4 s after the first cycle began)
+    got = node.cycle()
+    assert all(r.unknowns for r in got.values()) and set(node.cache.stale) == set(got)
+    node.now += 1.0
+    got = node.cycle()
+    assert not any(r.unknowns for r in got.values()) and not node.cache.stale
+    assert [s.reads for s in node.src.values()] == [2, 2]
+
+
+def test_a_source_that_keeps_failing_does_not_make_the_others_read() -> None:
+    """IPVS not loaded (no read kept, retried each cycle) must neither open a new window
+    nor count as this cycle's reads."""
+    node = Node(0.01, "ipvs", "nat rules")
+    node.src["ipvs"].value = None
+    node.cycle()
+    node.src["nat rules"].mark = 2
+    node.now += 1.0  # (due 2 s on: 0.02 s reads at 1 %)
+    got = node.cycle()
+    assert node.src["ipvs"].reads == 2 and node.src["nat rules"].reads == 1
+    assert got["nat rules"].unknowns and set(node.cache.stale) == {"nat rules"}
 
 
 def test_a_put_off_source_that_changes_back_is_current_again() -> None:
-    now = [0.0]
-    cache, src = ReadCache(cpu_share=0.01, clock=lambda: now[0]), Source()
-
-    def costly() -> ProbeResult:
-        _burn(0.02)
-        return src.collect()
-
-    cache.read("s", src.marker, costly)
-    src.mark = 2  # (a rule added...)
-    assert cache.read("s", src.marker, costly).unknowns and "s" in cache.stale
-    src.mark = 1  # (...and deleted: the generation moves on in nftables, a digest does not)
-    assert cache.read("s", src.marker, costly).unknowns == ()
-    assert src.reads == 1 and "s" not in cache.stale
+    node = Node(0.01)
+    node.cycle()
+    node.src["s"].mark = 2  # (a rule added...)
+    assert node.cycle()["s"].unknowns and "s" in node.cache.stale
+    node.src["s"].mark = 1  # (...and deleted: the generation moves on in nftables, a digest not)
+    assert node.cycle()["s"].unknowns == ()
+    assert node.src["s"].reads == 1 and not node.cache.stale
 
 
-def test_only_a_good_read_stands_for_a_changed_source() -> None:
-    """A read that failed is no picture of the node: the next one is not put off, nor is
-    any read without a share (a one-off check) or without a marker."""
-    now = [0.0]
-    cache, src = ReadCache(cpu_share=0.0001, clock=lambda: now[0]), Source()
+def test_what_stands_for_a_changed_source() -> None:
+    """A failed read is no picture of the node: the next one is not put off. A failure
+    that repeats (an out-of-memory kill) is, and so is a read whose marker could not be
+    taken; without a share (a one-off check) nothing is."""
+    node = Node(0.0001)
+    src = node.src["s"]
     src.value = None
     for mark in (1, 2, 3):
         src.mark = mark
-        cache.read("s", src.marker, lambda: (_burn(0.01), src.collect())[1])
-    assert src.reads == 3 and not cache.stale
+        node.cycle()
+    assert src.reads == 3 and not node.cache.stale
     src.value, src.mark = "v", OSError("netlink: EPERM")
-    for _ in range(2):
-        cache.read("s", src.marker, lambda: (_burn(0.01), src.collect())[1])
-    assert src.reads == 5 and not cache.stale
+    node.cycle()
+    assert src.reads == 4
+    got = node.cycle()["s"]  # still no marker: a change, put off
+    assert src.reads == 4 and got.value == "v" and "s" in node.cache.stale
+    assert got.unknowns[-1].reason.startswith("may have changed (its change marker could not")
+
+    killed = Node(0.0001)
+    src = killed.src["s"]
+    src.value = None
+    collect = src.collect
+    src.collect = lambda: ProbeResult(collect().value, (Unknown("s", "killed"),),  # type: ignore[method-assign]
+                                      repeats=True)
+    killed.cycle()
+    src.mark = 2
+    assert killed.cycle()["s"].repeats and src.reads == 1 and "s" in killed.cache.stale
+
+    plain = Node(None)
+    for mark in (1, 2, 3):
+        plain.src["s"].mark = mark
+        plain.cycle()
+    assert plain.src["s"].reads == 3 and not plain.cache.stale
 
 
-def test_the_diagnosis_a_read_led_to_is_charged_to_that_read_only() -> None:
-    now = [0.0]
-    cache, a, b = ReadCache(cpu_share=0.1, clock=lambda: now[0]), Source(), Source()
-    cache.read("a", a.marker, a.collect)
-    cache.charge(3.0)  # the walk after reading "a"
-    cost_a = cache.read_cost["a"][2]
-    assert 3.0 <= cost_a < 3.5
-    cache.read("b", b.marker, b.collect)
-    cache.charge(1.0)  # only "b" was read since
-    assert cache.read_cost["a"][2] == cost_a and 1.0 <= cache.read_cost["b"][2] < 1.5
-    a.mark = 2
-    now[0] = 0.9 * cost_a / 0.1
-    assert cache.read("a", a.marker, a.collect).unknowns and a.reads == 1  # 30 s: not yet
+def test_the_diagnosis_is_charged_to_the_cycle_that_read() -> None:
+    node = Node(0.1, "a")
+    node.cycle()
+    node.cache.charge(3.0)  # the walk after reading "a": the next read 30 s after
+    node.src["a"].mark = 2
+    node.now += 29.0
+    assert node.cycle()["a"].unknowns and node.src["a"].reads == 1
+    node.now += 1.5
+    assert not node.cycle()["a"].unknowns and node.src["a"].reads == 2

@@ -258,9 +258,10 @@ def test_the_daemon_sees_a_change_made_between_its_cycles(backend: str, tmp_path
     new LoadBalancer rule names the new address."""
     with node(backend) as (ns, _):
         # every verdict spooled (no collector): the full ones, by the lines' keys
+        # (every change read at once: what --reread-cpu puts off is the next test's)
         agent = ns.popen([PY, "-m", "agent", "run", "--no-capture", "--no-kube-api",
                           "--listen", "", "--interval", "1", "--spool", str(tmp_path),
-                          "--heartbeat-every", "1"],
+                          "--heartbeat-every", "1", "--reread-cpu", "100"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             assert agent.stdout is not None
@@ -378,8 +379,9 @@ def test_a_change_too_soon_after_a_costly_read_waits_with_the_services_of_that_r
             first = verdict()
             assert {r["ip"] for r in first["lb_ips"]} == {"10.0.32.1", "10.0.32.2"}
             assert not put_off(first)
-            # a new LoadBalancer Service, and kube-proxy's rule for it
-            (kube / "services.json").write_text(_services("10.0.32.1", "10.0.32.9"))
+            # a new LoadBalancer Service (written whole: a rename), and kube-proxy's rule
+            (tmp_path / "new.json").write_text(_services("10.0.32.1", "10.0.32.9"))
+            (tmp_path / "new.json").rename(kube / "services.json")
             ns.run("iptables-nft", "-t", "nat", "-A", "KUBE-SERVICES", "-d", "10.0.32.9/32",
                    "-p", "tcp", "-m", "comment", "--comment", "ns/web1:http loadbalancer IP",
                    "-m", "tcp", "--dport", "80", "-j", "KUBE-EXT-ABC")

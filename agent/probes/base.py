@@ -81,12 +81,14 @@ class ReadCache:
     marker that cannot be taken (it raises) means "read it". Not thread-safe: one daemon
     cycle at a time uses it.
 
-    ``cpu_share``: a source whose marker moved is read again only once its last read's
-    CPU time (the agent's and its commands') fits that share of one CPU since that read
-    began; until then the last read stands, with an unknown saying so (``stale``). On a
-    10k-service iptables-nft node kube-proxy rewrites the rules on every endpoint
-    change, and each read costs some 35 s of CPU: read on every change, that is a core
-    all day on every such node of the fleet.
+    ``cpu_share``: sources whose marker moved are read again only once the last cycle
+    that read any (its reads' CPU, the agent's and its commands', and the diagnoses
+    ``charge``d to it) fits that share of one CPU since it began; until then their last
+    reads stand, each with an unknown saying so (``stale``). A cycle reads every changed
+    source or none, so the reads stay one picture of the node. On a 10k-service
+    iptables-nft node kube-proxy rewrites the rules on every endpoint change, and a read
+    and its walk cost some 40 s of CPU: done on every change, that is a core all day on
+    every such node of the fleet.
     """
 
     def __init__(self, retry_after: int = 10, cpu_share: float | None = None,
@@ -98,26 +100,30 @@ class ReadCache:
         self.reused: dict[str, int] = {}  # source -> reads saved (metrics, logs, tests)
         self.read_count: dict[str, int] = {}  # source -> reads done
         self.marker_seconds: dict[str, float] = {}  # source -> last marker's cost
-        # source -> (when its last read began: clock, wall clock; the CPU seconds it took)
-        self.read_cost: dict[str, tuple[float, float, float]] = {}
-        # source -> (its last read's start, when the next may begin): a change not read yet
-        self.stale: dict[str, tuple[float, float]] = {}
+        self.read_cpu: dict[str, float] = {}  # source -> CPU seconds of its last read
+        # the last cycle that read: when it began (clock, wall clock), its CPU seconds
+        self._window: tuple[float, float, float] | None = None
+        self._said: tuple[float, float, float] | None = None  # (window, due, CPU) put off
+        self.cycle_reads: set[str] = set()  # sources read again in this cycle (begin_cycle)
+        self.stale: dict[str, float] = {}  # source -> when it may be read: put off (cycle)
         self.deferred: dict[str, int] = {}  # source -> changed reads put off (metrics, tests)
-        self._unpaid: set[str] = set()  # sources read since the last charge()
+
+    def begin_cycle(self) -> None:
+        self.cycle_reads = set()
+        self.stale = {}
 
     def read(self, source: str, marker: Callable[[], object],
              collect: Callable[[], ProbeResult]) -> ProbeResult:
         start = time.monotonic()
         try:
             key: object = marker()
-        except Exception:  # an unreadable marker: read the source, keep nothing
+        except Exception:  # an unreadable marker: read the source (reused never)
             key = None
         self.marker_seconds[source] = time.monotonic() - start
         last = self._last.get(source)
         if key is not None and last is not None and last[0] == key and last[2] > 0:
             self._last[source] = (key, last[1], last[2] - 1)
             self.reused[source] = self.reused.get(source, 0) + 1
-            self.stale.pop(source, None)  # (changed back: what was read is the node's)
             return last[1]
         put_off = self._put_off(source, key, last)
         if put_off is not None:
@@ -125,14 +131,22 @@ class ReadCache:
         # the old read goes before the new one is made: a 10k-service node's listing is
         # tens of MB of text, held twice at the read's peak otherwise
         self._last.pop(source, None)
+        # a read of the node again (not of a source that failed last time, whose retries
+        # neither open a window nor make the others read)
+        again = last is not None or self._window is None
         del last
-        self.stale.pop(source, None)
-        began, wall, cpu = self._clock(), time.time(), _cpu_seconds()
+        if again and not self.cycle_reads:  # the first such read of this cycle: a window
+            self._window = (self._clock(), time.time(), 0.0)
+        cpu = _cpu_seconds()
         result = collect()
-        self.read_cost[source] = (began, wall, _cpu_seconds() - cpu)
-        self._unpaid.add(source)
+        cpu = self.read_cpu[source] = _cpu_seconds() - cpu
+        self.charge(cpu)
+        if again:
+            self.cycle_reads.add(source)
         self.read_count[source] = self.read_count.get(source, 0) + 1
-        if key is not None and (result.value is not None or result.repeats):
+        if result.value is not None or result.repeats:
+            # (kept with an unreadable marker too: never reused, only stood on while a
+            # read is put off)
             uses = float("inf") if not result.unknowns else float(self.retry_after)
             self._last[source] = (key, result, uses)
         else:
@@ -140,36 +154,47 @@ class ReadCache:
         return result
 
     def charge(self, seconds: float) -> None:
-        """Add ``seconds`` of CPU (the diagnosis the new reads led to) to the cost of each
-        source read since the last call: a changed node costs its reads and its walks."""
-        for source in self._unpaid:
-            began, wall, cpu = self.read_cost[source]
-            self.read_cost[source] = (began, wall, cpu + seconds)
-        self._unpaid.clear()
+        """Add ``seconds`` of CPU (a diagnosis of what was read) to the last cycle that
+        read: a changed node costs its reads and its walks."""
+        if self._window is not None:
+            began, wall, cpu = self._window
+            self._window = (began, wall, cpu + seconds)
 
     def _put_off(self, source: str, key: object,
                  last: tuple[object, ProbeResult, float] | None) -> ProbeResult | None:
-        """The last read, said to be out of date, while a new one would spend more than
-        ``cpu_share``; None: read now."""
-        cost = self.read_cost.get(source)
-        if self.cpu_share is None or key is None or last is None or cost is None or \
-                last[0] == key or last[1].value is None:
+        """The last read, said to be out of date, while reading again would spend more
+        than ``cpu_share``; None: read now."""
+        if self.cpu_share is None or last is None or self._window is None or \
+                self.cycle_reads or (key is not None and last[0] == key):
+            # (this cycle reads already: all that changed; the same marker: a partial
+            # read retried)
             return None
-        began, wall, cpu = cost
+        began, wall, cpu = self._window
         due = began + cpu / self.cpu_share
         if self._clock() >= due:
             return None
-        self.stale[source] = (began, due)
+        self.stale[source] = due
         self.deferred[source] = self.deferred.get(source, 0) + 1
-        # (the same words every cycle until the read: an unchanged snapshot, whose
-        # verdict the daemon does not make again)
-        why = (f"changed since it was read at {_utc(wall)}; it is read again from "
-               f"{_utc(wall + due - began)} on (that read and its diagnosis took {cpu:.3g} s "
-               f"of CPU, and changes are read within {self.cpu_share * 100:g} % of one CPU: "
-               "--reread-cpu): until then the verdict shows the node as that read saw it")
+        # the same words every cycle until the read (an unchanged snapshot, whose verdict
+        # the daemon does not make again): the due time as first said in this window,
+        # though the diagnosis of the first verdict put off is charged to it after
+        if self._said is None or self._said[0] != began:
+            self._said = (began, due, cpu)
+        _, said_due, said_cpu = self._said
+        what = "changed" if key is not None else \
+            "may have changed (its change marker could not be read)"
+        why = (f"{what} since it was read at {_utc(wall)}; it is read again from "
+               f"{_utc(wall + said_due - began)} on (that cycle's reads and diagnosis took "
+               f"{_seconds(said_cpu)} of CPU, and changes are read within "
+               f"{self.cpu_share * 100:g} % of one CPU: --reread-cpu): until then the "
+               "verdict shows the node as that read saw it")
         result = last[1]
         return ProbeResult(result.value, (*result.unknowns, Unknown(source, why)),
                            result.repeats)
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.3g} s" if s < 100 else f"{s:.0f} s"
 
 
 def _cpu_seconds() -> float:

@@ -88,6 +88,9 @@ def main() -> int:
                            stdin=f, check=True)
         proc = ns.popen([sys.executable, "-m", "agent", "run", "--spool", str(tmp / "spool"),
                          "--interval", str(args.interval), "--listen", "", "--no-kube-api",
+                         # (the change at the end must be read at once: --churn measures
+                         # what --reread-cpu puts off)
+                         "--reread-cpu", "100",
                          *(() if args.capture else ("--no-capture",))],
                         stdout=subprocess.PIPE,
                         stderr=open(tmp / "stderr", "w"))  # noqa: SIM115
