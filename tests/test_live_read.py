@@ -322,3 +322,15 @@ def test_the_diagnosis_is_charged_to_the_cycle_that_read() -> None:
     assert node.cycle()["a"].unknowns and node.src["a"].reads == 1
     node.now += 1.5
     assert not node.cycle()["a"].unknowns and node.src["a"].reads == 2
+
+
+def test_a_cycle_that_crosses_the_due_time_still_puts_off_all_or_none() -> None:
+    node = Node(0.1, "ipsets", "nat rules")
+    node.cycle()
+    for src in node.src.values():
+        src.mark = 2
+    ticks = iter([1000.1, 1000.9, 1001.0, 1002.0, 1003.0])  # due at 1000.4: crossed mid-cycle
+    node.cache._clock = lambda: next(ticks)
+    got = node.cycle()
+    assert all(r.unknowns for r in got.values()), got
+    assert set(node.cache.stale) == {"ipsets", "nat rules"}

@@ -78,8 +78,8 @@ class ReadCache:
     kept: the next cycle tries again, unless the failure ``repeats``; that one, and one
     that said what it could not read (unknowns, e.g. a dump that overran its budget), is
     reused at most ``retry_after`` times. A
-    marker that cannot be taken (it raises) means "read it". Not thread-safe: one daemon
-    cycle at a time uses it.
+    marker that cannot be taken (it raises) means "it may have changed": never reused.
+    Not thread-safe: one daemon cycle at a time uses it.
 
     ``cpu_share``: sources whose marker moved are read again only once the last cycle
     that read any (its reads' CPU, the agent's and its commands', and the diagnoses
@@ -107,10 +107,12 @@ class ReadCache:
         self.cycle_reads: set[str] = set()  # sources read again in this cycle (begin_cycle)
         self.stale: dict[str, float] = {}  # source -> when it may be read: put off (cycle)
         self.deferred: dict[str, int] = {}  # source -> changed reads put off (metrics, tests)
+        self._due: bool | None = None
 
     def begin_cycle(self) -> None:
         self.cycle_reads = set()
         self.stale = {}
+        self._due: bool | None = None  # is this cycle past the due time (asked once)
 
     def read(self, source: str, marker: Callable[[], object],
              collect: Callable[[], ProbeResult]) -> ProbeResult:
@@ -171,7 +173,9 @@ class ReadCache:
             return None
         began, wall, cpu = self._window
         due = began + cpu / self.cpu_share
-        if self._clock() >= due:
+        if self._due is None:  # (once a cycle: not a source put off, the next one read)
+            self._due = self._clock() >= due
+        if self._due:
             return None
         self.stale[source] = due
         self.deferred[source] = self.deferred.get(source, 0) + 1
