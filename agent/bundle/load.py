@@ -565,28 +565,17 @@ def _route(s: Section, ev: _Evidence) -> bool:
         routes = _tolerant(parse_local_routes, s, ev)
         if not routes or not any(r.type == "local" for r in routes):
             return False
-        for r in routes:
-            ev.local_routes[(r.type, r.dst, r.dev)] = r
-        return True
+        return _keep_local(routes, ev)
     typed = [t.lstrip().startswith(_ROUTE_TYPES) for _, t in lines]
     if (table not in (None, "local", "255", "all") and not any(typed)) or (
             table is None and not any(t.lstrip().startswith(("local ", "broadcast "))
                                       for _, t in lines)):
-        # the main table: not the node's own addresses, but where its pods are routed
-        routes = _tolerant(parse_local_routes, s, ev, lines)
-        for r in routes or ():
-            ev.main_routes[(r.type, r.dst, r.dev)] = r
-        if routes:
-            ev.saw("ip route (main)", f"{s.source}:{s.first_line}")
-        return False
+        return _keep_main(_tolerant(parse_local_routes, s, ev, lines), s, ev)
     if s.hint.get("route_type") == "local" or (table in ("local", "255") and not any(typed)):
         # `ip route show table local type local` prints no type word
         lines = [(n, t if t.lstrip().startswith(_ROUTE_TYPES) else "local " + t.strip())
                  for n, t in lines]
-    routes = _tolerant(parse_local_routes, s, ev, lines)
-    for r in routes or ():
-        ev.local_routes[(r.type, r.dst, r.dev)] = r
-    return bool(routes)
+    return _keep_local(_tolerant(parse_local_routes, s, ev, lines), ev)
 
 
 # a line of the local table (`ip route show table local` prints them, the main table none)
@@ -599,12 +588,21 @@ def _route_file(s: Section, ev: _Evidence) -> bool:
     line tests made by one regex search."""
     routes = _tolerant(parse_local_routes, s, ev)
     if not _LOCAL_ROUTE_LINE.search(s.text or ""):
-        # the main table: not the node's own addresses, but where its pods are routed
-        for r in routes or ():
-            ev.main_routes[(r.type, r.dst, r.dev)] = r
-        if routes:
-            ev.saw("ip route (main)", f"{s.source}:{s.first_line}")
-        return False
+        return _keep_main(routes, s, ev)
+    return _keep_local(routes, ev)
+
+
+def _keep_main(routes: tuple[LocalRoute, ...] | None, s: Section, ev: _Evidence) -> bool:
+    """The main table: not the node's own addresses, but where its pods are routed (False:
+    the section gave no local table)."""
+    for r in routes or ():
+        ev.main_routes[(r.type, r.dst, r.dev)] = r
+    if routes:
+        ev.saw("ip route (main)", f"{s.source}:{s.first_line}")
+    return False
+
+
+def _keep_local(routes: tuple[LocalRoute, ...] | None, ev: _Evidence) -> bool:
     for r in routes or ():
         ev.local_routes[(r.type, r.dst, r.dev)] = r
     return bool(routes)
