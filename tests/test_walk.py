@@ -302,3 +302,16 @@ def test_a_leading_source_that_fails_skips_the_rule_and_one_that_passes_does_not
 """)
     (res,) = w.walk("PREROUTING", POD)
     assert res.verdict == "DNAT" and res.packet.dst == "1.1.1.1"
+
+
+def test_an_ipv6_dnat_is_said_with_its_address_bracketed() -> None:
+    """kube-proxy's IPv6 endpoint DNAT (--to-destination [ff06::c1]:80, as its IPv6
+    proxier writes it): the walk says where it went as [addr]:port, never addr:port
+    (ff06::c1:80 is another address)."""
+    w = nat("""
+:PREROUTING ACCEPT [0:0]
+-A PREROUTING -d fd00:ab34::20/128 -p tcp -m tcp --dport 80 -j DNAT --to-destination [ff06::c1]:80
+""")
+    (res,) = w.walk("PREROUTING", Packet(src="fd00:10::2", dst="fd00:ab34::20", dport=80))
+    assert res.verdict == "DNAT" and (res.packet.dst, res.packet.dport) == ("ff06::c1", 80)
+    assert res.detail == "DNAT to [ff06::c1]:80"

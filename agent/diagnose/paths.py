@@ -13,6 +13,7 @@ from typing import NamedTuple
 from agent.diagnose.lb_ip import LbTarget
 from agent.diagnose.node_facts import NodeFacts
 from agent.netfilter.walk import SRC_UNKNOWN, UNSEEN_REST, HookResult, Packet, Step, TableWalker
+from agent.parse.ip_text import host_port
 from agent.snapshot import Chain, IpSet, Netfilter, Rule, Table
 
 # An outside client (TEST-NET-2): never local, never a pod.
@@ -247,7 +248,7 @@ class PathFinder:
         if verdict in ("DROP", "REJECT"):
             return [PathOutcome("dropped", f"{verdict} in nat PREROUTING", ev)]
         if verdict in ("DNAT", "REDIRECT"):
-            how = f"kube-proxy rewrites the destination to {p.dst}:{p.dport} ({verdict})"
+            how = f"kube-proxy rewrites the destination to {host_port(p.dst, p.dport)} ({verdict})"
             return [PathOutcome("captured", how, (*ev, f"result: {how}; the packet never "
                                                   "goes to the load balancer"))]
         local = self.facts.is_local(p.dst)
@@ -341,7 +342,7 @@ class PathFinder:
                         "never goes to the load balancer"), line
             return ("delivered to this node's own stack (local address, no IPVS virtual "
                     "server for this port): it does not leave the node"), \
-                f"IPVS: no virtual server {proto} {p.dst}:{p.dport}"
+                f"IPVS: no virtual server {proto} {host_port(p.dst, p.dport)}"
         member = f"{p.dst},{p.proto}:{p.dport}"
         for name in ("KUBE-LOAD-BALANCER", "KUBE-EXTERNAL-IP", "KUBE-CLUSTER-IP"):
             if self.facts.family == 6:  # kube-proxy's IPv6 sets (pkg/proxy/ipvs/ipset.go)

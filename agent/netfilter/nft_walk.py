@@ -22,7 +22,7 @@ from typing import NamedTuple, Protocol
 from agent.netfilter.nft_model import NftChain, NftRule, NftRuleset, NftSet, NftTable
 from agent.netfilter.nft_text import render, split_elements
 from agent.netfilter.walk import HookResult, Packet
-from agent.parse.ip_text import PLAIN_V4
+from agent.parse.ip_text import PLAIN_V4, host_port
 
 ASSUMED = ": assumed"
 _MAX_RULES_PER_WALK = 200_000
@@ -220,7 +220,7 @@ class NftWalker:
             q = r.packet
             p2 = p._replace(dst=q.dst, dport=q.dport, mark=q.mark)
             if r.verdict in ("DNAT", "REDIRECT"):
-                p2 = p2._replace(dnat_to=f"{q.dst}:{q.dport}")
+                p2 = p2._replace(dnat_to=host_port(q.dst, q.dport))
                 out.append(("DNAT", p2, steps, r.detail))
             elif r.verdict in ("MASQUERADE", "SNAT"):
                 out.append((r.verdict, p2._replace(snat=r.verdict.lower()), steps, r.detail))
@@ -360,9 +360,8 @@ class NftWalker:
                           "this agent"), q, notes)]
             elif kind == "dnat":
                 addr, port = op[1], op[2]
-                shown = f"[{addr}]" if ":" in addr else addr
                 q = q._replace(dst=addr, dport=port or q.dport,
-                               dnat_to=f"{shown}:{port or q.dport}")
+                               dnat_to=host_port(addr, port or q.dport))
                 return [(("DNAT",), q, notes)]
             elif kind == "snat":
                 return [(("SNAT", op[1]), q._replace(snat=op[1]), notes)]

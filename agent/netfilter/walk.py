@@ -27,6 +27,7 @@ from agent.netfilter.rules import (
     parse_rule_text,
     port_in,
 )
+from agent.parse.ip_text import host_port
 from agent.snapshot import Chain, Rules, Table
 
 TRUE, FALSE, MAYBE = 1, 0, 2
@@ -380,7 +381,7 @@ class TableWalker:
                     results.append(("UNKNOWN", pkt, steps, _unknown(r, f"bad NAT target: {e}")))
                     return results
                 results.append((tgt if tgt != "NETMAP" else "DNAT", new, (*steps, step),
-                                f"{tgt} to {new.dst}:{new.dport}"))
+                                f"{tgt} to {host_port(new.dst, new.dport)}"))
                 return results
             elif kind in (_FROM, _NETMAP):
                 results.append((tgt if tgt != "NETMAP" else "SNAT", pkt, (*steps, step),

@@ -18,6 +18,12 @@ PLAIN_V4 = re.compile(rf"{ASCII_OCTET}(?:\.{ASCII_OCTET}){{3}}")
 PLAIN_V4_NET = re.compile(rf"{ASCII_OCTET}(?:\.{ASCII_OCTET}){{3}}(?:/(?:3[0-2]|[12]?[0-9]))?")
 
 
+def host_port(ip: str, port: int | str) -> str:
+    """``10.0.0.1:80``, ``[2001:db8::1]:80`` (an IPv6 address before a port is bracketed:
+    2001:db8::1:80 is another address)."""
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
 def canonical_ip(text: str) -> str | None:
     """The address in canonical form, or None when ``text`` is not one."""
     if _V4.fullmatch(text):

@@ -35,6 +35,7 @@ from agent.capture.model import (
 )
 from agent.diagnose.context import Context
 from agent.diagnose.model import Finding
+from agent.parse.ip_text import host_port
 
 LOOPBACK_OBSERVED = "loopback-observed"
 HEALTHCHECK_DROPPED = "healthcheck-dropped-local-source"
@@ -380,13 +381,8 @@ def _sample(s: HandshakeSample) -> str:
         RESET: f"answered by RST through {s.reply_iface}",
     }.get(s.outcome, s.outcome)
     tail = "; the client reset it (it expected the load balancer)" if s.peer_reset else ""
-    return (f"{_hostport(s.src, s.sport)} -> {_hostport(s.dst, s.dport)} in {s.in_iface} "
+    return (f"{host_port(s.src, s.sport)} -> {host_port(s.dst, s.dport)} in {s.in_iface} "
             f"({s.source_class}): {what}{tail}")
-
-
-def _hostport(ip: str, port: int) -> str:
-    """``10.0.0.1:80``, ``[2001:db8::1]:80``."""
-    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
 def _services_by_node_port(ctx: Context) -> dict[int, tuple[str | None, str | None]]:
