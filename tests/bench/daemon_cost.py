@@ -26,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -77,15 +79,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.churn:
         return churn(args)
-    with tempfile.TemporaryDirectory(prefix="lb-daemon-") as tmpdir, \
-            netns.netns("lbd") as ns:
-        tmp = Path(tmpdir)
-        rules = tmp / "iptables-save.txt"
-        rules.write_text(synthetic(args.services, "iptables")["iptables-save.txt"])
-        node_like_synthetic(ns)
-        with rules.open() as f:
-            subprocess.run(["ip", "netns", "exec", ns.name, f"iptables-{args.backend}-restore"],
-                           stdin=f, check=True)
+    with synthetic_node(args) as (tmp, ns):
         proc = ns.popen([sys.executable, "-m", "agent", "run", "--spool", str(tmp / "spool"),
                          "--interval", str(args.interval), "--listen", "", "--no-kube-api",
                          # (the change at the end must be read at once: --churn measures
@@ -139,10 +133,10 @@ def main() -> int:
     return 0 if ok else 1
 
 
-def churn(args: argparse.Namespace) -> int:
-    """The daemon's CPU on a node whose rules change every args.churn seconds, with every
-    change read (--reread-cpu 100, the baseline) and with args.reread_cpu."""
-    results = {}
+@contextmanager
+def synthetic_node(args: argparse.Namespace) -> Iterator[tuple[Path, netns.Netns]]:
+    """A throwaway namespace holding the synthetic state of args.services LB services on
+    args.backend, and a temporary directory."""
     with tempfile.TemporaryDirectory(prefix="lb-daemon-") as tmpdir, \
             netns.netns("lbd") as ns:
         tmp = Path(tmpdir)
@@ -152,6 +146,14 @@ def churn(args: argparse.Namespace) -> int:
         with rules.open() as f:
             subprocess.run(["ip", "netns", "exec", ns.name, f"iptables-{args.backend}-restore"],
                            stdin=f, check=True)
+        yield tmp, ns
+
+
+def churn(args: argparse.Namespace) -> int:
+    """The daemon's CPU on a node whose rules change every args.churn seconds, with every
+    change read (--reread-cpu 100, the baseline) and with args.reread_cpu."""
+    results = {}
+    with synthetic_node(args) as (tmp, ns):
         # the rule the "sync" rewrites, in front of the LB IPs' (a service's own is kept)
         ns.run(f"iptables-{args.backend}", "-t", "nat", "-I", "KUBE-SERVICES", "1", *_rule(0))
         changes = 0
