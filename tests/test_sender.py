@@ -355,17 +355,19 @@ def test_a_verdict_alone_goes_as_its_spool_file(tmp_path: Path, collector: Colle
     wrote it, not inflated and deflated again; several still go as one array."""
     collector.takes_gzip = True
     s = Spool(tmp_path / "spool")
-    s.put(big_verdict(0))
+    big = big_verdict(0)
+    big["idempotency_key"] = s.put(big)  # (put adds it to what it stores)
     files = [p.read_bytes() for p in sorted((tmp_path / "spool").iterdir())]
-    res = drain(s, Sender(collector.url), batch=1)
+    sender = Sender(collector.url)
+    res = drain(s, sender, batch=1)
     assert res.sent == 1 and collector.received[0]["seq"] == 0
     assert collector.sent == files and collector.bodies[0][1] == "gzip"
-    assert json.loads(collector.wire[0]) == big_verdict(0)  # the verdict itself, no array
-    s.put({"seq": 1, "node": "n1"})
-    s.put({"seq": 2, "node": "n1"})
-    drain(s, Sender(collector.url))
-    assert json.loads(gzip.decompress(collector.sent[-1])) == [{"seq": 1, "node": "n1"},
-                                                               {"seq": 2, "node": "n1"}]
+    assert json.loads(collector.wire[0]) == big  # the verdict itself, no array
+    small = [{"seq": 1, "node": "n1"}, {"seq": 2, "node": "n1"}]
+    for v in small:
+        v["idempotency_key"] = s.put(v)
+    drain(s, sender)  # (gzip: the collector said it takes it)
+    assert json.loads(gzip.decompress(collector.sent[-1])) == small
 
 
 def test_an_older_collector_gets_plain_bodies_and_keeps_what_it_cannot_take(
