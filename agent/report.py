@@ -71,7 +71,7 @@ def render(v: Verdict, verbose: bool = False, width: int = 100) -> str:
     hidden = {"ok": 0, "exposed": 0}
     limit = {"ok": OK_LB_IPS_LISTED, "exposed": EXPOSED_LB_IPS_LISTED}
     # the address column as wide as the longest address (IPv6 ones run to 39 characters)
-    ip_width = max(15, *(len(r.ip) for r in v.lb_ips)) if v.lb_ips else 15
+    ip_width = max(15, max((len(r.ip) for r in v.lb_ips), default=0))
     for r in v.lb_ips:
         worst = by_ip.get(r.ip, [])
         tag = "exposed" if any(f.severity != "info" for f in worst) else "ok"

@@ -9,6 +9,7 @@ never change the node (no iptables/ipset/route/sysctl writes, no module loading)
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -105,14 +106,14 @@ class ReadCache:
         self._window: tuple[float, float, float] | None = None
         self._said: tuple[float, float, float] | None = None  # (window, due, CPU) put off
         self.cycle_reads: set[str] = set()  # sources read again in this cycle (begin_cycle)
-        self.stale: dict[str, float] = {}  # source -> when it may be read: put off (cycle)
+        self.stale: set[str] = set()  # sources put off in this cycle
         self.deferred: dict[str, int] = {}  # source -> changed reads put off (metrics, tests)
-        self._due: bool | None = None
+        self._due: bool | None = None  # is this cycle past the due time (asked once)
 
     def begin_cycle(self) -> None:
         self.cycle_reads = set()
-        self.stale = {}
-        self._due: bool | None = None  # is this cycle past the due time (asked once)
+        self.stale = set()
+        self._due = None
 
     def read(self, source: str, marker: Callable[[], object],
              collect: Callable[[], ProbeResult]) -> ProbeResult:
@@ -177,7 +178,7 @@ class ReadCache:
             self._due = self._clock() >= due
         if self._due:
             return None
-        self.stale[source] = due
+        self.stale.add(source)
         self.deferred[source] = self.deferred.get(source, 0) + 1
         # the same words every cycle until the read (an unchanged snapshot, whose verdict
         # the daemon does not make again): the due time as first said in this window,
@@ -203,8 +204,6 @@ def _seconds(s: float) -> str:
 
 def _cpu_seconds() -> float:
     """CPU time of this thread and of the children it waited for (a read's commands)."""
-    import resource
-
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return time.thread_time() + children.ru_utime + children.ru_stime
 
