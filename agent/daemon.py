@@ -237,6 +237,11 @@ class Daemon:
         self.reporter: Any = None  # agent.kubereport.KubeReporter, with --kube-report
         self._kube_timer: threading.Timer | None = None
         self.cycle_started = 0.0
+        # a change the cycle under way may not hold yet; with cycle_started and the clear
+        # of wake, under one lock: a change seen against the last cycle's start must not
+        # wake the one that just began (it would end at once, a verdict 0.1 s after one)
+        self._kube_pending = False
+        self._wake_lock = threading.Lock()
         self.metrics = Metrics(cfg.max_finding_series)
         self.spool = Spool(cfg.spool_dir)
         self.sender = (Sender(cfg.collector, token_file=cfg.token_file, ca_file=cfg.ca_file)
@@ -276,8 +281,7 @@ class Daemon:
         cycles = 0
         try:
             while True:
-                started = self.cycle_started = time.monotonic()
-                self.wake.clear()
+                started = self._begin_cycle()
                 if self.stop.is_set():  # a SIGTERM just before the clear still ends it
                     self.wake.set()
                 verdict = self.cycle()
@@ -319,6 +323,13 @@ class Daemon:
                 self._server.server_close()
         log(f"stopped; {len(self.spool)} verdicts left in the spool {self.cfg.spool_dir}")
         return 0
+
+    def _begin_cycle(self) -> float:
+        with self._wake_lock:
+            started = self.cycle_started = time.monotonic()
+            self._kube_pending = False  # this cycle reads the API's objects
+            self.wake.clear()
+        return started
 
     def cycle(self) -> Verdict:
         t0 = time.monotonic()
@@ -460,11 +471,24 @@ class Daemon:
         changed rules is put off (the verdict keeps the Services of the last read)."""
         if self.reads.stale:
             return
+        with self._wake_lock:
+            self._kube_pending = True
+            self._wake_when_due()
+
+    def _kube_timer_fired(self) -> None:
+        with self._wake_lock:
+            self._kube_timer = None
+            if self._kube_pending:  # a cycle begun since took the change: no wake
+                self._wake_when_due()
+
+    def _wake_when_due(self) -> None:
+        """Under _wake_lock: wake the loop now, or set one timer for a burst at the due
+        time of the cycle under way (a timer set in an earlier cycle re-checks)."""
         due = self.cycle_started + self.cfg.kube_change_gap - time.monotonic()
         if due <= 0:
             self.wake.set()
-        elif self._kube_timer is None or not self._kube_timer.is_alive():
-            self._kube_timer = threading.Timer(due, self.wake.set)  # one for a burst
+        elif self._kube_timer is None:
+            self._kube_timer = threading.Timer(due, self._kube_timer_fired)
             self._kube_timer.daemon = True
             self._kube_timer.start()
 

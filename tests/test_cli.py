@@ -255,6 +255,36 @@ def test_bad_environment_value_names_the_variable() -> None:
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("bad", ["nan", "NaN%", "0", "-5", "100.5", "inf", "abc", ""])
+def test_a_bad_reread_share_is_refused_naming_option_or_variable(
+        bad: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """--reread-cpu and LOOPBACK_AGENT_REREAD_CPU: a share of one CPU in (0, 100]; NaN
+    would make every read due never (every comparison false), 0 never."""
+    from agent.cli import EXIT_USAGE, build_parser
+
+    with pytest.raises(SystemExit) as flag:
+        build_parser().parse_args(["run", "--reread-cpu", bad])
+    err = capsys.readouterr().err
+    assert flag.value.code == EXIT_USAGE and "--reread-cpu" in err and repr(bad) in err
+    monkeypatch.setenv("LOOPBACK_AGENT_REREAD_CPU", bad)
+    with pytest.raises(SystemExit) as env:
+        build_parser()
+    err = capsys.readouterr().err
+    assert env.value.code == EXIT_USAGE
+    assert f"LOOPBACK_AGENT_REREAD_CPU={bad!r}" in err and "percentage of one CPU" in err
+
+
+def test_a_reread_share_takes_percent_signs_and_fractions(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent.cli import build_parser
+
+    assert build_parser().parse_args(["run"]).reread_cpu == 10.0
+    for text, value in (("2.5", 2.5), ("10%", 10.0), (" 100 ", 100.0)):
+        assert build_parser().parse_args(["run", "--reread-cpu", text]).reread_cpu == value
+    monkeypatch.setenv("LOOPBACK_AGENT_REREAD_CPU", "25%")
+    assert build_parser().parse_args(["run"]).reread_cpu == 25.0
+
+
 @pytest.mark.parametrize("edit, named", [
     (lambda d: d["addresses"][0].update(prefixlen=None), "$.addresses[0].prefixlen"),
     (lambda d: d["addresses"][0].update(address="10.0.0.300"), "$.addresses[0].address"),

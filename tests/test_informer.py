@@ -469,6 +469,43 @@ def test_daemon_coalesces_a_storm_of_changes(api: FakeKubeAPI, tmp_path: Path) -
         proc.wait(20)
 
 
+def test_a_change_never_wakes_the_cycle_that_just_began(tmp_path: Path) -> None:
+    """Changes arriving while a cycle begins (the storm above, which once gave two
+    verdicts 0.09 s apart in CI): one seen against the last cycle's start, overdue, must
+    not set the wake after the new cycle cleared it. Switching threads every microsecond
+    makes the interleaving common (without the lock it shows within 6,000 cycles, most runs)."""
+    import threading
+
+    from agent.daemon import Daemon, DaemonConfig
+
+    d = Daemon(DaemonConfig(collector=None, spool_dir=str(tmp_path / "s"), interval=60.0,
+                            listen=None))
+    stop = threading.Event()
+
+    def storm() -> None:
+        while not stop.is_set():
+            d._kube_changed("services")
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    t = threading.Thread(target=storm, daemon=True)
+    t.start()
+    woken = 0
+    try:
+        for _ in range(6000):
+            d.cycle_started -= 10  # the last cycle is overdue: a change wakes at once
+            d._begin_cycle()
+            time.sleep(0.0002)  # the storm runs against the new cycle (due in 5 s)
+            woken += d.wake.is_set()
+    finally:
+        stop.set()
+        t.join(5)
+        sys.setswitchinterval(old)
+    assert woken == 0, woken
+    assert d._kube_timer is not None  # the storm is due at the new cycle's gap
+    d._kube_timer.cancel()
+
+
 _DEAD_PEER = r"""
 import json, sys, time
 from agent.probes import kube_api
