@@ -145,7 +145,7 @@ def name(ns: int, key: str) -> str:
     return f"{ns:020d}-{key}.json"
 
 
-def test_foreign_entries_are_set_aside_not_fatal(tmp_path: Path) -> None:
+def test_bad_entries_are_set_aside_and_foreign_ones_left_alone(tmp_path: Path) -> None:
     # Today's failure: Spool() took the newest name's number and exited 70 (ValueError)
     # at every restart; a FIFO named like a verdict blocked the read forever.
     s = Spool(tmp_path)
@@ -158,15 +158,49 @@ def test_foreign_entries_are_set_aside_not_fatal(tmp_path: Path) -> None:
     os.mknod(tmp_path / name(4, "null"), 0o600 | stat.S_IFCHR, os.makedev(1, 3))
     out = child(tmp_path, put=verdict(5))
     assert [v["seq"] for v in out["items"]] == [1, 5]
-    assert out["corrupt"] == 6 and out["dropped"] == 0
+    assert out["corrupt"] == 3 and out["dropped"] == 0
     assert out["seconds"] < 10
-    for bad in ("zz-notes.json", "dir.json", name(2, "adir"), name(3, "fifo"),
-                "zz-fifo.json", name(4, "null")):
+    for bad in (name(2, "adir"), name(3, "fifo"), name(4, "null")):
         assert (tmp_path / (bad + ".corrupt")).exists(), bad
-        assert any(bad in p for p in out["problems"]), bad
+        assert any(bad in p and "set aside" in p for p in out["problems"]), bad
+    # a name put() never writes is someone else's: not read, not moved, said once
+    assert (tmp_path / "zz-notes.json").read_text() == '{"idempotency_key": "not-ours"}'
+    assert (tmp_path / "dir.json").is_dir() and stat.S_ISFIFO(
+        (tmp_path / "zz-fifo.json").lstat().st_mode)
+    for foreign in ("zz-notes.json", "dir.json", "zz-fifo.json"):
+        assert sum(foreign in p and "left alone" in p for p in out["problems"]) == 1, foreign
     # set aside once: a restart sees a clean spool
     again = child(tmp_path)
     assert again["corrupt"] == 0 and [v["seq"] for v in again["items"]] == [1, 5]
+
+
+def test_a_shared_directory_given_by_mistake_loses_no_file(tmp_path: Path) -> None:
+    """--spool /tmp, or a directory of manifests: what others keep there (JSON files,
+    temporary files, files with the spool's own suffixes, more than the spool keeps of
+    its own) stays byte for byte, through a start, puts, reads, a refusal and bounds."""
+    others = {"kube-apiserver.json": '{"kind": "Pod"}', ".tmp-editor-swap": "draft",
+              "report.json.corrupt": "theirs", "old.json.rejected": "theirs too",
+              **{f"junk-{i}.json.corrupt": str(i) for i in range(150)}}
+    for n, text in others.items():
+        (tmp_path / n).write_text(text)
+    (tmp_path / "a-dir.json").mkdir()
+    s = Spool(tmp_path, max_items=2)
+    for i in range(4):
+        s.put(verdict(i))  # the bound drops its own oldest, nothing else
+    items = list(s.items())
+    assert [i.verdict["seq"] for i in items] == [2, 3]
+    s.set_aside(items[0].name, "refused for good (a test)")  # prunes its set-aside files
+    said = [p for p in s.take_problems() if "left alone" in p]
+    assert sorted(p.split()[2] for p in said) == ["a-dir.json", "kube-apiserver.json"]
+    for i in range(120):  # more set-aside files of its own than it keeps: pruned to 100
+        (tmp_path / name(10 + i, f"bad{i}")).symlink_to("/dev/null")
+    assert len(s) == 1
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("0")
+                and p.name.endswith(".corrupt")]) == 100
+    for n, text in others.items():
+        assert (tmp_path / n).read_text() == text, n
+    assert (tmp_path / "a-dir.json").is_dir()
+    assert not [p for p in s.take_problems() if "left alone" in p]  # said once
 
 
 @pytest.mark.parametrize("target", ["secret", "dev-zero", "fifo"])
@@ -238,8 +272,8 @@ def test_a_file_grown_past_the_bound_after_listing_is_not_read_whole(tmp_path: P
 
 def test_set_aside_files_are_bounded(tmp_path: Path) -> None:
     s = Spool(tmp_path)
-    for i in range(150):
-        (tmp_path / f"junk-{i}.json").write_text("x")
+    for i in range(150):  # named as the spool names verdicts: its own to set aside
+        (tmp_path / name(i, f"junk{i}")).symlink_to("/dev/null")
     assert len(s) == 0 and s.corrupt == 150
     assert len(list(tmp_path.glob("*.corrupt"))) == 100
 

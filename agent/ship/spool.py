@@ -11,10 +11,13 @@ carries an idempotency key so that a send retried after a lost answer is stored 
 the collector.
 
 The directory is a hostPath on the node, so anything may appear in it. Only regular files
-named as ``put`` names them are verdicts; any other ``*.json`` entry (a symlink, a
-directory, a FIFO, a device, a foreign name, a file larger than a verdict may be) is set
-aside (renamed NAME.corrupt) without being opened, followed or counted: it can neither be
-shipped, nor block a read, nor evict real verdicts. A verdict file is read with
+named as ``put`` names them are verdicts; any other entry with such a name (a symlink, a
+directory, a FIFO, a device, a file larger than a verdict may be) is set aside (renamed
+NAME.corrupt) without being opened, followed or counted: it can neither be shipped, nor
+block a read, nor evict real verdicts. An entry with a name ``put`` never writes is not
+the spool's: it is left alone (reported once, never read, renamed or deleted), so a
+--spool pointed at a shared directory by mistake (/tmp, a manifests directory) loses
+nobody's files. A verdict file is read with
 O_NOFOLLOW|O_NONBLOCK and at most ``max_item_bytes``, so one swapped in after the listing
 cannot do any of that either. Files of the previous version (plain JSON, no gzip magic)
 are still read and shipped, so an upgrade in place loses nothing.
@@ -57,6 +60,7 @@ MAX_PLAIN_BYTES = gz.INFLATED_LIMIT - 2
 LEGACY_ITEM_BYTES = 4 * 1024 * 1024
 _MAX_PROBLEMS = 100  # kept until taken; older ones are dropped, never unbounded
 _MAX_SET_ASIDE = 100  # NAME.corrupt / NAME.rejected files kept for a person to look at
+_MAX_FOREIGN = 10_000  # foreign names remembered (reported once); past it, skipped quietly
 
 
 class SpoolWriteError(OSError):
@@ -120,9 +124,12 @@ class Spool:
         self.rejected = 0  # verdicts the collector refused for good (moved aside)
         self.problems: list[str] = []
         self._unmovable: set[str] = set()  # set-aside candidates a rename failed for
+        self._foreign: set[str] = set()  # *.json entries not named as put() names them
         self._last_ns = 0
         # leftovers of a write interrupted by a crash: never renamed, so never complete
         for tmp in self.dir.glob(_TMP_PREFIX + "*"):
+            if not _NAME.fullmatch(tmp.name[len(_TMP_PREFIX):]):
+                continue  # not a name put() writes: someone else's file
             try:
                 tmp.unlink(missing_ok=True)
             except OSError as e:  # e.g. a directory someone made: never ours, never read
@@ -228,7 +235,15 @@ class Spool:
             for e in entries:
                 if not e.name.endswith(_SUFFIX) or e.name.startswith(_TMP_PREFIX):
                     continue
-                if e.name in self._unmovable:
+                if e.name in self._unmovable or e.name in self._foreign:
+                    continue
+                if not _NAME.fullmatch(e.name):
+                    # not the spool's: never read, moved or deleted (nor counted)
+                    if len(self._foreign) < _MAX_FOREIGN:
+                        self._foreign.add(e.name)
+                        self._problem(f"spool entry {e.name} left alone: not a name the "
+                                      "spool writes (it reads, moves and deletes only its "
+                                      "own files)")
                     continue
                 try:
                     listed.append((e.name, e.stat(follow_symlinks=False)))
@@ -299,7 +314,9 @@ class Spool:
         aside: list[tuple[int, str]] = []
         with os.scandir(self.dir) as entries:
             for e in entries:
-                if e.name.endswith((_CORRUPT_SUFFIX, _REJECTED_SUFFIX)):
+                base, dot, suffix = e.name.rpartition(".")
+                if "." + suffix in (_CORRUPT_SUFFIX, _REJECTED_SUFFIX) and dot \
+                        and _NAME.fullmatch(base):  # (only what it set aside itself)
                     try:
                         st = e.stat(follow_symlinks=False)
                     except FileNotFoundError:
