@@ -478,7 +478,10 @@ class Daemon:
     def _kube_timer_fired(self) -> None:
         with self._wake_lock:
             self._kube_timer = None
-            if self._kube_pending:  # a cycle begun since took the change: no wake
+            # no wake when a cycle begun since took the change, or while a read is put
+            # off (that verdict keeps the Services of the last read: the next read's
+            # cycle takes the change)
+            if self._kube_pending and not self.reads.stale:
                 self._wake_when_due()
 
     def _wake_when_due(self) -> None:
@@ -488,9 +491,14 @@ class Daemon:
         if due <= 0:
             self.wake.set()
         elif self._kube_timer is None:
-            self._kube_timer = threading.Timer(due, self._kube_timer_fired)
-            self._kube_timer.daemon = True
-            self._kube_timer.start()
+            timer = threading.Timer(due, self._kube_timer_fired)
+            timer.daemon = True
+            try:
+                timer.start()
+            except RuntimeError:  # no thread to be had: diagnose now rather than never
+                self.wake.set()
+                return
+            self._kube_timer = timer
 
     def _kube_as_read(self, snap: NodeSnapshot) -> NodeSnapshot:
         """``snap`` with the Services, Ingresses and Node of the last read of the rules

@@ -278,6 +278,7 @@ def test_a_reread_share_takes_percent_signs_and_fractions(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from agent.cli import build_parser
 
+    monkeypatch.delenv("LOOPBACK_AGENT_REREAD_CPU", raising=False)
     assert build_parser().parse_args(["run"]).reread_cpu == 10.0
     for text, value in (("2.5", 2.5), ("10%", 10.0), (" 100 ", 100.0)):
         assert build_parser().parse_args(["run", "--reread-cpu", text]).reread_cpu == value

@@ -506,6 +506,31 @@ def test_a_change_never_wakes_the_cycle_that_just_began(tmp_path: Path) -> None:
     d._kube_timer.cancel()
 
 
+def test_a_change_with_no_thread_for_its_timer_wakes_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the thread limit Timer.start raises: the change is diagnosed now, and the
+    next change still gets a timer (none was left half set)."""
+    import threading
+
+    from agent.daemon import Daemon, DaemonConfig
+
+    d = Daemon(DaemonConfig(collector=None, spool_dir=str(tmp_path / "s"), interval=60.0,
+                            listen=None))
+    d._begin_cycle()
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Timer, "start", no_thread)
+    d._kube_changed("services")
+    assert d.wake.is_set() and d._kube_timer is None
+    monkeypatch.undo()
+    d._begin_cycle()
+    d._kube_changed("services")
+    assert not d.wake.is_set() and d._kube_timer is not None
+    d._kube_timer.cancel()
+
+
 _DEAD_PEER = r"""
 import json, sys, time
 from agent.probes import kube_api

@@ -192,8 +192,12 @@ def test_a_shared_directory_given_by_mistake_loses_no_file(tmp_path: Path) -> No
     s.set_aside(items[0].name, "refused for good (a test)")  # prunes its set-aside files
     said = [p for p in s.take_problems() if "left alone" in p]
     assert sorted(p.split()[2] for p in said) == ["a-dir.json", "kube-apiserver.json"]
+    later = time.time_ns() + 10**10
     for i in range(120):  # more set-aside files of its own than it keeps: pruned to 100
-        (tmp_path / name(10 + i, f"bad{i}")).symlink_to("/dev/null")
+        link = tmp_path / name(10 + i, f"bad{i}")
+        link.symlink_to("/dev/null")
+        # newer than the .rejected one on any clock (pruning goes by time): it goes
+        os.utime(link, ns=(later + i, later + i), follow_symlinks=False)
     assert len(s) == 1
     assert len([p for p in tmp_path.iterdir() if p.name.startswith("0")
                 and p.name.endswith(".corrupt")]) == 100
@@ -201,6 +205,25 @@ def test_a_shared_directory_given_by_mistake_loses_no_file(tmp_path: Path) -> No
         assert (tmp_path / n).read_text() == text, n
     assert (tmp_path / "a-dir.json").is_dir()
     assert not [p for p in s.take_problems() if "left alone" in p]  # said once
+
+
+def test_a_name_from_the_far_future_neither_renames_nor_unbounds_the_spool(
+        tmp_path: Path) -> None:
+    """A planted 99999999999999999999-x.json once pushed every later name to 21 digits:
+    the spool no longer took its own verdicts for its own (never shipped nor bounded)."""
+    planted = tmp_path / name(99999999999999999999, "x")
+    planted.write_text("not a verdict")
+    arabic = tmp_path / ("\u0661" * 20 + "-notes.json")  # digits, but not ASCII ones
+    arabic.write_text("theirs")
+    s = Spool(tmp_path, max_items=2)
+    s.put(verdict(0))
+    assert [i.verdict["seq"] for i in s.items()] == [0]  # the planted one set aside
+    assert s.corrupt == 1 and (tmp_path / (planted.name + ".corrupt")).exists()
+    for i in range(1, 5):
+        s.put(verdict(i))
+    assert all(len(n.split("-", 1)[0]) == 20 for n in s.names())
+    assert [i.verdict["seq"] for i in s.items()] == [3, 4]  # its own, and bounded
+    assert arabic.read_text() == "theirs"
 
 
 @pytest.mark.parametrize("target", ["secret", "dev-zero", "fifo"])

@@ -49,7 +49,7 @@ _TMP_PREFIX = ".tmp-"
 _CORRUPT_SUFFIX = ".corrupt"
 _REJECTED_SUFFIX = ".rejected"
 # "<ns since epoch, 20 digits>-<key>.json": the only names put() writes
-_NAME = re.compile(r"(\d{20})-([A-Za-z0-9][A-Za-z0-9._-]{0,127})\.json")
+_NAME = re.compile(r"([0-9]{20})-([A-Za-z0-9][A-Za-z0-9._-]{0,127})\.json")  # ASCII digits
 # a verdict's compressed size may be at most this: well under the collector's 4 MiB
 # request (on the wire), so it is always sent whole
 MAX_ITEM_BYTES = 3 * 1024 * 1024
@@ -60,6 +60,9 @@ MAX_PLAIN_BYTES = gz.INFLATED_LIMIT - 2
 LEGACY_ITEM_BYTES = 4 * 1024 * 1024
 _MAX_PROBLEMS = 100  # kept until taken; older ones are dropped, never unbounded
 _MAX_SET_ASIDE = 100  # NAME.corrupt / NAME.rejected files kept for a person to look at
+# a name's time at most this far ahead of the clock counts when names go on after a
+# restart (a clock stepped back by less keeps the order)
+_FUTURE_NS = 86_400 * 10**9
 _MAX_FOREIGN = 10_000  # foreign names remembered (reported once); past it, skipped quietly
 
 
@@ -135,9 +138,11 @@ class Spool:
             except OSError as e:  # e.g. a directory someone made: never ours, never read
                 self._problem(f"spool entry {tmp.name} left alone: {e.strerror or e}")
         # names must keep increasing after a restart, even if the clock went back
-        names = self.names()
-        if names:
-            self._last_ns = int(names[-1].split("-", 1)[0])
+        # (a name from the far future is not one it wrote: planted, it would push every
+        # later name past 20 digits, names the spool would no longer take for its own)
+        latest = time.time_ns() + _FUTURE_NS
+        stamps = [int(n.split("-", 1)[0]) for n in self.names()]
+        self._last_ns = max((ns for ns in stamps if ns <= latest), default=0)
 
     # -- writing --------------------------------------------------------------------
 
