@@ -631,15 +631,14 @@ def _capture(args: argparse.Namespace, prepared: Prepared):  # type: ignore[no-u
     # (our own tracefs instance) are cleaned up.
     import threading  # (only a capture needs it: 9 ms of every check's start)
 
+    from agent.signals import SignalEvents
+
     stop = threading.Event()
-    old = {s: signal.signal(s, lambda *_: stop.set())
-           for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     try:
-        result = watch_node(prepared, args.capture, port_range=args.nodeport_range,
-                            stop=stop, progress=progress)
+        with SignalEvents((signal.SIGTERM, signal.SIGHUP, signal.SIGINT), stop):
+            result = watch_node(prepared, args.capture, port_range=args.nodeport_range,
+                                stop=stop, progress=progress)
     finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
         if tty:
             print(file=sys.stderr)
     if stop.is_set():

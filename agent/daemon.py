@@ -42,6 +42,7 @@ from agent.probes.base import ProbeContext, ReadCache
 from agent.ship import logline
 from agent.ship.sender import Backoff, Sender, drain
 from agent.ship.spool import IDEMPOTENCY_KEY, Spool
+from agent.signals import SignalEvents
 from agent.snapshot import NodeSnapshot, Unknown
 from agent.watch import watch_node
 
@@ -271,14 +272,18 @@ class Daemon:
     # -- the loop ---------------------------------------------------------------------
 
     def run(self) -> int:
-        for s in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(s, lambda *_: (self.stop.set(), self.wake.set()))
-        if self.cfg.listen:
-            self._serve(self.cfg.listen)
-        self._start_kube()
+        # stop first: the loop, woken, looks at it (set by a thread: see agent.signals)
+        signals = SignalEvents((signal.SIGTERM, signal.SIGINT), self.stop, self.wake)
         last_key: Any = None
         since_ship = 0
         cycles = 0
+        try:
+            if self.cfg.listen:
+                self._serve(self.cfg.listen)
+            self._start_kube()
+        except BaseException:
+            signals.close()
+            raise
         try:
             while True:
                 started = self._begin_cycle()
@@ -314,6 +319,7 @@ class Daemon:
                     break
             self.ship(deadline=time.monotonic() + self.cfg.grace)
         finally:
+            signals.close()
             if self.kube is not None:
                 self.kube.stop()
             if self.reporter is not None:

@@ -11,6 +11,8 @@ import sys
 import threading
 from typing import Any
 
+from agent.signals import SignalEvents
+
 EXIT_USAGE = 64  # as agent.cli (sysexits.h)
 EXIT_CANTCREAT = 73
 
@@ -72,8 +74,7 @@ def run(args: argparse.Namespace) -> int:
             f"TLS: cannot read {e.filename}"
         raise StartError(EXIT_CANTCREAT, f"{what}: {e.strerror or e}") from e
     stop = threading.Event()
-    for s in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(s, lambda *_: stop.set())
+    signals = SignalEvents((signal.SIGTERM, signal.SIGINT), stop)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     host, port = server.server_address[:2]
     scheme = "https" if tls_cert else "http"
@@ -84,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
               "tokens cross the network in clear text", file=sys.stderr, flush=True)
     while not stop.wait(3600):
         store.prune()
+    signals.close()
     server.shutdown()
     store.close()
     return 0
