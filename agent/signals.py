@@ -35,8 +35,14 @@ class SignalEvents:
         r, w = os.pipe2(os.O_CLOEXEC)
         os.set_blocking(w, False)  # (the C handler must never block)
         self._r, self._w = r, w
-        self._old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
         self._old: dict[signal.Signals, Any] = {}
+        self._thread: threading.Thread | None = None
+        try:
+            self._old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except BaseException:  # (not the main thread: ValueError)
+            os.close(r)
+            os.close(w)
+            raise
         try:
             for s in self.signals:
                 self._old[s] = signal.signal(s, _ignore)
@@ -62,14 +68,17 @@ class SignalEvents:
                         e.set()
 
     def close(self) -> None:
+        """Put back what was there before; a second call does nothing."""
+        if self._w < 0:
+            return
         for s, old in self._old.items():
             signal.signal(s, old)
         self._old.clear()
         signal.set_wakeup_fd(self._old_fd)
         os.close(self._w)  # the thread reads EOF and ends
-        thread = getattr(self, "_thread", None)
-        if thread is not None:
-            thread.join(5)
+        self._w = -1
+        if self._thread is not None:
+            self._thread.join(5)
         os.close(self._r)
 
     def __enter__(self) -> SignalEvents:

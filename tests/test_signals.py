@@ -62,8 +62,19 @@ with SignalEvents((signal.SIGUSR1,), e) as s:
     assert e.wait(5) and s.received == [signal.SIGUSR1]
     assert signal.getsignal(signal.SIGINT) is before
 assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+s.close()  # a second close does nothing
+import os, threading
+def elsewhere():
+    try:
+        SignalEvents((signal.SIGUSR1,), e)
+    except ValueError:
+        print("refused off the main thread")
+before = len(os.listdir("/proc/self/fd"))
+t = threading.Thread(target=elsewhere); t.start(); t.join()
+assert len(os.listdir("/proc/self/fd")) == before  # its pipe closed
 print("ok")
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=20, cwd=ROOT)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["refused off the main thread", "ok"], r.stdout
