@@ -1,7 +1,7 @@
 """The shipped package's layers read top-down: cli/daemon/collector -> bundle/watch/report/
-ship -> diagnose -> netfilter/parse/probes/capture -> snapshot/errors/quick_init. Every import of
-an agent module (lazy ones inside functions too) points down or sideways, never up, and
-the graph of subpackages has no circle."""
+ship -> diagnose -> netfilter/parse/probes/capture -> snapshot/errors/quick_init/signals.
+Every import of an agent module (lazy ones inside functions too) points down or sideways,
+never up, and the graph of subpackages has no circle."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ RANK = {
     "bundle": 1, "watch": 1, "report": 1, "ship": 1, "kubereport": 1,
     "diagnose": 2,
     "netfilter": 3, "parse": 3, "probes": 3, "capture": 3, "kubewatch": 3,
-    "snapshot": 4, "errors": 4, "__version__": 4, "agent": 4, "quick_init": 4,
+    "snapshot": 4, "errors": 4, "__version__": 4, "agent": 4, "quick_init": 4, "signals": 4,
 }
 
 
