@@ -257,7 +257,7 @@ class Spool:
         good: list[tuple[str, int]] = []
         moved = False
         for name, st in listed:  # renamed after the listing: readdir is not disturbed
-            why = _not_a_verdict(name, st, self.max_file_bytes)
+            why = _not_a_verdict(st, self.max_file_bytes)
             if why:
                 moved |= self._set_aside_corrupt(name, why)
             else:
@@ -273,7 +273,7 @@ class Spool:
         fd = os.open(self.dir / name,
                      os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
-            why = _not_a_verdict(name, os.fstat(fd), self.max_file_bytes)
+            why = _not_a_verdict(os.fstat(fd), self.max_file_bytes)
             if why:
                 raise _SetAside(why)
             chunks, left = [], self.max_file_bytes + 1
@@ -319,9 +319,8 @@ class Spool:
         aside: list[tuple[int, str]] = []
         with os.scandir(self.dir) as entries:
             for e in entries:
-                base, dot, suffix = e.name.rpartition(".")
-                if "." + suffix in (_CORRUPT_SUFFIX, _REJECTED_SUFFIX) and dot \
-                        and _NAME.fullmatch(base):  # (only what it set aside itself)
+                if e.name.endswith((_CORRUPT_SUFFIX, _REJECTED_SUFFIX)) and \
+                        _NAME.fullmatch(e.name.rpartition(".")[0]):  # (its own only)
                     try:
                         st = e.stat(follow_symlinks=False)
                     except FileNotFoundError:
@@ -364,14 +363,13 @@ class Spool:
             os.close(fd)
 
 
-def _not_a_verdict(name: str, st: os.stat_result, max_bytes: int) -> str | None:
-    """Why the entry ``name`` with (l)stat ``st`` is not a spooled verdict, or None."""
+def _not_a_verdict(st: os.stat_result, max_bytes: int) -> str | None:
+    """Why an entry named as a verdict (_scan takes no other) with (l)stat ``st`` is not
+    one, or None."""
     if stat.S_ISLNK(st.st_mode):
         return "a symbolic link (never followed)"
     if not stat.S_ISREG(st.st_mode):
         return "not a regular file"
-    if not _NAME.fullmatch(name):
-        return "not a name the spool writes"
     if st.st_size > max_bytes:
         return f"{st.st_size} bytes: more than the {max_bytes} a verdict may have"
     return None
