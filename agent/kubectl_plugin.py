@@ -214,7 +214,7 @@ class CheckRun:
         out = self.k.checked(self.ns, "get", "pod", self.name, "-o", "json")
         try:
             return json.loads(out)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise PluginError(f"kubectl get pod {self.name}: not JSON ({e})") from e
 
     def create(self, pod: dict[str, Any]) -> None:
@@ -397,7 +397,7 @@ def fetch_list(url: str, path: str, limit: int, ca_file: str | None) -> tuple[li
         raise PluginError(f"collector {url}{path}: reply larger than {MAX_REPLY} bytes")
     try:
         rows = json.loads(body)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise PluginError(f"collector {url}{path}: not JSON") from e
     if not isinstance(rows, list):
         raise PluginError(f"collector {url}{path}: not a list")

@@ -338,7 +338,10 @@ class NodeSnapshot:
 
     @classmethod
     def from_json(cls, text: str) -> NodeSnapshot:
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except RecursionError:  # (a JSONDecodeError, a ValueError too, keeps its line)
+            raise ValueError("JSON nested deeper than the parser can follow") from None
         if not isinstance(data, dict) or data.get("schema") != SNAPSHOT_SCHEMA:
             raise ValueError(f"not a {SNAPSHOT_SCHEMA} document")
         return from_plain(cls, data)

@@ -9,11 +9,13 @@ collector process through the fake's `port-forward` line.
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -70,6 +72,8 @@ def pod_status():
 
 if verb == "create":
     print("pod/" + json.loads(record["stdin"])["metadata"]["name"] + " created")
+elif verb == "get" and scenario == "deep":  # JSON nested past any parser's depth
+    print("[" * 100000 + "]" * 100000)
 elif verb == "get":
     pod = json.loads((state / "pod.json").read_text())
     pod["status"] = pod_status()
@@ -264,6 +268,15 @@ def test_a_pod_that_cannot_start_is_reported_and_deleted(fake: Path) -> None:
     assert "logs" not in verbs(fake) and verbs(fake)[-1] == "delete"
 
 
+def test_a_pod_answer_nested_too_deep_is_an_error_and_the_pod_deleted(fake: Path) -> None:
+    # json.loads raises RecursionError, not ValueError, for such nesting: it was an
+    # internal error (traceback, no delete in the plugin's own words)
+    proc = run_plugin(fake, "check", "node-1", "--poll", "0.05", FAKE_SCENARIO="deep")
+    assert proc.returncode == plugin.EXIT_UNAVAILABLE, proc.stderr
+    assert "not JSON" in proc.stderr and "Traceback" not in proc.stderr
+    assert verbs(fake)[-1] == "delete"
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_run_deletes_the_pod(fake: Path, sig: signal.Signals) -> None:
     p = subprocess.Popen([sys.executable, "-m", "agent.kubectl_plugin", "check", "node-1",
@@ -351,6 +364,32 @@ def test_services_from_a_collector_url(fake: Path, collector: Any) -> None:
     table = run_plugin(fake, "services", "--collector", collector.url)
     assert table.stdout.splitlines()[0].split()[:3] == ["SERVICE", "LB", "IP"]
     assert "default/web" in table.stdout
+
+
+def test_a_collector_answer_nested_too_deep_is_an_error(fake: Path) -> None:
+    body = b"[" * 100_000 + b"]" * 100_000
+
+    class Deep(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Deep)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        proc = run_plugin(fake, "nodes", "--collector",
+                          f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert proc.returncode == plugin.EXIT_UNAVAILABLE, proc.stderr
+    assert "not JSON" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_an_unreachable_collector_is_an_error(fake: Path) -> None:

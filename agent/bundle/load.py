@@ -622,12 +622,14 @@ def _kube(s: Section, ev: _Evidence) -> bool:
         docs = [s.doc] if s.doc is not None else [json.loads(text)] if text.lstrip(
         ).startswith(("{", "[")) else _yaml_documents(text)
     except Exception as e:
-        if not isinstance(e, ValueError) and not _yaml_error(e):
+        if not isinstance(e, (ValueError, RecursionError)) and not _yaml_error(e):
             raise
         mark = getattr(e, "problem_mark", None)
         line = s.first_line + (mark.line if mark else getattr(e, "lineno", 1) - 1)
-        ev.problems.append((s.source, line, f"not valid YAML/JSON: "
-                            f"{getattr(e, 'problem', None) or e}"))
+        why = getattr(e, "problem", None) or e
+        if isinstance(e, RecursionError):  # (JSON's and YAML's parsers recurse per level)
+            why = f"nested deeper than its parser can follow ({e})"
+        ev.problems.append((s.source, line, f"not valid YAML/JSON: {why}"))
         return False
     used = False
     items: list[Any] = []

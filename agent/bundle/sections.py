@@ -410,7 +410,7 @@ def _json_document(text: str, source: str) -> Section | None:
         return None
     try:
         doc = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested deeper than the parser goes)
         return None  # not whole JSON: line by line, and the reader names the bad line
     first = doc[0] if isinstance(doc, list) and doc else doc
     if isinstance(first, dict) and "ifindex" in first and "ifname" in first:

@@ -91,7 +91,7 @@ def _token_expiry(token: str) -> float | None:
         claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
         exp = claims.get("exp") if isinstance(claims, dict) else None
         return float(exp) if isinstance(exp, (int, float)) else None
-    except (ValueError, IndexError, binascii.Error):
+    except (ValueError, IndexError, binascii.Error, RecursionError):
         return None
 
 

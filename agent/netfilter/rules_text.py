@@ -69,7 +69,9 @@ _V_COUNTERS = re.compile(r"\s-c \d+ \d+(?=\s|$)")
 _GREP_N = re.compile(r"^\d+(?:[:-]|\s+)(?=-[AINP] |[*:\[]|COMMIT)")  # grep -n, an editor's
 # a terminal's wrapping pasted as padding: "-j KUBE-      SVC-X" and "...   5 -A NEXT"
 _BROKEN_WORD = re.compile(r"(?<=-)\s{3,}(?=[A-Z0-9])")
-_NEXT_RULE = re.compile(r"\s{6,}(?:\d+\s+)?(?=-A [A-Za-z])")
+# (tried only where a run of blanks starts: tried at each of its blanks, a run of n blanks
+# cost n^2 steps, 34 s for a line padded with 32k)
+_NEXT_RULE = re.compile(r"(?<!\s)\s{6,}(?:\d+\s+)?(?=-A [A-Za-z])")
 _CHAIN_DECL = re.compile(r"^:(\S+)\s+(\S+)(?:\s+\[\d+:\d+\])?\s*$")
 # what a wrapped paste holds: a line that ends in a backslash or a blank, and runs of
 # blanks (a regex that starts with the "\n" it looks behind skips from line end to line end

@@ -168,7 +168,7 @@ def _parse(raw: RawResponse) -> object:
     source = f"{SOURCE} {raw.what}"
     try:
         doc = json.loads(raw.body or b"")
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise InputError(source, None, f"bad JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise InputError(source, None, "expected a JSON object")

@@ -91,7 +91,7 @@ def read_config(text: str) -> dict[str, str]:
     """
     try:
         doc = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # (then read as YAML, line by line)
         doc = None
     if isinstance(doc, dict):
         out: dict[str, str] = {}
