@@ -391,13 +391,17 @@ def load_snapshot(args: argparse.Namespace) -> NodeSnapshot:
                 print(f"loopback-agent: warning: {u.source}: {u.reason}", file=sys.stderr)
         return snap
     if getattr(args, "snapshot", None):
-        name = args.snapshot
+        from agent.bundle import read_input
+
+        path = args.snapshot
+        name = "<stdin>" if path == "-" else path
+        if path != "-" and not os.path.lexists(path):
+            raise _Exit(EXIT_NOINPUT, f"{name}: no such file or directory")
         try:
-            text = sys.stdin.read() if name == "-" else Path(name).read_text()
-        except OSError as e:
-            raise _Exit(EXIT_NOINPUT, f"{name}: {e.strerror or e}") from e
-        except UnicodeDecodeError as e:
-            raise _Exit(EXIT_DATAERR, f"{name}: not UTF-8 text ({e.reason})") from e
+            # (bounded, never blocking on a FIFO nor reading a device: as --from reads)
+            text = read_input(path, name)
+        except InputError as e:
+            raise _Exit(EXIT_DATAERR, str(e)) from e
         try:
             snap = NodeSnapshot.from_json(text)
         except json.JSONDecodeError as e:

@@ -132,3 +132,62 @@ def test_every_reader_takes_a_long_blank_run_in_linear_time(name: str,
         # (refused, naming the file: what a reader may do with it)
         with contextlib.suppress(InputError):
             load_texts([(name, text, fmt.name_format(name))], origin="paste")
+
+
+# -- what a named input may be ---------------------------------------------------------------
+
+
+@pytest.fixture
+def odd_files(tmp_path: Path) -> dict[str, Path]:
+    """A FIFO nobody writes to, a device (through a symlink), a directory, and a sparse
+    3 GiB file: each as --snapshot would be handed it."""
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    zero = tmp_path / "zero.json"
+    zero.symlink_to("/dev/zero")
+    big = tmp_path / "big.json"
+    with big.open("wb") as f:
+        f.truncate(3 << 30)  # (sparse: no disk, but read whole it took 6 GiB of memory)
+    return {"fifo": fifo, "device": zero, "directory": tmp_path, "3 GiB": big}
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory", "3 GiB"])
+def test_a_snapshot_that_is_no_regular_file_or_too_big_is_refused_at_once(
+        odd_files: dict[str, Path], kind: str) -> None:
+    # before: a FIFO hung for ever, /dev/zero took 14 GB in 20 s, 3 GiB was read whole
+    proc = agent("check", "--snapshot", str(odd_files[kind]))
+    assert proc.returncode == EXIT_DATAERR, proc.stderr
+    assert proc.stderr.startswith(f"loopback-agent: {odd_files[kind]}: ")
+    assert ("not a regular file" if kind != "3 GiB" else "larger than 256 MiB") in proc.stderr
+
+
+def test_a_snapshot_through_a_named_symlink_is_read(tmp_path: Path) -> None:
+    snap = agent("snapshot", "--from", str(BUNDLE))
+    assert snap.returncode == 0, snap.stderr
+    (tmp_path / "snap.json").write_text(snap.stdout)
+    (tmp_path / "link.json").symlink_to(tmp_path / "snap.json")
+    proc = agent("check", "--snapshot", str(tmp_path / "link.json"), "--json")
+    assert proc.returncode in (0, 1), proc.stderr
+    assert '"schema": "loopback-agent/verdict/v1"' in proc.stdout
+
+
+@pytest.mark.parametrize("option", ["--from", "--snapshot"])
+def test_standard_input_is_read_up_to_its_bound(option: str) -> None:
+    # 300 MB of zeros through a pipe: refused once past 256 MiB, not read into memory whole
+    # (before, `--snapshot -` and `--from -` read all of it: /dev/zero filled the memory)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with subprocess.Popen(["head", "-c", "300000000", "/dev/zero"],
+                          stdout=subprocess.PIPE) as zeros:
+        proc = subprocess.run([sys.executable, "-m", "agent", "check", option, "-"],
+                              stdin=zeros.stdout, capture_output=True, text=True,
+                              timeout=120, env=env, check=False)
+    assert proc.returncode == EXIT_DATAERR, proc.stderr
+    assert proc.stderr == "loopback-agent: <stdin>: larger than 256 MiB\n"
+
+
+def test_standard_input_that_is_not_utf8_names_the_line_and_column() -> None:
+    proc = subprocess.run([sys.executable, "-m", "agent", "check", "--from", "-"],
+                          input=b"*nat\n-A X -j \xff\n", capture_output=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+    assert proc.returncode == EXIT_DATAERR, proc.stderr
+    assert b"<stdin>:2: not UTF-8 text (byte 0xff at column 9)" in proc.stderr

@@ -93,7 +93,7 @@ def load_bundle(path: str | Path) -> NodeSnapshot:
     p = Path(path)
     if str(path) == "-":
         texts: Iterable[tuple[str, str | InputError, str]] = [
-            ("<stdin>", sys.stdin.read(), fmt.UNKNOWN)]
+            ("<stdin>", read_input("-", "<stdin>"), fmt.UNKNOWN)]
     elif p.is_dir():
         texts = _dir_texts(p)  # one file at a time: each text is dropped once read
     elif p.exists():
@@ -275,6 +275,21 @@ def _dir_texts(d: Path):  # type: ignore[no-untyped-def]
             yield name, e, fmt.UNKNOWN
 
 
+def read_input(path: str, name: str) -> str:
+    """The text of a file the user named (a symlink to it is followed), or of standard
+    input for "-", as _read_text reads a file: at most MAX_FILE_BYTES (`cat /dev/zero |`
+    would otherwise fill the memory), UTF-8; else an InputError naming ``name``."""
+    if path != "-":
+        return _read_text(Path(path), name, follow=True)
+    try:
+        data = sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise InputError(name, None, f"cannot read: {e.strerror or e}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise InputError(name, None, f"larger than {MAX_FILE_BYTES // 2**20} MiB")
+    return _decoded(data, name)
+
+
 def _read_text(file: Path, name: str, follow: bool = False) -> str:
     """The file as UTF-8 text; a read failure, a file that is not regular (a FIFO, a
     device: opened without blocking, never read), more than MAX_FILE_BYTES or a bad byte
@@ -299,6 +314,12 @@ def _read_text(file: Path, name: str, follow: bool = False) -> str:
     finally:
         if fd >= 0:
             os.close(fd)
+    return _decoded(data, name)
+
+
+def _decoded(data: bytes, name: str) -> str:
+    """``data`` as UTF-8 text (CRLF line ends as LF); a bad byte is an InputError naming
+    its line and column."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
