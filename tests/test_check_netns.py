@@ -98,6 +98,54 @@ def test_live_check_finds_what_the_scenario_expects(name: str, backend: str,
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_bytes_that_are_not_utf8_on_the_node_cost_nothing(backend: str,
+                                                          tmp_path: Path) -> None:
+    """A rule's comment, a set's comment and an interface name in Latin-1 (the kernel
+    keeps the bytes given; any tool on the node may write them). Before: the dump's
+    strict decoding failed and the node's every rule was lost ("nat rules: probe
+    failed: 'utf-8' codec can't decode byte 0xe9"), the interface's name (bytes from
+    netlink) made `snapshot` an internal error, and the bundle lost sysctl.txt."""
+    scenario = SCENARIOS["iptables-new-etp-local"]
+    with build_lab(scenario, backend) as lab:
+        lab.node.sh(f"""c=$(printf 'caf\\351')
+            iptables-{backend} -t mangle -A OUTPUT -m comment --comment "$c" -j RETURN
+            ipset create lbt-latin1 hash:ip comment
+            ipset add lbt-latin1 192.0.2.1 comment "$c"
+            ip link add "br$c" type bridge
+            ip addr add 198.51.100.1/32 dev "br$c"
+            ip link set "br$c" up""")
+        assert b"caf\xe9" in subprocess.run(
+            ["ip", "netns", "exec", lab.node.name, f"iptables-{backend}-save"],
+            capture_output=True, check=True).stdout
+        kube = str(lab.kube_dir)
+        live = agent_in(lab.node, "check", "--json", "--node-name", "lab-node",
+                        "--kube-json", kube)
+        assert live.returncode in (0, 1), live.stderr
+        verdict = json.loads(live.stdout)
+        assert not [u for u in verdict["unknowns"] if "failed" in u["reason"]], verdict
+        assert verdict["kube_proxy_mode"] == scenario.mode
+        got = ids_by_ip(verdict)
+        for ip, expected in scenario.expect.items():
+            assert expected <= got.get(ip, set()), (ip, got)
+        bundle = tmp_path / "bundle"
+        assert agent_in(lab.node, "bundle", str(bundle), "--no-kube-api").returncode == 0
+        assert "caf\ufffd" in (bundle / "iptables-save.txt").read_text()
+        assert "caf\ufffd" in (bundle / "ipset.txt").read_text()
+        assert "net.ipv4.conf.brcaf\ufffd.rp_filter" in (bundle / "sysctl.txt").read_text()
+        snap = agent_in(lab.node, "snapshot", "--no-kube-api")
+        assert snap.returncode == 0, snap.stderr
+        assert '"ifname": "brcaf\\ufffd"' in snap.stdout
+        for f in ("services.json", "node.json", "ingresses.json"):
+            if (lab.kube_dir / f).exists():
+                shutil.copy(lab.kube_dir / f, bundle / f)
+        offline = agent_here("check", "--from", str(bundle), "--json", "--node-name",
+                             "lab-node")
+        assert offline.returncode == live.returncode, offline.stderr
+        assert "not UTF-8" not in offline.stderr and "bad JSON" not in offline.stderr
+        assert comparable(json.loads(offline.stdout)) == comparable(verdict)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_check_bundle_snapshot_change_nothing_on_the_node(backend: str, tmp_path: Path) -> None:
     scenario = SCENARIOS["tke-ipvs-etp-local"]
     with build_lab(scenario, backend) as lab:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from agent.netfilter.rules_text import parse_iptables_save
+from agent.parse.kernel_name import kernel_name
 from agent.probes import ProbeContext, ProbeResult, collect_live, ipvs, kube_api, kube_proxy
 from agent.probes import base as probe_base
 from agent.probes.nat_rules import Dump, choose, kube_score
@@ -695,3 +696,16 @@ def test_write_bundle_writes_what_the_probes_read_and_changes_nothing(
     assert parse_local_routes((out / bundle_files.ROUTE_LOCAL).read_text()) == snap.local_routes
     assert parse_ipsets((out / bundle_files.IPSET).read_text()) == snap.ipsets
 
+
+
+@pytest.mark.parametrize(("raw", "text"), [
+    ("eth0", "eth0"),
+    ("brcafé", "brcafé"),  # UTF-8 on the node: kept
+    (b"br\xe9x", "br\ufffdx"),  # from netlink (pyroute2 gives bytes it cannot decode)
+    (b"br\xe9x".decode("utf-8", "surrogateescape"), "br\ufffdx"),  # from /proc or /sys
+    ("br\ud800x", "br?x"),  # a surrogate no escape made
+])
+def test_interface_names_are_text_every_output_can_encode(raw: bytes | str, text: str) -> None:
+    got = kernel_name(raw)
+    assert got == text
+    got.encode("utf-8")  # (what the snapshot's JSON, a bundle file and the report need)

@@ -70,6 +70,7 @@ from agent.capture.packets import (
 )
 from agent.capture.ring import PACKET_OUTGOING, PKT_HDR_FAST
 from agent.capture.ring import ifname_of as _ifname_of
+from agent.parse.kernel_name import kernel_name
 
 DEFAULT_CAPACITY = 65536
 DEFAULT_TIMEOUT = 3.0
@@ -606,6 +607,7 @@ class HandshakeTable:
         port = wire16(dport)
         self._samples.setdefault(port, []).append(HandshakeSample(
             src=wire_ip_text(src), sport=wire16(sport), dst=wire_ip_text(dst), dport=port,
-            in_iface=names.name(in_if), outcome=OUTCOMES[outcome],
-            source_class=rows[_CLASS], reply_iface=names.name(reply_if) if reply_if else None,
+            in_iface=kernel_name(names.name(in_if)), outcome=OUTCOMES[outcome],
+            source_class=rows[_CLASS],
+            reply_iface=kernel_name(names.name(reply_if)) if reply_if else None,
             peer_reset=peer_reset))

@@ -10,6 +10,7 @@ import socket
 from collections.abc import Iterable
 from typing import Any
 
+from agent.parse.kernel_name import kernel_name
 from agent.probes.base import Probe, ProbeContext, ProbeResult, register
 from agent.snapshot import Address
 
@@ -29,6 +30,7 @@ def addresses_from_messages(links: Iterable[Any], addrs: Iterable[Any]) -> tuple
     names: dict[int, tuple[str, bool]] = {}
     for link in links:
         name = link.get_attr("IFLA_IFNAME")
+        name = kernel_name(name) if name is not None else None
         # IFF_UP is the administrative state: a DOWN kube-ipvs0 still holds addresses
         # that are in the local table, so it is reported with link_up False, not hidden.
         names[link["index"]] = (name or f"if{link['index']}", bool(link["flags"] & IFF_UP))

@@ -306,7 +306,8 @@ def first_victim(args: Sequence[str]) -> list[str]:
 
 
 def run_command(args: Sequence[str], timeout: float, background: bool = False) -> str:
-    """Run a read-only command, return its stdout exactly as printed.
+    """Run a read-only command, return its stdout as printed (a byte that is not UTF-8
+    as U+FFFD).
 
     Raises CommandError (missing binary, timeout, non-zero exit with its stderr; a death
     by a signal as CommandKilled) so callers can turn it into an Unknown or a "skipped"
@@ -326,8 +327,13 @@ def run_command(args: Sequence[str], timeout: float, background: bool = False) -
     kills = memory_limit.oom_kills()
     start = time.monotonic()
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True,
-                              timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+        # a byte that is not UTF-8 (a rule's or a set's comment in Latin-1, an interface
+        # name: any tool may write one) as U+FFFD: strict decoding failed the whole read (a
+        # node with one such comment lost every rule it has); an escape ("\\xe9") would
+        # make `ip -j`'s JSON invalid
+        proc = subprocess.run(argv, capture_output=True, text=True, encoding="utf-8",
+                              errors="replace", timeout=timeout, env=env,
+                              stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise CommandTimeout(f"{' '.join(args)}: timed out after {timeout:g}s",
                              timeout) from None

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from agent.parse.kernel_name import kernel_name
 from agent.probes.addresses import scope_name
 from agent.probes.base import Probe, ProbeContext, ProbeResult, register
 from agent.snapshot import LocalRoute
@@ -110,7 +111,8 @@ def format_route(msg: Any, ifnames: dict[int, str], protocols: dict[int, str]) -
 
 
 def routes_from_messages(links: Iterable[Any], routes: Iterable[Any]) -> tuple[LocalRoute, ...]:
-    ifnames = {link["index"]: link.get_attr("IFLA_IFNAME") for link in links}
+    ifnames = {link["index"]: kernel_name(name) for link in links
+               if (name := link.get_attr("IFLA_IFNAME")) is not None}
     protocols = _protocol_names()
     out = []
     for msg in routes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agent.parse.kernel_name import kernel_name
 from agent.probes.base import Probe, ProbeContext, ProbeResult, register
 from agent.snapshot import Unknown
 
@@ -20,7 +21,8 @@ def sysctl_key(path: Path, root: Path) -> str:
     `sysctl` turns the path's '/' into '.', and a '.' inside a component (VLAN
     interfaces) into '/', so the key stays unambiguous.
     """
-    return ".".join(part.replace(".", "/") for part in path.relative_to(root).parts)
+    return kernel_name(".".join(part.replace(".", "/")
+                                for part in path.relative_to(root).parts))
 
 
 def read_sysctls(root: Path = Path("/proc/sys")) -> tuple[dict[str, str], list[Unknown]]:
