@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -709,3 +710,37 @@ def test_interface_names_are_text_every_output_can_encode(raw: bytes | str, text
     got = kernel_name(raw)
     assert got == text
     got.encode("utf-8")  # (what the snapshot's JSON, a bundle file and the report need)
+
+
+def test_kube_proxy_config_is_read_bounded_and_never_waited_for(tmp_path: Path) -> None:
+    """Its path through /proc/PID/root (here this process's own root): a ConfigMap's
+    relative symlinks are followed; a FIFO (read_text blocked for ever: the daemon's
+    cycle with it), a device or a huge file is named and skipped, flags still used."""
+    data = tmp_path / "..2026_11_28"
+    data.mkdir()
+    (data / "config.conf").write_text("mode: iptables\nclusterCIDR: 10.244.0.0/16\n")
+    (tmp_path / "..data").symlink_to(data.name)
+    (tmp_path / "config.conf").symlink_to("..data/config.conf")
+    os.mkfifo(tmp_path / "fifo.conf")
+    (tmp_path / "zero.conf").symlink_to("/dev/zero")
+    with (tmp_path / "big.conf").open("wb") as f:
+        f.truncate(2 << 20)
+
+    def describe(name: str) -> tuple[Any, list[Unknown]]:
+        got: list[tuple[Any, list[Unknown]]] = []
+        t = threading.Thread(target=lambda: got.append(kube_proxy.describe(
+            os.getpid(), ["kube-proxy", "--proxy-mode=ipvs", f"--config={tmp_path / name}"])),
+            daemon=True)
+        t.start()
+        t.join(10)
+        assert got, f"reading {name} hung"
+        return got[0]
+
+    value, unknowns = describe("config.conf")
+    assert (value.mode, value.cluster_cidr, unknowns) == ("iptables", "10.244.0.0/16", [])
+    for name, why in (("fifo.conf", "not a regular file"), ("zero.conf", "not a regular file"),
+                      ("big.conf", "2097152 bytes: larger than 1 MiB")):
+        value, unknowns = describe(name)
+        assert value.mode == "ipvs", name  # the flag
+        (u,) = unknowns
+        assert u.reason.endswith(f": {why}; mode/clusterCIDR/masqueradeAll from flags only")

@@ -36,6 +36,7 @@ from agent.parse.kube import parse_ingresses, parse_node, parse_services
 from agent.parse.route_text import parse_local_routes
 from agent.parse.svc_table import parse_svc_table
 from agent.parse.sysctl_text import parse_sysctls
+from agent.parse.text_file import decode_text, read_text_file
 from agent.snapshot import (
     Address,
     IpSet,
@@ -98,7 +99,7 @@ def load_bundle(path: str | Path) -> NodeSnapshot:
         texts = _dir_texts(p)  # one file at a time: each text is dropped once read
     elif p.exists():
         # the file the user named: a symlink to it is fine (one inside a directory is not)
-        texts = [(str(p), _read_text(p, str(p), follow=True),  # type: ignore[list-item]
+        texts = [(str(p), read_text_file(p, str(p), MAX_FILE_BYTES, follow=True),  # type: ignore[list-item]
                   fmt.name_format(p.name))]
     else:
         raise InputError(str(path), None, "no such file or directory")
@@ -270,66 +271,24 @@ def _dir_texts(d: Path):  # type: ignore[no-untyped-def]
             yield name, InputError(name, None, "not a regular file: skipped"), fmt.UNKNOWN
             continue
         try:
-            yield name, _read_text(f, name), fmt.name_format(name)
+            yield name, read_text_file(f, name, MAX_FILE_BYTES), fmt.name_format(name)
         except InputError as e:
             yield name, e, fmt.UNKNOWN
 
 
 def read_input(path: str, name: str) -> str:
     """The text of a file the user named (a symlink to it is followed), or of standard
-    input for "-", as _read_text reads a file: at most MAX_FILE_BYTES (`cat /dev/zero |`
+    input for "-", as read_text_file reads a file: at most MAX_FILE_BYTES (`cat /dev/zero |`
     would otherwise fill the memory), UTF-8; else an InputError naming ``name``."""
     if path != "-":
-        return _read_text(Path(path), name, follow=True)
+        return read_text_file(Path(path), name, MAX_FILE_BYTES, follow=True)
     try:
         data = sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
     except OSError as e:
         raise InputError(name, None, f"cannot read: {e.strerror or e}") from None
     if len(data) > MAX_FILE_BYTES:
         raise InputError(name, None, f"larger than {MAX_FILE_BYTES // 2**20} MiB")
-    return _decoded(data, name)
-
-
-def _read_text(file: Path, name: str, follow: bool = False) -> str:
-    """The file as UTF-8 text; a read failure, a file that is not regular (a FIFO, a
-    device: opened without blocking, never read), more than MAX_FILE_BYTES or a bad byte
-    is an InputError."""
-    nofollow = 0 if follow else getattr(os, "O_NOFOLLOW", 0)
-    try:
-        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | nofollow)
-    except OSError as e:
-        raise InputError(name, None, f"cannot read: {e.strerror or e}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise InputError(name, None, "not a regular file")
-        if st.st_size > MAX_FILE_BYTES:
-            raise InputError(name, None, f"{st.st_size} bytes: larger than "
-                             f"{MAX_FILE_BYTES // 2**20} MiB")
-        with os.fdopen(fd, "rb") as fh:
-            fd = -1
-            data = fh.read(MAX_FILE_BYTES + 1)
-    except OSError as e:
-        raise InputError(name, None, f"cannot read: {e.strerror or e}") from None
-    finally:
-        if fd >= 0:
-            os.close(fd)
-    return _decoded(data, name)
-
-
-def _decoded(data: bytes, name: str) -> str:
-    """``data`` as UTF-8 text (CRLF line ends as LF); a bad byte is an InputError naming
-    its line and column."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise InputError(name, line,
-                         f"not UTF-8 text (byte 0x{data[e.start]:02x} at column {column})"
-                         ) from None
-    # a test for "\r" (memchr) before the replace, which scans 20x slower
-    return text.replace("\r\n", "\n") if "\r" in text else text
+    return decode_text(data, name)
 
 
 # --- one reader per format ---------------------------------------------------------------

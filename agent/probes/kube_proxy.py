@@ -17,12 +17,15 @@ from pathlib import Path
 
 import psutil
 
+from agent.errors import InputError
 from agent.parse.ip_text import is_network
+from agent.parse.text_file import read_text_file
 from agent.probes.base import Probe, ProbeContext, ProbeResult, register, unavailable
 from agent.snapshot import KubeProxy, Unknown
 
 SOURCE = "kube-proxy"
 NOT_FOUND = "no kube-proxy process found"
+CONFIG_LIMIT = 1 << 20  # a KubeProxyConfiguration is a few KiB
 
 
 def is_kube_proxy(name: str | None, cmdline: Sequence[str]) -> bool:
@@ -140,11 +143,15 @@ def describe(pid: int, cmdline: Sequence[str], cwd: str | None = None,
     if config_file:
         path = _config_path(pid, config_file, cwd)
         try:
-            text = read(path) if read else path.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
+            # (not blocking on a FIFO, nor reading a device or a huge file: whoever owns
+            # kube-proxy's filesystem owns what is there)
+            text = read(path) if read else \
+                read_text_file(path, str(path), CONFIG_LIMIT, follow=True)
+        except (OSError, UnicodeDecodeError, InputError) as exc:
+            why = exc.message if isinstance(exc, InputError) else \
+                getattr(exc, "strerror", None) or exc
             unknowns.append(Unknown(SOURCE, f"cannot read config {config_file} via {path}: "
-                                    f"{getattr(exc, 'strerror', None) or exc}; "
-                                    "mode/clusterCIDR/masqueradeAll from flags only"))
+                                    f"{why}; mode/clusterCIDR/masqueradeAll from flags only"))
         else:
             conf = read_config(text)
             # The file replaces the flag-built config: a key absent from it is
