@@ -80,12 +80,12 @@ def _duration(text: str) -> float:
 
 
 def _listen(text: str) -> str:
-    """'HOST:PORT', ':PORT' or '' (off)."""
+    """'HOST:PORT', '[IPV6]:PORT', ':PORT' (every address) or '' (off)."""
     if text == "":
         return text
     _, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"not HOST:PORT: {text!r} (try 0.0.0.0:9808)")
+        raise argparse.ArgumentTypeError(f"not HOST:PORT: {text!r} (try :9808)")
     return text
 
 
@@ -251,9 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     _env_opt(r, "--heartbeat-every", metavar="N", type=int, default=10,
              help="ship an unchanged verdict, and print its full summary line, every N "
                   "intervals (default 10)")
-    _env_opt(r, "--listen", metavar="HOST:PORT", default="0.0.0.0:9808", type=_listen,
+    _env_opt(r, "--listen", metavar="HOST:PORT", default=":9808", type=_listen,
              help="/metrics, /healthz and /verdict (the last full verdict, to this node "
-                  "only) (default 0.0.0.0:9808; '' to disable)")
+                  "only) (default :9808: every address, IPv6 and IPv4; [::1]:PORT for one "
+                  "IPv6 address; '' to disable)")
     _env_opt(r, "--nodeport-range", metavar="LOW-HIGH", type=_port_range, default=(30000, 32767),
              help="NodePort range to watch (default 30000-32767)")
     _env_opt(r, "--reread-cpu", metavar="PERCENT", type=_cpu_percent, default=10.0,
@@ -277,8 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="An HTTP service: POST /v1/verdicts, GET /v1/nodes, /v1/nodes/NODE, "
                     "/v1/services, /metrics, /healthz, /openapi.json and / (the fleet page). "
                     "Options also read LOOPBACK_AGENT_<OPTION> from the environment.")
-    _env_opt(col, "--listen", metavar="HOST:PORT", default="0.0.0.0:8080", type=_listen,
-             help="where to listen (default 0.0.0.0:8080)")
+    _env_opt(col, "--listen", metavar="HOST:PORT", default=":8080", type=_listen,
+             help="where to listen (default :8080: every address, IPv6 and IPv4)")
     _env_opt(col, "--db", metavar="URL", default="sqlite:///var/lib/loopback-agent/collector.db",
              help="sqlite:///PATH or postgresql://USER@HOST/DB (default "
                   "sqlite:///var/lib/loopback-agent/collector.db)")

@@ -37,6 +37,7 @@ from agent.capture.model import OUTCOMES, SOURCE_CLASSES
 from agent.daemon_http import BoundedHTTPServer, QuietHandler, from_this_host
 from agent.diagnose import Prepared, diagnose, node_name, prepare
 from agent.diagnose.model import Verdict
+from agent.listen import on_every_address, split_listen
 from agent.probes import collect_live, kube_api
 from agent.probes.base import ProbeContext, ReadCache
 from agent.ship import logline
@@ -83,7 +84,7 @@ class DaemonConfig:
     spool_dir: str
     interval: float = 60.0
     heartbeat_every: int = 10  # intervals between verdicts shipped although unchanged
-    listen: str | None = "0.0.0.0:9808"
+    listen: str | None = ":9808"  # every address, IPv6 and IPv4 (agent.listen)
     token_file: str | None = None
     ca_file: str | None = None
     grace: float = 10.0  # seconds to keep shipping after SIGTERM
@@ -593,7 +594,7 @@ class Daemon:
         return True, "ok"
 
     def _serve(self, listen: str) -> None:
-        host, _, port = listen.rpartition(":")
+        host, port = split_listen(listen)
         daemon = self
 
         class Handler(QuietHandler):
@@ -622,7 +623,10 @@ class Daemon:
                 self.end_headers()
                 self.wfile.write(body)
 
-        self._server = BoundedHTTPServer((host or "0.0.0.0", int(port)), Handler)
+        if host:
+            self._server = BoundedHTTPServer((host, port), Handler)
+        else:
+            self._server = on_every_address(lambda h: BoundedHTTPServer((h, port), Handler))
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
 

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import socketserver
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from agent.listen import dual_stack, family_of
 
 READ_TIMEOUT = 5.0
 LIFETIME = 15.0
@@ -58,8 +61,17 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         self._lock = threading.Lock()
         self._lifetime = lifetime
         self._closing = threading.Event()
+        self.address_family = family_of(address[0])  # (the class's is AF_INET)
         super().__init__(address, handler)
         threading.Thread(target=self._reap, name="http-reaper", daemon=True).start()
+
+    def server_bind(self) -> None:
+        dual_stack(self.socket, self.server_address[0])
+        # TCPServer's, not HTTPServer's: that one asks getfqdn(host), a reverse DNS lookup
+        # that a node with a broken resolver waits out at every start
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), \
+            int(self.server_address[1])
 
     def process_request(self, request: Any, client_address: Any) -> None:
         client = str(client_address[0])

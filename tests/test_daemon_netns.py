@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from lab.netns import Netns, netns
 from lab.node import Lab, build_lab
 from lab.scenarios import SCENARIOS
 from tests.daemon_output import agrees, log_line, log_lines, spooled
@@ -47,11 +48,15 @@ def lab() -> Iterator[Lab]:
 
 
 def fetch(lab: Lab, url: str, where: str = "node") -> tuple[int, str]:
+    return fetch_in(getattr(lab, where), url)
+
+
+def fetch_in(ns: Netns, url: str) -> tuple[int, str]:
     script = ("import sys, urllib.request, urllib.error\n"
               "try:\n r = urllib.request.urlopen(sys.argv[1], timeout=5)\n"
               " print(r.status); print(r.read().decode())\n"
               "except urllib.error.HTTPError as e:\n print(e.code); print(e.read().decode())\n")
-    out = getattr(lab, where).run(sys.executable, "-c", script, url).stdout
+    out = ns.run(sys.executable, "-c", script, url).stdout
     code, _, body = out.partition("\n")
     return int(code), body
 
@@ -113,6 +118,48 @@ def test_run_ships_verdicts_and_serves_metrics(lab: Lab, tmp_path: Path) -> None
     agrees(first, {k: v for k, v in shipped[0].items() if k != "idempotency_key"})
     assert not list((tmp_path / "spool").glob("*.json"))
     assert "Traceback" not in err
+
+
+def refused(ns: Netns, host: str, port: int) -> bool:
+    script = ("import socket, sys\n"
+              "try:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), 5)\n"
+              "except ConnectionRefusedError:\n print('refused')\n")
+    return ns.run(sys.executable, "-c", script, host, str(port)).stdout.strip() == "refused"
+
+
+def test_the_listener_answers_on_ipv6_and_ipv4(lab: Lab, tmp_path: Path) -> None:
+    """`--listen :PORT` (the default's form) is one socket on every address, IPv6 and
+    IPv4 (IPv4 alone on a node without IPv6, as the lab node is). Before, the default was
+    0.0.0.0 (IPv4 only: on an IPv6-only node the kubelet's probes were refused and the
+    agent restarted for ever) and `[::]:PORT` an internal error (gaierror). /verdict
+    stays for this node only, over either family."""
+    node_ip = lab.scenario.node_ip
+    with netns("lb6") as v6:
+        v6.run("ip", "link", "set", "lo", "up")
+        for ns, listen, answer, refuse in (
+                (v6, ":19809", ("127.0.0.1", "[::1]"), ()),
+                (v6, "[::1]:19810", ("[::1]",), ("127.0.0.1",)),
+                (lab.node, ":19811", ("127.0.0.1", node_ip), ())):
+            port = int(listen.rpartition(":")[2])
+            agent = ns.popen(agent_cmd(tmp_path, "--listen", listen, "--no-capture"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            try:
+                assert agent.stdout is not None and agent.stdout.readline()  # a verdict
+                for host in answer:
+                    code, body = fetch_in(ns, f"http://{host}:{port}/healthz")
+                    assert (code, body.strip()) == (200, "ok"), (listen, host)
+                    code, body = fetch_in(ns, f"http://{host}:{port}/verdict")
+                    assert code == 200 and json.loads(body)["node"] == "lab-node", \
+                        (listen, host)
+                for host in refuse:
+                    assert refused(ns, host, port), (listen, host)
+                if node_ip in answer:
+                    code, _ = fetch(lab, f"http://{node_ip}:{port}/verdict", "vpc")
+                    assert code == 403
+            finally:
+                agent.send_signal(signal.SIGTERM)
+                _, err = agent.communicate(timeout=30)
+            assert agent.returncode == 0 and "Traceback" not in err, err
 
 
 def test_sigterm_finishes_and_keeps_undelivered_verdicts(lab: Lab, tmp_path: Path) -> None:

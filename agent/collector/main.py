@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     host, port = server.server_address[:2]
     scheme = "https" if tls_cert else "http"
-    print(f"loopback-agent collector on {scheme}://{host}:{port}/ ({db})", file=sys.stderr,
+    where = f"[{host}]" if ":" in host else host
+    print(f"loopback-agent collector on {scheme}://{where}:{port}/ ({db})", file=sys.stderr,
           flush=True)
     if auth is not None and not tls_cert:
         print("loopback-agent collector: warning: --auth kube-token without TLS: agents' "

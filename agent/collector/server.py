@@ -24,6 +24,7 @@ from agent.collector.docs import Body, split
 from agent.collector.intake import MAX_BATCH, MAX_BODY, BadRequest, Intake
 from agent.collector.page import render_page
 from agent.collector.store import Store
+from agent.listen import on_every_address, split_listen
 
 __all__ = ["MAX_BATCH", "MAX_BODY", "BadRequest", "Collector", "serve"]
 
@@ -142,7 +143,9 @@ def serve(listen: str, store: Store, token_file: str | None = None, *,
     from agent.collector.tls import TLSFiles
     from agent.collector.web import CollectorServer
 
-    host, _, port = listen.rpartition(":")
+    host, port = split_listen(listen)
     tls = TLSFiles(tls_cert, tls_key) if tls_cert and tls_key else None
-    return CollectorServer(Collector(store, token_file, authenticator), host or "0.0.0.0",
-                           int(port), tls)
+    collector = Collector(store, token_file, authenticator)
+    if host:
+        return CollectorServer(collector, host, port, tls)
+    return on_every_address(lambda h: CollectorServer(collector, h, port, tls))

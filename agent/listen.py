@@ -1,0 +1,43 @@
+"""Where a server listens: "HOST:PORT", "[IPV6]:PORT", or ":PORT" for every address of
+the host, IPv6 and IPv4 alike where it has IPv6 (an IPv6-only cluster probes and scrapes
+pods on IPv6; a socket on 0.0.0.0 refuses it, and the kubelet restarts the pod)."""
+
+from __future__ import annotations
+
+import errno
+import socket
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+# what an IPv6 socket fails with where the kernel has no IPv6 (booted with ipv6.disable=1;
+# disable_ipv6 sysctls leave "::" bindable, IPv4 reaching it)
+_NO_IPV6 = (errno.EAFNOSUPPORT, errno.EPROTONOSUPPORT)
+
+
+def split_listen(text: str) -> tuple[str, int]:
+    """(host, port) of "HOST:PORT" ("" for every address; an IPv6 one without its
+    brackets)."""
+    host, _, port = text.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def family_of(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def dual_stack(sock: socket.socket, host: str) -> None:
+    """An IPv6 socket on "::" takes IPv4 connections too (as ::ffff:a.b.c.d), whatever
+    net.ipv6.bindv6only says."""
+    if sock.family == socket.AF_INET6 and host == "::":
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+
+
+def on_every_address(bind: Callable[[str], T]) -> T:
+    """``bind("::")``, or ``bind("0.0.0.0")`` where the host has no IPv6."""
+    try:
+        return bind("::")
+    except OSError as e:
+        if e.errno not in _NO_IPV6:
+            raise
+    return bind("0.0.0.0")
