@@ -83,9 +83,15 @@ def _listen(text: str) -> str:
     """'HOST:PORT', '[IPV6]:PORT', ':PORT' (every address) or '' (off)."""
     if text == "":
         return text
-    _, sep, port = text.rpartition(":")
+    host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"not HOST:PORT: {text!r} (try :9808)")
+    if "/" in host:
+        raise argparse.ArgumentTypeError(f"not HOST:PORT: {text!r} (an address, not a URL: "
+                                         "try :9808)")
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise argparse.ArgumentTypeError(f"not HOST:PORT: {text!r} (an IPv6 address goes in "
+                                         "brackets: [::1]:9808)")
     return text
 
 
@@ -652,7 +658,7 @@ def _capture(args: argparse.Namespace, prepared: Prepared):  # type: ignore[no-u
 
 
 def _run(args: argparse.Namespace) -> int:
-    from agent.daemon import Daemon, DaemonConfig
+    from agent.daemon import Daemon, DaemonConfig, ListenError
 
     if not args.collector:
         print("loopback-agent: no --collector: verdicts go to the spool only (and their "
@@ -673,7 +679,10 @@ def _run(args: argparse.Namespace) -> int:
         kube_json=args.kube_json, cycles=args.cycles,
         max_finding_series=args.max_finding_series, kube_report=args.kube_report,
         reread_cpu=args.reread_cpu)
-    return Daemon(cfg).run()
+    try:
+        return Daemon(cfg).run()
+    except ListenError as e:
+        raise _Exit(EXIT_CANTCREAT, str(e)) from e
 
 
 def _collector(args: argparse.Namespace) -> int:

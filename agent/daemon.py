@@ -623,11 +623,19 @@ class Daemon:
                 self.end_headers()
                 self.wfile.write(body)
 
-        if host:
-            self._server = BoundedHTTPServer((host, port), Handler)
-        else:
-            self._server = on_every_address(lambda h: BoundedHTTPServer((h, port), Handler))
+        try:
+            if host:
+                self._server = BoundedHTTPServer((host, port), Handler)
+            else:
+                self._server = on_every_address(
+                    lambda h: BoundedHTTPServer((h, port), Handler))
+        except OSError as e:  # (in use, not this host's address, a name that resolves not)
+            raise ListenError(f"cannot listen on {listen}: {e.strerror or e}") from e
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+
+class ListenError(Exception):
+    """--listen cannot be served (the command says so and exits 73, not as a bug)."""
 
 
 def log(msg: str) -> None:

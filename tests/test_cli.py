@@ -242,9 +242,16 @@ def test_capture_needs_the_live_node_and_a_duration() -> None:
 
 
 def test_bad_listen_address_is_a_usage_error() -> None:
-    for cmd in (["run", "--listen", "nowhere"], ["collector", "--listen", "host:99999"]):
+    for cmd, why in ((["run", "--listen", "nowhere"], "(try :9808)"),
+                     (["collector", "--listen", "host:99999"], "(try :9808)"),
+                     # an IPv6 address without brackets was read as host ":" port 1, and
+                     # binding it an internal error
+                     (["run", "--listen", "::1"], "goes in brackets: [::1]:9808"),
+                     (["collector", "--listen", "fe80::1:8080"], "goes in brackets"),
+                     (["run", "--listen", "http://[::1]:80"], "not a URL")):
         r = run(*cmd)
-        assert r.returncode == 64 and "not HOST:PORT" in r.stderr
+        assert r.returncode == 64 and "not HOST:PORT" in r.stderr and why in r.stderr, \
+            (cmd, r.stderr)
 
 
 def test_bad_environment_value_names_the_variable() -> None:

@@ -160,6 +160,22 @@ def test_the_listener_answers_on_ipv6_and_ipv4(lab: Lab, tmp_path: Path) -> None
                 agent.send_signal(signal.SIGTERM)
                 _, err = agent.communicate(timeout=30)
             assert agent.returncode == 0 and "Traceback" not in err, err
+        # a port in use (node_exporter's, another agent's): said and exit 73, not an
+        # internal error (exit 70, "please report this") as before
+        holder = v6.popen([sys.executable, "-c", "import socket, sys, time\n"
+                           "s = socket.create_server(('127.0.0.1', 19812))\n"
+                           "print('ready', flush=True); time.sleep(60)"],
+                          stdout=subprocess.PIPE)
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+            busy = v6.run(*agent_cmd(tmp_path, "--listen", "127.0.0.1:19812", "--no-capture"),
+                          check=False)
+        finally:
+            holder.kill()
+            holder.wait()
+        assert busy.returncode == 73, busy.stderr
+        assert busy.stderr.endswith("loopback-agent: cannot listen on 127.0.0.1:19812: "
+                                    "Address already in use\n"), busy.stderr
 
 
 def test_sigterm_finishes_and_keeps_undelivered_verdicts(lab: Lab, tmp_path: Path) -> None:
