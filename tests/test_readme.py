@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,12 @@ def commands(block: str) -> list[str]:
     return out
 
 
+def is_demo_block(block: str) -> bool:
+    """Is ``block`` `make demo` alone? tests/test_demo.py runs that block, as written,
+    and checks its story: running it here too cost the suite 22 s a second time."""
+    return [shlex.split(line, comments=True) for line in commands(block)] == [["make", "demo"]]
+
+
 def run_script(lines: list[str], cwd: Path, prefix: list[str], rc_file: Path,
                timeout: float) -> subprocess.CompletedProcess[str]:
     """One bash for all ``lines``, writing each line's exit status to ``rc_file``."""
@@ -70,6 +77,7 @@ def check_statuses(lines: list[str], rc_file: Path, proc: subprocess.CompletedPr
 def test_the_readme_marks_what_a_newcomer_runs() -> None:
     repo = "".join(blocks("repo"))
     assert "make demo" in repo and "loopback-agent check --from" in repo
+    assert is_demo_block(blocks("repo")[0])  # the first thing a newcomer runs
     node = "".join(blocks("node"))
     for needed in ("loopback-agent check   ", "--capture", "loopback-agent bundle",
                    "iptables-save >", "check --from lb-bundle", "check --snapshot"):
@@ -77,7 +85,9 @@ def test_the_readme_marks_what_a_newcomer_runs() -> None:
     assert set(kind for kind, _ in _BLOCK.findall(README.read_text())) <= {"", "node"}
 
 
-@pytest.mark.parametrize("index", range(len(blocks("repo"))))
+# (`make demo` is tests/test_demo.py's test_the_story_end_to_end)
+@pytest.mark.parametrize("index", [i for i, b in enumerate(blocks("repo"))
+                                   if not is_demo_block(b)])
 def test_repo_block(index: int, tmp_path: Path) -> None:
     lines = commands(blocks("repo")[index])
     rc_file = tmp_path / "rc"

@@ -99,8 +99,7 @@ def load_bundle(path: str | Path) -> NodeSnapshot:
         texts = _dir_texts(p)  # one file at a time: each text is dropped once read
     elif p.exists():
         # the file the user named: a symlink to it is fine (one inside a directory is not)
-        texts = [(str(p), read_text_file(p, str(p), MAX_FILE_BYTES, follow=True),  # type: ignore[list-item]
-                  fmt.name_format(p.name))]
+        texts = [(str(p), read_input(str(p), str(p)), fmt.name_format(p.name))]
     else:
         raise InputError(str(path), None, "no such file or directory")
     return load_texts(texts, origin=f"bundle:{path}")
