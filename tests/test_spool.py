@@ -454,3 +454,34 @@ def test_spooling_and_shipping_a_big_verdict_costs_little_memory(tmp_path: Path)
     assert out["sent"] == 1 and out["text"] > 18_000_000, out
     assert [v["node"] for v in collector.received] == ["big"]
     assert out["grown_kib"] < 30 * 1024, f"peak RSS grew {out['grown_kib'] // 1024} MiB"
+
+
+def test_files_planted_under_verdict_names_never_take_real_verdicts_places(
+        tmp_path: Path) -> None:
+    """Regular files named as the spool names its verdicts, the newest names, within the
+    size a verdict may have: before, they counted against the bounds until read, so the
+    real verdicts were dropped to make room for them. Now, before any verdict is dropped,
+    each entry the spool neither wrote nor read back is checked: these are set aside."""
+    s = Spool(tmp_path, max_items=3)
+    for i in range(3):
+        s.put(verdict(i))
+    (tmp_path / name(99999999999999999998, "junk")).write_text('{"not": "gzip"}')
+    (tmp_path / name(99999999999999999999, "junk")).write_bytes(os.urandom(300))
+    s.put(verdict(3))  # 4 real ones for 3 places: the oldest, and only it, goes
+    assert [it.verdict["seq"] for it in s.items()] == [1, 2, 3]
+    assert s.dropped == 1 and s.corrupt == 2
+    # by bytes: a planted file near the byte bound, in a spool the next one fills
+    d = tmp_path / "bytes"
+    s = Spool(d, max_bytes=2000)
+    for i in range(3):
+        s.put(verdict(i))
+    (d / name(99999999999999999999, "junk")).write_bytes(b"\x1f\x8b" + os.urandom(1500))
+    s.put(verdict(3))
+    assert [it.verdict["seq"] for it in s.items()] == [0, 1, 2, 3]
+    assert s.dropped == 0 and s.corrupt == 1
+    # a previous run's real verdicts are checked too, and kept: they are verdicts
+    s = Spool(d, max_bytes=2000)
+    for i in range(4, 40):
+        s.put({**verdict(i), "pad": os.urandom(40).hex()})
+    kept = [it.verdict["seq"] for it in s.items()]
+    assert kept[-1] == 39 and s.corrupt == 0 and s.bytes() <= 2000

@@ -14,7 +14,9 @@ The directory is a hostPath on the node, so anything may appear in it. Only regu
 named as ``put`` names them are verdicts; any other entry with such a name (a symlink, a
 directory, a FIFO, a device, a file larger than a verdict may be) is set aside (renamed
 NAME.corrupt) without being opened, followed or counted: it can neither be shipped, nor
-block a read, nor evict real verdicts. An entry with a name ``put`` never writes is not
+block a read, nor evict real verdicts; a regular file under such a name that the spool
+did not write is read back and checked before any verdict is dropped to make room for it
+(not a verdict: set aside). An entry with a name ``put`` never writes is not
 the spool's: it is left alone (reported once, never read, renamed or deleted), so a
 --spool pointed at a shared directory by mistake (/tmp, a manifests directory) loses
 nobody's files. A verdict file is read with
@@ -128,6 +130,9 @@ class Spool:
         self.problems: list[str] = []
         self._unmovable: set[str] = set()  # set-aside candidates a rename failed for
         self._foreign: set[str] = set()  # *.json entries not named as put() names them
+        # verdicts this spool wrote or read back whole: the others (a previous run's, or
+        # planted) are checked before a real verdict is dropped to make room for them
+        self._known: set[str] = set()
         self._last_ns = 0
         # leftovers of a write interrupted by a crash: never renamed, so never complete
         for tmp in self.dir.glob(_TMP_PREFIX + "*"):
@@ -179,6 +184,7 @@ class Spool:
             raise SpoolWriteError(e.errno, f"cannot spool a verdict in {self.dir}: "
                                            f"{e.strerror or e}") from e
         self._fsync_dir()
+        self._known.add(name)
         self._enforce_bounds()
         return key
 
@@ -211,18 +217,9 @@ class Spool:
         readable verdict is moved aside as NAME.corrupt, counted and reported; the others
         are still delivered."""
         for name, _ in self._scan():
-            try:
-                raw = self._read(name)
-                plain_size = _checked(raw)
-            except FileNotFoundError:
-                continue  # removed meanwhile (sent by someone else, or dropped)
-            except (OSError, ValueError, RecursionError, _SetAside) as e:
-                # RecursionError: JSON nested deeper than the parser goes
-                why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-                if self._set_aside_corrupt(name, f"unreadable: {why}"):
-                    self._prune_set_aside()
-                continue
-            yield SpoolItem(name, raw, len(raw), plain_size)
+            got = self._read_checked(name)
+            if got is not None:
+                yield SpoolItem(name, got[0], len(got[0]), got[1])
 
     def take_problems(self) -> list[str]:
         """What went wrong since the last call (for the log), oldest first."""
@@ -343,6 +340,9 @@ class Spool:
 
     def _enforce_bounds(self) -> None:
         entries = self._scan()
+        self._known.intersection_update(name for name, _ in entries)
+        if self._over(entries) and self._check_unknown(entries):
+            entries = self._scan()  # (without what was set aside)
         total = sum(size for _, size in entries)
         i = 0
         # keep at least the newest verdict even if it alone exceeds the byte bound
@@ -354,6 +354,37 @@ class Spool:
             i += 1
         if i:
             self._fsync_dir()
+
+    def _over(self, entries: list[tuple[str, int]]) -> bool:
+        return len(entries) > self.max_items or sum(size for _, size in entries) > self.max_bytes
+
+    def _check_unknown(self, entries: list[tuple[str, int]]) -> bool:
+        """Read back (one at a time, bounded) each entry named as a verdict that this
+        spool neither wrote nor read: a file planted under such a name must not take a
+        real verdict's place. True when one was set aside."""
+        before = self.corrupt
+        for name, _ in entries:
+            if name not in self._known:
+                self._read_checked(name)
+        return self.corrupt != before
+
+    def _read_checked(self, name: str) -> tuple[bytes, int] | None:
+        """The entry's bytes and the size of its JSON text; None when it is gone (sent
+        by someone else, or dropped) or is not a readable verdict: then it is set aside
+        as NAME.corrupt, counted and reported."""
+        try:
+            raw = self._read(name)
+            plain_size = _checked(raw)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, RecursionError, _SetAside) as e:
+            # RecursionError: JSON nested deeper than the parser goes
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            if self._set_aside_corrupt(name, f"unreadable: {why}"):
+                self._prune_set_aside()
+            return None
+        self._known.add(name)
+        return raw, plain_size
 
     def _fsync_dir(self) -> None:
         fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
