@@ -95,6 +95,13 @@ def _listen(text: str) -> str:
     return text
 
 
+def _listen_somewhere(text: str) -> str:
+    """_listen without '' (the collector is nothing but its listener)."""
+    if text == "":
+        raise argparse.ArgumentTypeError("the collector must listen somewhere (try :8080)")
+    return _listen(text)
+
+
 def _cpu_percent(text: str) -> float:
     """A share of one CPU in percent, above 0 and at most 100 ("10", "2.5", "10%")."""
     try:
@@ -284,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="An HTTP service: POST /v1/verdicts, GET /v1/nodes, /v1/nodes/NODE, "
                     "/v1/services, /metrics, /healthz, /openapi.json and / (the fleet page). "
                     "Options also read LOOPBACK_AGENT_<OPTION> from the environment.")
-    _env_opt(col, "--listen", metavar="HOST:PORT", default=":8080", type=_listen,
+    _env_opt(col, "--listen", metavar="HOST:PORT", default=":8080", type=_listen_somewhere,
              help="where to listen (default :8080: every address, IPv6 and IPv4)")
     _env_opt(col, "--db", metavar="URL", default="sqlite:///var/lib/loopback-agent/collector.db",
              help="sqlite:///PATH or postgresql://USER@HOST/DB (default "
@@ -392,7 +399,7 @@ def load_snapshot(args: argparse.Namespace) -> NodeSnapshot:
         try:
             snap = load_bundle(args.from_dir)
         except InputError as e:
-            raise _Exit(EXIT_DATAERR, str(e)) from e
+            raise _Exit(_input_exit(e), str(e)) from e
         for u in snap.unknowns:
             if not u.reason.startswith("not given") and u.source != "kube-proxy":
                 print(f"loopback-agent: warning: {u.source}: {u.reason}", file=sys.stderr)
@@ -402,13 +409,13 @@ def load_snapshot(args: argparse.Namespace) -> NodeSnapshot:
 
         path = args.snapshot
         name = "<stdin>" if path == "-" else path
-        if path != "-" and not os.path.lexists(path):
+        if path != "-" and not os.path.exists(path):
             raise _Exit(EXIT_NOINPUT, f"{name}: no such file or directory")
         try:
             # (bounded, never blocking on a FIFO nor reading a device: as --from reads)
             text = read_input(path, name)
         except InputError as e:
-            raise _Exit(EXIT_DATAERR, str(e)) from e
+            raise _Exit(_input_exit(e), str(e)) from e
         try:
             snap = NodeSnapshot.from_json(text)
         except json.JSONDecodeError as e:
@@ -432,6 +439,14 @@ def load_snapshot(args: argparse.Namespace) -> NodeSnapshot:
         return with_kube_json(snap, Path(kube_dir))
     except InputError as e:
         raise _Exit(EXIT_DATAERR, str(e)) from e
+
+
+def _input_exit(e: InputError) -> int:
+    """66 for an input that cannot be read at all (not permitted, a FIFO, a device, a
+    directory named as a file), 65 for one read and found unusable."""
+    from agent.parse.text_file import UnreadableInput
+
+    return EXIT_NOINPUT if isinstance(e, UnreadableInput) else EXIT_DATAERR
 
 
 def _one_shot_gc() -> None:

@@ -41,7 +41,8 @@ RESERVED_LOCAL = 16
 def from_this_host(request: Any, client: str) -> bool:
     """A connection from this node: loopback, or to the very address it comes from."""
     try:
-        return client.startswith("127.") or client in ("::1", "::ffff:127.0.0.1") or \
+        # (on the dual-stack socket an IPv4 client is ::ffff:a.b.c.d)
+        return client.removeprefix("::ffff:").startswith("127.") or client == "::1" or \
             client == request.getsockname()[0]
     except OSError:
         return False

@@ -120,6 +120,15 @@ def test_run_ships_verdicts_and_serves_metrics(lab: Lab, tmp_path: Path) -> None
     assert "Traceback" not in err
 
 
+_FROM_127_0_0_2 = """
+import http.client, sys
+c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=5,
+                               source_address=("127.0.0.2", 0))
+c.request("GET", "/verdict")
+print(c.getresponse().status)
+"""
+
+
 def refused(ns: Netns, host: str, port: int) -> bool:
     script = ("import socket, sys\n"
               "try:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), 5)\n"
@@ -153,6 +162,9 @@ def test_the_listener_answers_on_ipv6_and_ipv4(lab: Lab, tmp_path: Path) -> None
                         (listen, host)
                 for host in refuse:
                     assert refused(ns, host, port), (listen, host)
+                if listen == ":19809":  # any loopback source is this node (::ffff:127.0.0.2)
+                    assert ns.run(sys.executable, "-c", _FROM_127_0_0_2, str(port)
+                                  ).stdout.strip() == "200"
                 if node_ip in answer:
                     code, _ = fetch(lab, f"http://{node_ip}:{port}/verdict", "vpc")
                     assert code == 403

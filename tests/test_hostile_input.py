@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from agent.bundle import load_texts
 from agent.bundle import sections as fmt
 from agent.errors import InputError
 from agent.netfilter.rules_text import RulesText, read_rules_text, settle
+from agent.parse.text_file import UnreadableInput, read_text_file
 from agent.probes.kube_api import RawResponse, _parse
 from agent.probes.kube_proxy import read_config
 
@@ -32,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 BUNDLE = REPO / "tests" / "data" / "bundles" / "tke-etp-local"
 DEEP_JSON = "[" * 20_000 + "]" * 20_000  # (the recursion limit is 1000 levels)
 DEEP_YAML = "spec: " + "[" * 5_000 + "]" * 5_000 + "\n"
-EXIT_DATAERR, EXIT_SOFTWARE = 65, 70
+EXIT_DATAERR, EXIT_NOINPUT = 65, 66
 
 
 def agent(*args: str) -> subprocess.CompletedProcess[str]:
@@ -154,9 +156,11 @@ def odd_files(tmp_path: Path) -> dict[str, Path]:
 @pytest.mark.parametrize("kind", ["fifo", "device", "directory", "3 GiB"])
 def test_a_snapshot_that_is_no_regular_file_or_too_big_is_refused_at_once(
         odd_files: dict[str, Path], kind: str) -> None:
-    # before: a FIFO hung for ever, /dev/zero took 14 GB in 20 s, 3 GiB was read whole
+    # before: a FIFO hung for ever, /dev/zero took 14 GB in 20 s, 3 GiB was read whole;
+    # what cannot be read at all is 66 (as a missing file), what is read and bad 65
     proc = agent("check", "--snapshot", str(odd_files[kind]))
-    assert proc.returncode == EXIT_DATAERR, proc.stderr
+    assert proc.returncode == (EXIT_DATAERR if kind == "3 GiB" else EXIT_NOINPUT), \
+        proc.stderr
     assert proc.stderr.startswith(f"loopback-agent: {odd_files[kind]}: ")
     assert ("not a regular file" if kind != "3 GiB" else "larger than 256 MiB") in proc.stderr
 
@@ -191,3 +195,34 @@ def test_standard_input_that_is_not_utf8_names_the_line_and_column() -> None:
                           env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
     assert proc.returncode == EXIT_DATAERR, proc.stderr
     assert b"<stdin>:2: not UTF-8 text (byte 0xff at column 9)" in proc.stderr
+
+
+def test_a_fifo_or_device_named_as_input_is_never_opened(tmp_path: Path) -> None:
+    """Its type is read through O_PATH before any open for reading (opening a device may
+    act: a watchdog arms). Seen on a FIFO: a writer blocked in open() is released by any
+    reader's open, which the old O_NONBLOCK open was."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    released = threading.Event()
+
+    def writer() -> None:
+        with open(fifo, "wb"):  # blocks until someone opens the FIFO for reading
+            released.set()
+
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    try:
+        for follow in (False, True):
+            with pytest.raises(UnreadableInput, match="not a regular file"):
+                read_text_file(fifo, "fifo", 1 << 20, follow=follow)
+        assert not released.wait(0.5), "the FIFO was opened for reading"
+    finally:
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # (lets the writer go)
+        t.join(5)
+
+
+def test_a_dangling_symlink_named_as_a_snapshot_is_a_missing_file(tmp_path: Path) -> None:
+    (tmp_path / "snap.json").symlink_to(tmp_path / "gone.json")
+    proc = agent("check", "--snapshot", str(tmp_path / "snap.json"))
+    assert proc.returncode == EXIT_NOINPUT, proc.stderr
+    assert "no such file or directory" in proc.stderr

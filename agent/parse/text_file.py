@@ -11,29 +11,40 @@ from pathlib import Path
 from agent.errors import InputError
 
 
+class UnreadableInput(InputError):
+    """The file cannot be read at all (missing, not permitted, not a regular file), as
+    opposed to read and found bad."""
+
+
 def read_text_file(file: Path, name: str, limit: int, follow: bool = False) -> str:
     """The file as UTF-8 text; a read failure, a file that is not regular (a FIFO, a
-    device: opened without blocking, never read), more than ``limit`` bytes or a bad byte
-    is an InputError."""
-    nofollow = 0 if follow else getattr(os, "O_NOFOLLOW", 0)
+    device, a directory: never opened for reading), more than ``limit`` bytes or a bad
+    byte is an InputError (UnreadableInput for the first two)."""
+    nofollow = 0 if follow else os.O_NOFOLLOW
     try:
-        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | nofollow)
+        # O_PATH first: the file's type is known before it is opened for reading (opening
+        # a device may act: a watchdog arms, a tape rewinds); the read then reopens that
+        # very file through /proc/self/fd, so nothing swapped in between is read
+        where = os.open(file, os.O_PATH | nofollow | os.O_CLOEXEC)
     except OSError as e:
-        raise InputError(name, None, f"cannot read: {e.strerror or e}") from None
+        raise UnreadableInput(name, None, f"cannot read: {e.strerror or e}") from None
+    fd = -1
     try:
-        st = os.fstat(fd)
+        st = os.fstat(where)
         if not stat.S_ISREG(st.st_mode):
-            raise InputError(name, None, "not a regular file")
+            raise UnreadableInput(name, None, "not a regular file")
         if st.st_size > limit:
             raise InputError(name, None, f"{st.st_size} bytes: larger than {_size(limit)}")
+        fd = os.open(f"/proc/self/fd/{where}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         with os.fdopen(fd, "rb") as fh:
             fd = -1
             data = fh.read(limit + 1)
     except OSError as e:
-        raise InputError(name, None, f"cannot read: {e.strerror or e}") from None
+        raise UnreadableInput(name, None, f"cannot read: {e.strerror or e}") from None
     finally:
         if fd >= 0:
             os.close(fd)
+        os.close(where)
     if len(data) > limit:  # (grown since fstat, or a size the kernel does not give)
         raise InputError(name, None, f"larger than {_size(limit)}")
     return decode_text(data, name)

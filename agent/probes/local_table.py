@@ -49,7 +49,8 @@ def _protocol_names() -> dict[int, str]:
     names = dict(_PROTOCOLS)
     for path in (Path("/etc/iproute2/rt_protos"), Path("/usr/share/iproute2/rt_protos")):
         try:
-            text = path.read_text()
+            # (a byte that is not UTF-8 in a name there cost every local route)
+            text = path.read_bytes().decode("utf-8", "replace")
         except OSError:
             continue
         for line in text.splitlines():

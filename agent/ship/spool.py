@@ -31,6 +31,7 @@ nor parsed on the way out (the sender inflates and re-gzips it a MiB at a time).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -130,9 +131,10 @@ class Spool:
         self.problems: list[str] = []
         self._unmovable: set[str] = set()  # set-aside candidates a rename failed for
         self._foreign: set[str] = set()  # *.json entries not named as put() names them
-        # verdicts this spool wrote or read back whole: the others (a previous run's, or
-        # planted) are checked before a real verdict is dropped to make room for them
-        self._known: set[str] = set()
+        # verdicts this spool wrote or read back whole, by name and file identity (a file
+        # written over one since is not it): the others (a previous run's, or planted)
+        # are checked before a real verdict is dropped to make room for them
+        self._known: dict[str, tuple[int, int, int]] = {}
         self._last_ns = 0
         # leftovers of a write interrupted by a crash: never renamed, so never complete
         for tmp in self.dir.glob(_TMP_PREFIX + "*"):
@@ -184,7 +186,8 @@ class Spool:
             raise SpoolWriteError(e.errno, f"cannot spool a verdict in {self.dir}: "
                                            f"{e.strerror or e}") from e
         self._fsync_dir()
-        self._known.add(name)
+        with contextlib.suppress(OSError):
+            self._known[name] = _identity(os.lstat(self.dir / name))
         self._enforce_bounds()
         return key
 
@@ -216,10 +219,16 @@ class Spool:
         """Oldest first, read one at a time (memory: one verdict). An entry that is not a
         readable verdict is moved aside as NAME.corrupt, counted and reported; the others
         are still delivered."""
-        for name, _ in self._scan():
-            got = self._read_checked(name)
-            if got is not None:
-                yield SpoolItem(name, got[0], len(got[0]), got[1])
+        moved = False
+        try:
+            for name, _ in self._scan():
+                got = self._read_checked(name)
+                if isinstance(got, tuple):
+                    yield SpoolItem(name, got[0], len(got[0]), got[1])
+                moved = moved or got is True
+        finally:
+            if moved:  # (once: pruning after each of thousands was quadratic)
+                self._prune_set_aside()
 
     def take_problems(self) -> list[str]:
         """What went wrong since the last call (for the log), oldest first."""
@@ -264,13 +273,14 @@ class Spool:
         good.sort()
         return good
 
-    def _read(self, name: str) -> bytes:
+    def _read(self, name: str) -> tuple[bytes, os.stat_result]:
         # O_NOFOLLOW: a symlink swapped in since the listing fails (ELOOP), never read;
         # O_NONBLOCK: a FIFO swapped in cannot block the daemon (fstat refuses it next)
         fd = os.open(self.dir / name,
                      os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
-            why = _not_a_verdict(os.fstat(fd), self.max_file_bytes)
+            st = os.fstat(fd)
+            why = _not_a_verdict(st, self.max_file_bytes)
             if why:
                 raise _SetAside(why)
             chunks, left = [], self.max_file_bytes + 1
@@ -282,7 +292,7 @@ class Spool:
                 left -= len(chunk)
             if left <= 0:
                 raise _SetAside(f"grew past {self.max_file_bytes} bytes while read")
-            return b"".join(chunks)
+            return b"".join(chunks), st
         finally:
             os.close(fd)
 
@@ -340,7 +350,9 @@ class Spool:
 
     def _enforce_bounds(self) -> None:
         entries = self._scan()
-        self._known.intersection_update(name for name, _ in entries)
+        if len(self._known) > len(entries):  # (sent, dropped, or removed by someone)
+            listed = {name for name, _ in entries}
+            self._known = {k: v for k, v in self._known.items() if k in listed}
         if self._over(entries) and self._check_unknown(entries):
             entries = self._scan()  # (without what was set aside)
         total = sum(size for _, size in entries)
@@ -362,28 +374,35 @@ class Spool:
         """Read back (one at a time, bounded) each entry named as a verdict that this
         spool neither wrote nor read: a file planted under such a name must not take a
         real verdict's place. True when one was set aside."""
-        before = self.corrupt
+        moved = False
         for name, _ in entries:
-            if name not in self._known:
-                self._read_checked(name)
-        return self.corrupt != before
+            known = self._known.get(name)
+            if known is not None:
+                try:
+                    if _identity(os.lstat(self.dir / name)) == known:
+                        continue
+                except OSError:
+                    continue  # gone meanwhile
+            moved |= self._read_checked(name) is True
+        if moved:
+            self._prune_set_aside()  # (once: after each of thousands it was quadratic)
+        return moved
 
-    def _read_checked(self, name: str) -> tuple[bytes, int] | None:
-        """The entry's bytes and the size of its JSON text; None when it is gone (sent
-        by someone else, or dropped) or is not a readable verdict: then it is set aside
-        as NAME.corrupt, counted and reported."""
+    def _read_checked(self, name: str) -> tuple[bytes, int] | bool:
+        """The entry's bytes and the size of its JSON text; True when it is not a
+        readable verdict and was set aside as NAME.corrupt (counted and reported; the
+        caller prunes the set-aside files), False when it is gone (sent by someone else,
+        or dropped) or could not be moved."""
         try:
-            raw = self._read(name)
+            raw, st = self._read(name)
             plain_size = _checked(raw)
         except FileNotFoundError:
-            return None
+            return False
         except (OSError, ValueError, RecursionError, _SetAside) as e:
             # RecursionError: JSON nested deeper than the parser goes
             why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-            if self._set_aside_corrupt(name, f"unreadable: {why}"):
-                self._prune_set_aside()
-            return None
-        self._known.add(name)
+            return self._set_aside_corrupt(name, f"unreadable: {why}")
+        self._known[name] = _identity(st)
         return raw, plain_size
 
     def _fsync_dir(self) -> None:
@@ -392,6 +411,12 @@ class Spool:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int]:
+    """Which file a name holds: another one written there since (or this one written
+    over) is not the verdict the spool wrote or read."""
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _not_a_verdict(st: os.stat_result, max_bytes: int) -> str | None:
