@@ -409,8 +409,13 @@ def load_snapshot(args: argparse.Namespace) -> NodeSnapshot:
 
         path = args.snapshot
         name = "<stdin>" if path == "-" else path
-        if path != "-" and not os.path.exists(path):
-            raise _Exit(EXIT_NOINPUT, f"{name}: no such file or directory")
+        try:
+            if path != "-":
+                os.stat(path)
+        except FileNotFoundError:  # (a dangling symlink too; any other error: read below)
+            raise _Exit(EXIT_NOINPUT, f"{name}: no such file or directory") from None
+        except OSError:
+            pass
         try:
             # (bounded, never blocking on a FIFO nor reading a device: as --from reads)
             text = read_input(path, name)

@@ -226,3 +226,28 @@ def test_a_dangling_symlink_named_as_a_snapshot_is_a_missing_file(tmp_path: Path
     proc = agent("check", "--snapshot", str(tmp_path / "snap.json"))
     assert proc.returncode == EXIT_NOINPUT, proc.stderr
     assert "no such file or directory" in proc.stderr
+
+
+_WITHOUT_PROC = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+# a mount namespace of this process alone, /proc an empty tmpfs there (a chroot, a
+# rescue shell): the host's mounts are untouched
+assert libc.unshare(0x00020000) == 0, ctypes.get_errno()  # CLONE_NEWNS
+assert libc.mount(b"none", b"/", None, 0x4000 | (1 << 18), None) == 0  # MS_REC|MS_PRIVATE
+assert libc.mount(b"none", b"/proc", b"tmpfs", 0, None) == 0, ctypes.get_errno()
+from agent.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_inputs_are_read_without_proc() -> None:
+    """The reopen through /proc/self/fd falls back to the path (checked to be the same
+    file) where /proc is not mounted: the first version of the O_PATH read lost every
+    file there ("cannot read: No such file or directory")."""
+    for given in (BUNDLE, BUNDLE / "iptables-save.txt"):
+        proc = subprocess.run([sys.executable, "-c", _WITHOUT_PROC, "check", "--from",
+                               str(given)], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+        assert proc.returncode in (0, 1), proc.stderr
+        assert "cannot read" not in proc.stderr, proc.stderr

@@ -513,3 +513,20 @@ def test_a_verdict_written_over_is_checked_again_and_many_planted_files_cost_lit
     assert time.process_time() - t0 < 10  # (quadratic: 24 s of CPU; linear: about 1 s)
     assert [it.verdict["seq"] for it in s.items()] == [1, 2, 3] and s.corrupt == 8000
     assert len(list(d.glob("*.corrupt"))) == 100  # the set-aside files' own bound
+
+
+def test_junk_written_over_a_verdict_with_its_old_times_is_still_checked(
+        tmp_path: Path) -> None:
+    """Same size and the old mtime put back (utime): the ctime, which a write cannot set
+    back, still tells the file apart (the reviewer's forgery)."""
+    s = Spool(tmp_path, max_items=3)
+    for i in range(3):
+        s.put(verdict(i))
+    newest = tmp_path / s.names()[-1]
+    st = newest.stat()
+    time.sleep(0.05)  # (past the file clock's tick: a forger has all the time it wants)
+    newest.write_bytes(os.urandom(st.st_size))
+    os.utime(newest, ns=(st.st_atime_ns, st.st_mtime_ns))
+    s.put(verdict(3))
+    assert [it.verdict["seq"] for it in s.items()] == [0, 1, 3]
+    assert s.dropped == 0 and s.corrupt == 1

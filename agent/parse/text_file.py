@@ -4,6 +4,7 @@ naming the file (and the line of a bad byte)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -20,12 +21,15 @@ def read_text_file(file: Path, name: str, limit: int, follow: bool = False) -> s
     """The file as UTF-8 text; a read failure, a file that is not regular (a FIFO, a
     device, a directory: never opened for reading), more than ``limit`` bytes or a bad
     byte is an InputError (UnreadableInput for the first two)."""
-    nofollow = 0 if follow else os.O_NOFOLLOW
+    nofollow = 0 if follow else getattr(os, "O_NOFOLLOW", 0)
+    flags = os.O_RDONLY | os.O_NONBLOCK | nofollow | getattr(os, "O_CLOEXEC", 0)
+    o_path = getattr(os, "O_PATH", 0)
     try:
-        # O_PATH first: the file's type is known before it is opened for reading (opening
-        # a device may act: a watchdog arms, a tape rewinds); the read then reopens that
-        # very file through /proc/self/fd, so nothing swapped in between is read
-        where = os.open(file, os.O_PATH | nofollow | os.O_CLOEXEC)
+        # O_PATH first (Linux): the file's type is known before it is opened for reading
+        # (opening a device may act: a watchdog arms, a tape rewinds); the read then
+        # reopens that very file through /proc/self/fd, so nothing swapped in between
+        # is read. Elsewhere (no O_PATH): opened without blocking, then fstat.
+        where = os.open(file, (o_path | nofollow | os.O_CLOEXEC) if o_path else flags)
     except OSError as e:
         raise UnreadableInput(name, None, f"cannot read: {e.strerror or e}") from None
     fd = -1
@@ -35,7 +39,7 @@ def read_text_file(file: Path, name: str, limit: int, follow: bool = False) -> s
             raise UnreadableInput(name, None, "not a regular file")
         if st.st_size > limit:
             raise InputError(name, None, f"{st.st_size} bytes: larger than {_size(limit)}")
-        fd = os.open(f"/proc/self/fd/{where}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = _reopened(where, file, flags, st) if o_path else os.dup(where)
         with os.fdopen(fd, "rb") as fh:
             fd = -1
             data = fh.read(limit + 1)
@@ -48,6 +52,22 @@ def read_text_file(file: Path, name: str, limit: int, follow: bool = False) -> s
     if len(data) > limit:  # (grown since fstat, or a size the kernel does not give)
         raise InputError(name, None, f"larger than {_size(limit)}")
     return decode_text(data, name)
+
+
+def _reopened(where: int, file: Path, flags: int, st: os.stat_result) -> int:
+    """The O_PATH descriptor's file opened for reading: through /proc/self/fd, or, with
+    no /proc (a chroot, a rescue shell), by its path again, if that is still the file
+    whose type was read (the same device and inode), else an OSError."""
+    try:
+        return os.open(f"/proc/self/fd/{where}", flags & ~os.O_NOFOLLOW)
+    except FileNotFoundError:
+        pass
+    fd = os.open(file, flags)
+    again = os.fstat(fd)
+    if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino):
+        os.close(fd)
+        raise OSError(errno.ESTALE, "replaced while it was read")
+    return fd
 
 
 def decode_text(data: bytes, name: str) -> str:

@@ -134,7 +134,7 @@ class Spool:
         # verdicts this spool wrote or read back whole, by name and file identity (a file
         # written over one since is not it): the others (a previous run's, or planted)
         # are checked before a real verdict is dropped to make room for them
-        self._known: dict[str, tuple[int, int, int]] = {}
+        self._known: dict[str, tuple[int, ...]] = {}
         self._last_ns = 0
         # leftovers of a write interrupted by a crash: never renamed, so never complete
         for tmp in self.dir.glob(_TMP_PREFIX + "*"):
@@ -413,10 +413,11 @@ class Spool:
             os.close(fd)
 
 
-def _identity(st: os.stat_result) -> tuple[int, int, int]:
+def _identity(st: os.stat_result) -> tuple[int, ...]:
     """Which file a name holds: another one written there since (or this one written
-    over) is not the verdict the spool wrote or read."""
-    return st.st_ino, st.st_size, st.st_mtime_ns
+    over) is not the verdict the spool wrote or read (ctime: a write cannot set it back,
+    as utime can set back the mtime)."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def _not_a_verdict(st: os.stat_result, max_bytes: int) -> str | None:
