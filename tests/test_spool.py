@@ -456,15 +456,21 @@ def test_spooling_and_shipping_a_big_verdict_costs_little_memory(tmp_path: Path)
     assert out["grown_kib"] < 30 * 1024, f"peak RSS grew {out['grown_kib'] // 1024} MiB"
 
 
+def filled(d: Path, **bounds: int) -> Spool:
+    """A spool in ``d`` holding verdicts 0, 1, 2 (full, with max_items=3)."""
+    s = Spool(d, **bounds)
+    for i in range(3):
+        s.put(verdict(i))
+    return s
+
+
 def test_files_planted_under_verdict_names_never_take_real_verdicts_places(
         tmp_path: Path) -> None:
     """Regular files named as the spool names its verdicts, the newest names, within the
     size a verdict may have: before, they counted against the bounds until read, so the
     real verdicts were dropped to make room for them. Now, before any verdict is dropped,
     each entry the spool neither wrote nor read back is checked: these are set aside."""
-    s = Spool(tmp_path, max_items=3)
-    for i in range(3):
-        s.put(verdict(i))
+    s = filled(tmp_path, max_items=3)
     (tmp_path / name(99999999999999999998, "junk")).write_text('{"not": "gzip"}')
     (tmp_path / name(99999999999999999999, "junk")).write_bytes(os.urandom(300))
     s.put(verdict(3))  # 4 real ones for 3 places: the oldest, and only it, goes
@@ -472,9 +478,7 @@ def test_files_planted_under_verdict_names_never_take_real_verdicts_places(
     assert s.dropped == 1 and s.corrupt == 2
     # by bytes: a planted file near the byte bound, in a spool the next one fills
     d = tmp_path / "bytes"
-    s = Spool(d, max_bytes=2000)
-    for i in range(3):
-        s.put(verdict(i))
+    s = filled(d, max_bytes=2000)
     (d / name(99999999999999999999, "junk")).write_bytes(b"\x1f\x8b" + os.urandom(1500))
     s.put(verdict(3))
     assert [it.verdict["seq"] for it in s.items()] == [0, 1, 2, 3]
@@ -493,19 +497,13 @@ def test_a_verdict_written_over_is_checked_again_and_many_planted_files_cost_lit
     written over the newest one it wrote is checked like any stranger, so it cannot take
     a real verdict's place. And thousands of planted files are set aside with one
     pruning of the set-aside files, not one each (8,000 took 24 s, quadratic)."""
-    s = Spool(tmp_path, max_items=3)
-    names = []
-    for i in range(3):
-        s.put(verdict(i))
-        names.append(s.names()[-1])
-    (tmp_path / names[-1]).write_bytes(os.urandom(200))  # over verdict 2
+    s = filled(tmp_path, max_items=3)
+    (tmp_path / s.names()[-1]).write_bytes(os.urandom(200))  # over verdict 2
     s.put(verdict(3))
     assert [it.verdict["seq"] for it in s.items()] == [0, 1, 3]
     assert s.dropped == 0 and s.corrupt == 1
     d = tmp_path / "many"
-    s = Spool(d, max_items=3)
-    for i in range(3):
-        s.put(verdict(i))
+    s = filled(d, max_items=3)
     for i in range(8000):
         (d / name(99999999999999990000 + i, "junk")).write_bytes(b"x")
     t0 = time.process_time()
@@ -519,9 +517,7 @@ def test_junk_written_over_a_verdict_with_its_old_times_is_still_checked(
         tmp_path: Path) -> None:
     """Same size and the old mtime put back (utime): the ctime, which a write cannot set
     back, still tells the file apart (the reviewer's forgery)."""
-    s = Spool(tmp_path, max_items=3)
-    for i in range(3):
-        s.put(verdict(i))
+    s = filled(tmp_path, max_items=3)
     newest = tmp_path / s.names()[-1]
     st = newest.stat()
     time.sleep(0.05)  # (past the file clock's tick: a forger has all the time it wants)
