@@ -71,6 +71,8 @@ class TokenFile:
     def token(self) -> str | None:
         try:
             st = self.path.stat()
+            if not stat.S_ISREG(st.st_mode):  # (never opened: opening a device may act)
+                raise OSError(errno.EINVAL, "not a regular file")
             if _stamp(st) != self._stamp:
                 self._token, self._stamp = self._read()
         except OSError as e:
