@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from agent.netfilter.rules_text import RulesText, read_rules_text, settle
 from agent.parse.text_file import UnreadableInput, read_text_file
 from agent.probes.kube_api import RawResponse, _parse
 from agent.probes.kube_proxy import read_config
+from tests.fifo import blocked_writer
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLE = REPO / "tests" / "data" / "bundles" / "tke-etp-local"
@@ -202,23 +202,11 @@ def test_a_fifo_or_device_named_as_input_is_never_opened(tmp_path: Path) -> None
     act: a watchdog arms). Seen on a FIFO: a writer blocked in open() is released by any
     reader's open, which the old O_NONBLOCK open was."""
     fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    released = threading.Event()
-
-    def writer() -> None:
-        with open(fifo, "wb"):  # blocks until someone opens the FIFO for reading
-            released.set()
-
-    t = threading.Thread(target=writer, daemon=True)
-    t.start()
-    try:
+    with blocked_writer(fifo) as released:
         for follow in (False, True):
             with pytest.raises(UnreadableInput, match="not a regular file"):
                 read_text_file(fifo, "fifo", 1 << 20, follow=follow)
         assert not released.wait(0.5), "the FIFO was opened for reading"
-    finally:
-        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # (lets the writer go)
-        t.join(5)
 
 
 def test_a_dangling_symlink_named_as_a_snapshot_is_a_missing_file(tmp_path: Path) -> None:

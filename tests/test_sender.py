@@ -22,6 +22,7 @@ from agent.cli import build_parser
 from agent.ship.auth import KUBE_TOKEN_AUDIENCE, KUBE_TOKEN_FILE
 from agent.ship.sender import Backoff, Sender, TokenFile, drain
 from agent.ship.spool import Spool
+from tests.fifo import blocked_writer
 
 
 class Collector:
@@ -275,22 +276,10 @@ def test_a_fifo_as_the_token_file_is_never_opened(tmp_path: Path) -> None:
     """Its type is read before any open (opening a device may act: a watchdog arms).
     Seen on a FIFO: a writer blocked in open() is released by any reader's open."""
     token = tmp_path / "token"
-    os.mkfifo(token)
-    released = threading.Event()
-
-    def writer() -> None:
-        with open(token, "wb"):  # blocks until someone opens the FIFO for reading
-            released.set()
-
-    t = threading.Thread(target=writer, daemon=True)
-    t.start()
-    try:
+    with blocked_writer(token) as released:
         tf = TokenFile(token)
         assert tf.token() is None and tf.problem == f"token file {token}: not a regular file"
         assert not released.wait(0.5), "the token FIFO was opened for reading"
-    finally:
-        os.close(os.open(token, os.O_RDONLY | os.O_NONBLOCK))  # (lets the writer go)
-        t.join(5)
 
 
 def test_batches_are_bounded_in_bytes_and_read_lazily(tmp_path: Path,
