@@ -411,8 +411,7 @@ class Daemon:
     def _where(self, v: Verdict, ikey: str | None) -> logline.Where:
         http = None
         if self.cfg.listen:
-            host, _, port = self.cfg.listen.rpartition(":")
-            host = host.strip("[]")
+            host, port = split_listen(self.cfg.listen)
             if host in ("", "0.0.0.0", "::"):  # served on every address: this node's own
                 host = "127.0.0.1"
             http = f"http://{f'[{host}]' if ':' in host else host}:{port}/verdict"

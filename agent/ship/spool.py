@@ -353,9 +353,11 @@ class Spool:
         if len(self._known) > len(entries):  # (sent, dropped, or removed by someone)
             listed = {name for name, _ in entries}
             self._known = {k: v for k, v in self._known.items() if k in listed}
-        if self._over(entries) and self._check_unknown(entries):
-            entries = self._scan()  # (without what was set aside)
         total = sum(size for _, size in entries)
+        if (len(entries) > self.max_items or total > self.max_bytes) and \
+                self._check_unknown(entries):
+            entries = self._scan()  # (without what was set aside)
+            total = sum(size for _, size in entries)
         i = 0
         # keep at least the newest verdict even if it alone exceeds the byte bound
         while i < len(entries) - 1 and (len(entries) - i > self.max_items
@@ -366,9 +368,6 @@ class Spool:
             i += 1
         if i:
             self._fsync_dir()
-
-    def _over(self, entries: list[tuple[str, int]]) -> bool:
-        return len(entries) > self.max_items or sum(size for _, size in entries) > self.max_bytes
 
     def _check_unknown(self, entries: list[tuple[str, int]]) -> bool:
         """Read back (one at a time, bounded) each entry named as a verdict that this
