@@ -5,6 +5,7 @@ pods on IPv6; a socket on 0.0.0.0 refuses it, and the kubelet restarts the pod).
 from __future__ import annotations
 
 import errno
+import ipaddress
 import socket
 from collections.abc import Callable
 from typing import TypeVar
@@ -23,7 +24,26 @@ def split_listen(text: str) -> tuple[str, int]:
 
 
 def family_of(host: str) -> socket.AddressFamily:
-    return socket.AF_INET6 if ":" in host else socket.AF_INET
+    """IPv6 for an IPv6 address, and for a name that has IPv6 addresses only (an
+    IPv6-only node's own name: an IPv4 socket failed to resolve it, "Temporary failure in
+    name resolution"); IPv4 for anything else, as the name's first IPv4 address is bound."""
+    if ":" in host:
+        return socket.AF_INET6
+    if not host or _is_ipv4(host):
+        return socket.AF_INET
+    try:
+        found = {ai[0] for ai in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+    except (OSError, UnicodeError):  # (bind names why: it resolves the name again)
+        return socket.AF_INET
+    return socket.AF_INET6 if found == {socket.AF_INET6} else socket.AF_INET
+
+
+def _is_ipv4(host: str) -> bool:
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def dual_stack(sock: socket.socket, host: str) -> None:

@@ -22,6 +22,7 @@ import requests
 from agent.listen import on_every_address
 from agent.ship.sender import Sender, drain
 from agent.ship.spool import Spool
+from tests.hosts import with_hosts
 
 TKE = Path(__file__).parent / "data" / "bundles" / "tke-etp-local"
 
@@ -393,6 +394,32 @@ def test_the_default_listener_takes_ipv6_and_ipv4(tmp_path: Path) -> None:
                 got = ns.run(sys.executable, "-c", _CLIENT, f"http://{host}:18090/healthz",
                              input="")
                 assert got.stdout.strip() == "200", got.stderr
+        finally:
+            proc.terminate()
+            proc.communicate(timeout=30)
+
+
+@pytest.mark.netns
+def test_a_name_with_ipv6_addresses_only_is_listened_on(tmp_path: Path) -> None:
+    """`--listen NAME:PORT`, the name having IPv6 addresses only: before, an IPv4 socket
+    tried to resolve it and the collector failed to start."""
+    from lab.netns import netns
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text("fd00:99::2 collector6.test\n")
+    with netns("lbc6n") as ns:
+        ns.sh("ip link set lo up && ip addr add fd00:99::2/128 dev lo nodad")
+        proc = ns.popen(with_hosts(hosts, [
+            sys.executable, "-m", "agent", "collector", "--listen", "collector6.test:18091",
+            "--db", f"sqlite://{tmp_path / 'c.db'}"]),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            assert proc.stderr is not None
+            line = proc.stderr.readline()
+            assert line.startswith("loopback-agent collector on "), line + proc.stderr.read()
+            got = ns.run(sys.executable, "-c", _CLIENT, "http://[fd00:99::2]:18091/healthz",
+                         input="")
+            assert got.stdout.strip() == "200", got.stderr
         finally:
             proc.terminate()
             proc.communicate(timeout=30)

@@ -20,6 +20,7 @@ from lab.netns import Netns, netns
 from lab.node import Lab, build_lab
 from lab.scenarios import SCENARIOS
 from tests.daemon_output import agrees, log_line, log_lines, spooled
+from tests.hosts import with_hosts
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces")]
@@ -205,6 +206,28 @@ def test_sigterm_finishes_and_keeps_undelivered_verdicts(lab: Lab, tmp_path: Pat
     assert time.monotonic() - t0 < 15  # the capture stops at once; shipping gets the grace
     assert "shipping failed" in err and "left in the spool" in err
     assert len(list((tmp_path / "spool").glob("*.json"))) >= 1
+
+
+def test_a_name_with_ipv6_addresses_only_is_listened_on(tmp_path: Path) -> None:
+    """`--listen NAME:PORT` where the name has IPv6 addresses only (an IPv6-only node's own
+    name): before, the socket's family was read from the text (no ":": IPv4) and the
+    agent exited 73, "Temporary failure in name resolution"."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("fd00:99::1 node6.test\n")
+    with netns("lb6n") as ns:
+        ns.sh("ip link set lo up && ip addr add fd00:99::1/128 dev lo nodad")
+        agent = ns.popen(with_hosts(hosts, agent_cmd(tmp_path, "--listen", "node6.test:19814",
+                                                     "--no-capture")),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            assert agent.stdout is not None and agent.stderr is not None
+            assert agent.stdout.readline(), agent.stderr.read()  # a verdict
+            code, body = fetch_in(ns, "http://[fd00:99::1]:19814/healthz")
+            assert (code, body.strip()) == (200, "ok")
+        finally:
+            agent.send_signal(signal.SIGTERM)
+            _, err = agent.communicate(timeout=30)
+        assert agent.returncode == 0 and "cannot listen" not in err, err
 
 
 def agent_cmd(tmp_path: Path, *extra: str, interval: str = "1") -> list[str]:
