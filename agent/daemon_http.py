@@ -7,10 +7,10 @@ per connection, without bound; its listen backlog is 5. Here:
 - every read and write times out (READ_TIMEOUT): an idle connection is closed;
 - a connection lives at most LIFETIME seconds whatever it does: one that trickles a byte
   now and then (slowloris) is shut down by a single reaper thread;
-- at most MAX_CONNECTIONS are served at once, and MAX_PER_CLIENT from one address; one
-  more is closed at once (threads, file descriptors and memory stay bounded; the timeouts
-  free the slots within seconds), so one client holding connections open cannot lock out
-  the kubelet's probes or Prometheus;
+- at most MAX_CONNECTIONS are served at once, and MAX_PER_CLIENT from one address (from
+  one /64 for IPv6); one more is closed at once (threads, file descriptors and memory
+  stay bounded; the timeouts free the slots within seconds), so one client holding
+  connections open cannot lock out the kubelet's probes or Prometheus;
 - the backlog is BACKLOG (the kernel caps it at net.core.somaxconn), so a burst of
   scrapes and probes waits to be accepted instead of being dropped.
 
@@ -20,6 +20,7 @@ A request is answered in milliseconds, so the bounds cost a legitimate client no
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import socket
 import socketserver
 import sys
@@ -46,6 +47,19 @@ def from_this_host(request: Any, client: str) -> bool:
             client == request.getsockname()[0]
     except OSError:
         return False
+
+
+def client_key(client: str) -> str:
+    """What MAX_PER_CLIENT counts: an IPv4 client by its address (also as ::ffff:a.b.c.d
+    on the dual-stack socket), an IPv6 one by its /64: a host is routed a whole /64 and
+    may take a new address of it for each connection."""
+    addr = client.removeprefix("::ffff:")
+    if ":" not in addr:
+        return addr
+    try:
+        return str(ipaddress.IPv6Network((addr.partition("%")[0], 64), strict=False))
+    except ValueError:
+        return client
 
 
 class BoundedHTTPServer(ThreadingHTTPServer):
@@ -75,11 +89,11 @@ class BoundedHTTPServer(ThreadingHTTPServer):
             int(self.server_address[1])
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        client = str(client_address[0])
         # the kubelet probes a hostNetwork pod from the node itself (node IP to node IP):
         # such connections may also use RESERVED_LOCAL slots, so remote clients filling
         # the shared ones cannot fail the liveness probe and restart the agent
-        local = from_this_host(request, client)
+        local = from_this_host(request, str(client_address[0]))
+        client = client_key(str(client_address[0]))
         with self._lock:
             full = (len(self._open) >= self._max + (RESERVED_LOCAL if local else 0)
                     or self._per_client.get(client, 0) >= self._max_per_client)

@@ -476,6 +476,67 @@ def test_a_remote_flood_cannot_fail_the_kubelets_probe() -> None:
             server.wait(timeout=30)
 
 
+_SERVE_FOUR_PER_CLIENT = r"""
+import sys, threading, time
+sys.path.insert(0, sys.argv[1])
+from agent.daemon_http import BoundedHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+    def log_message(self, *a): pass
+
+srv = BoundedHTTPServer(("::", 19815), H, max_connections=16, max_per_client=4)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+_FROM_EACH_SOURCE = r"""
+import socket, sys, time
+held = []
+for src in sys.argv[1:]:
+    s = socket.socket(socket.AF_INET6); s.bind((src, 0)); s.connect(("fd00:7::1", 19815))
+    held.append(s)
+    time.sleep(0.05)  # (in order: the server sheds the last ones)
+time.sleep(0.5)
+alive = []
+for s in held:  # the shed ones were closed by the server at once
+    s.setblocking(False)
+    try:
+        alive.append(s.recv(1) != b"")
+    except BlockingIOError:
+        alive.append(True)
+print(" ".join(str(int(a)) for a in alive), flush=True)
+"""
+
+
+def test_one_ipv6_host_counts_once_whatever_address_of_its_64_it_takes() -> None:
+    # a host is routed a whole /64: before, each of its addresses had MAX_PER_CLIENT
+    # connections of its own, so one host could hold every shared slot by rotating them
+    from lab import netns
+
+    with netns.netns("lbh6") as node, netns.netns("lbr6") as remote:
+        netns.veth(node, "eth0", remote, "eth0")
+        node.sh("ip link set lo up && ip link set eth0 up && "
+                "ip addr add fd00:7::1/64 dev eth0 nodad && "
+                "ip addr add fd00:8::1/64 dev eth0 nodad")
+        same_64 = [f"fd00:7::{i}" for i in range(2, 8)]
+        remote.sh("ip link set lo up && ip link set eth0 up && " + " && ".join(
+            f"ip addr add {a}/64 dev eth0 nodad" for a in (*same_64, "fd00:8::2")))
+        server = node.popen([sys.executable, "-c", _SERVE_FOUR_PER_CLIENT,
+                             str(Path(__file__).parents[1])], stdout=subprocess.PIPE)
+        try:
+            assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+            got = remote.run(sys.executable, "-c", _FROM_EACH_SOURCE, *same_64, "fd00:8::2")
+            # four from the first /64, the two after them shed; the other /64 still served
+            assert got.stdout.split() == ["1", "1", "1", "1", "0", "0", "1"], got.stdout
+        finally:
+            server.kill()
+            server.wait(timeout=30)
+
+
 def test_a_big_node_with_hostile_names_still_prints_bounded_lines(lab: Lab,
                                                                   tmp_path: Path) -> None:
     # 1,000 more LoadBalancer Services (constructed: the lab's demo/web copied), named as
