@@ -165,6 +165,24 @@ def test_a_snapshot_that_is_no_regular_file_or_too_big_is_refused_at_once(
     assert ("not a regular file" if kind != "3 GiB" else "larger than 256 MiB") in proc.stderr
 
 
+def test_a_big_file_that_may_not_be_read_says_so(tmp_path: Path) -> None:
+    # before: its size was judged before it was opened for reading, so a 3 GiB file the
+    # user may not read said "larger than 256 MiB" (65) instead of "Permission denied"
+    # (66, what a small one says). Root without the capabilities that override file
+    # permissions: it may not read a file of mode 000.
+    big = tmp_path / "snap.json"
+    with big.open("wb") as f:
+        f.truncate(3 << 30)  # (sparse)
+    big.chmod(0)
+    drop = "-dac_override,-dac_read_search"
+    proc = subprocess.run(["setpriv", f"--inh-caps={drop}", f"--bounding-set={drop}", "--",
+                           sys.executable, "-m", "agent", "check", "--snapshot", str(big)],
+                          capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert (proc.returncode, proc.stderr) == (
+        EXIT_NOINPUT, f"loopback-agent: {big}: cannot read: Permission denied\n")
+
+
 def test_a_snapshot_through_a_named_symlink_is_read(tmp_path: Path) -> None:
     snap = agent("snapshot", "--from", str(BUNDLE))
     assert snap.returncode == 0, snap.stderr

@@ -37,9 +37,10 @@ def read_text_file(file: Path, name: str, limit: int, follow: bool = False) -> s
         st = os.fstat(where)
         if not stat.S_ISREG(st.st_mode):
             raise UnreadableInput(name, None, "not a regular file")
+        # (opened before its size is judged: one that may not be read says so, not "too big")
+        fd = _reopened(where, file, flags, st) if o_path else os.dup(where)
         if st.st_size > limit:
             raise InputError(name, None, f"{st.st_size} bytes: larger than {_size(limit)}")
-        fd = _reopened(where, file, flags, st) if o_path else os.dup(where)
         with os.fdopen(fd, "rb") as fh:
             fd = -1
             data = fh.read(limit + 1)
