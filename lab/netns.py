@@ -9,7 +9,9 @@ from __future__ import annotations
 import atexit
 import itertools
 import os
+import signal
 import subprocess
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -55,6 +57,7 @@ class Netns:
 
 
 def create(prefix: str = "lbt") -> Netns:
+    _exit_on_termination()
     name = unique_name(prefix)
     subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
     _live.add(name)
@@ -81,6 +84,22 @@ def netns(prefix: str = "lbt") -> Iterator[Netns]:
 def veth(a: Netns, a_if: str, b: Netns, b_if: str) -> None:
     """A veth pair with one end in each namespace (created inside ``a``: never in the root)."""
     a.run("ip", "link", "add", a_if, "type", "veth", "peer", "name", b_if, "netns", b.name)
+
+
+def _exit_on_termination() -> None:
+    """SIGTERM and SIGHUP (a timeout, a closed terminal, CI cancelling a job) end this
+    process through SystemExit, so every ``netns`` block's clean-up and the atexit one
+    run: by default they killed it where it stood, its namespaces left behind. Only where
+    nothing else handles them (pytest, a bench, a script), from the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _terminated)
+
+
+def _terminated(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 @atexit.register

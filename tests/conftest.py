@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -27,6 +28,19 @@ def lb_bound() -> Iterator[Cluster]:
     """Upstream IPVS: the LB IP is bound on node 1's kube-ipvs0."""
     with build_cluster(SCENARIOS["ipvs-lb-bound"], "legacy") as c:
         yield c
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM and SIGHUP (CI cancelling the job, `timeout`, a closed terminal) stop the run
+    as Ctrl-C does: pytest ends the session, each test's clean-up runs (its namespaces and
+    processes go). By default they killed it where it stood; lab.netns's own handler
+    (SystemExit) would fail only the test running and go on with the next."""
+    def interrupted(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, interrupted)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

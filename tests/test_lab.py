@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -396,3 +397,43 @@ def test_real_ipvs_needs_ip_vs_and_dummy_loaded(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv(node.IPVS_KIND_ENV, "yes")
     with pytest.raises(ValueError, match="LOOPBACK_AGENT_LAB_IPVS"):
         node.ipvs_kind()
+
+
+_HOLD_NAMESPACES = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from lab import netns
+a = netns.create("lbterm")
+with netns.netns("lbterm") as b:
+    print(a.name, b.name, flush=True)
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.netns
+@needs_root
+def test_a_terminated_run_leaves_no_namespace(sig: signal.Signals) -> None:
+    # a run stopped by `timeout`, a closed terminal or a cancelled CI job: before, SIGTERM
+    # and SIGHUP killed it where it stood, and the namespaces it made stayed behind
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD_NAMESPACES,
+                             str(Path(__file__).resolve().parents[1])],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    names = proc.stdout.readline().split()
+    try:
+        assert len(names) == 2 and all(n in _namespaces() for n in names)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 128 + sig
+        assert not [n for n in names if n in _namespaces()]
+    finally:
+        proc.kill()
+        proc.wait()
+        for n in names:  # (what the old code left)
+            if n in _namespaces():
+                subprocess.run(["ip", "netns", "del", n], check=False)
+
+
+def _namespaces() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    return [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
