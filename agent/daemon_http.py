@@ -7,10 +7,12 @@ per connection, without bound; its listen backlog is 5. Here:
 - every read and write times out (READ_TIMEOUT): an idle connection is closed;
 - a connection lives at most LIFETIME seconds whatever it does: one that trickles a byte
   now and then (slowloris) is shut down by a single reaper thread;
-- at most MAX_CONNECTIONS are served at once, and MAX_PER_CLIENT from one address (from
-  one /64 for IPv6); one more is closed at once (threads, file descriptors and memory
-  stay bounded; the timeouts free the slots within seconds), so one client holding
-  connections open cannot lock out the kubelet's probes or Prometheus;
+- at most MAX_CONNECTIONS are served at once, MAX_PER_CLIENT from one address and
+  MAX_PER_NET from one remote IPv6 /64 (a host is routed a whole /64 and may take a new
+  address of it for each connection; a /64 may also be a subnet of many hosts, so it gets
+  more); one more is closed at once (threads, file descriptors and memory stay bounded;
+  the timeouts free the slots within seconds), so one client holding connections open
+  cannot lock out the kubelet's probes or Prometheus;
 - the backlog is BACKLOG (the kernel caps it at net.core.somaxconn), so a burst of
   scrapes and probes waits to be accepted instead of being dropped.
 
@@ -29,12 +31,13 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from agent.listen import dual_stack, family_of
+from agent.listen import bind_address, dual_stack
 
 READ_TIMEOUT = 5.0
 LIFETIME = 15.0
 MAX_CONNECTIONS = 64
 MAX_PER_CLIENT = 16
+MAX_PER_NET = 32
 BACKLOG = 128
 RESERVED_LOCAL = 16
 
@@ -49,17 +52,17 @@ def from_this_host(request: Any, client: str) -> bool:
         return False
 
 
-def client_key(client: str) -> str:
-    """What MAX_PER_CLIENT counts: an IPv4 client by its address (also as ::ffff:a.b.c.d
-    on the dual-stack socket), an IPv6 one by its /64: a host is routed a whole /64 and
-    may take a new address of it for each connection."""
-    addr = client.removeprefix("::ffff:")
-    if ":" not in addr:
-        return addr
+def ipv6_net(client: str) -> str | None:
+    """The /64 of a global IPv6 client, what MAX_PER_NET counts; None for an IPv4 one
+    (also as ::ffff:a.b.c.d on the dual-stack socket), a link-local one (every neighbour
+    on every link shares fe80::/64) and anything else."""
     try:
-        return str(ipaddress.IPv6Network((addr.partition("%")[0], 64), strict=False))
+        addr = ipaddress.IPv6Address(client)
     except ValueError:
-        return client
+        return None
+    if addr.ipv4_mapped or addr.is_link_local or addr.is_loopback:
+        return None
+    return str(ipaddress.IPv6Network((addr, 64), strict=False))
 
 
 class BoundedHTTPServer(ThreadingHTTPServer):
@@ -69,15 +72,19 @@ class BoundedHTTPServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], *,
                  max_connections: int = MAX_CONNECTIONS, max_per_client: int = MAX_PER_CLIENT,
-                 lifetime: float = LIFETIME) -> None:
+                 max_per_net: int = MAX_PER_NET, lifetime: float = LIFETIME) -> None:
         self._max, self._max_per_client = max_connections, max_per_client
-        self._open: dict[socket.socket, tuple[float, str]] = {}  # -> (accepted, client)
+        self._max_per_net = max_per_net
+        # -> (accepted, client, its /64 or None)
+        self._open: dict[socket.socket, tuple[float, str, str | None]] = {}
         self._per_client: dict[str, int] = {}
+        self._per_net: dict[str, int] = {}
         self._lock = threading.Lock()
         self._lifetime = lifetime
         self._closing = threading.Event()
-        self.address_family = family_of(address[0])  # (the class's is AF_INET)
-        super().__init__(address, handler)
+        # (the class's family is AF_INET; a name is resolved here, once)
+        self.address_family, host = bind_address(address[0])
+        super().__init__((host, address[1]), handler)
         threading.Thread(target=self._reap, name="http-reaper", daemon=True).start()
 
     def server_bind(self) -> None:
@@ -89,17 +96,23 @@ class BoundedHTTPServer(ThreadingHTTPServer):
             int(self.server_address[1])
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        client = str(client_address[0])
         # the kubelet probes a hostNetwork pod from the node itself (node IP to node IP):
         # such connections may also use RESERVED_LOCAL slots, so remote clients filling
         # the shared ones cannot fail the liveness probe and restart the agent
-        local = from_this_host(request, str(client_address[0]))
-        client = client_key(str(client_address[0]))
+        local = from_this_host(request, client)
+        # (not the node's own: the kubelet's probe shares no /64 with its neighbours)
+        net = None if local else ipv6_net(client)
         with self._lock:
             full = (len(self._open) >= self._max + (RESERVED_LOCAL if local else 0)
-                    or self._per_client.get(client, 0) >= self._max_per_client)
+                    or self._per_client.get(client, 0) >= self._max_per_client
+                    or (net is not None
+                        and self._per_net.get(net, 0) >= self._max_per_net))
             if not full:
-                self._open[request] = (time.monotonic(), client)
+                self._open[request] = (time.monotonic(), client, net)
                 self._per_client[client] = self._per_client.get(client, 0) + 1
+                if net is not None:
+                    self._per_net[net] = self._per_net.get(net, 0) + 1
         if full:
             self.shutdown_request(request)  # shed this one: stay bounded
             return
@@ -128,21 +141,28 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         with self._lock:
             entry = self._open.pop(request, None)
             if entry is not None:
-                left = self._per_client[entry[1]] - 1
-                if left:
-                    self._per_client[entry[1]] = left
-                else:
-                    del self._per_client[entry[1]]
+                _, client, net = entry
+                _release(self._per_client, client)
+                if net is not None:
+                    _release(self._per_net, net)
 
     def _reap(self) -> None:
         while not self._closing.wait(1.0):
             now = time.monotonic()
             with self._lock:
-                old = [s for s, (t, _) in self._open.items() if now - t > self._lifetime]
+                old = [s for s, (t, _, _) in self._open.items() if now - t > self._lifetime]
             for s in old:
                 # wakes the handler's blocked read with EOF; it then cleans up
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+
+
+def _release(counts: dict[str, int], key: str) -> None:
+    left = counts[key] - 1
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]
 
 
 class QuietHandler(BaseHTTPRequestHandler):

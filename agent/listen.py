@@ -23,19 +23,27 @@ def split_listen(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def family_of(host: str) -> socket.AddressFamily:
-    """IPv6 for an IPv6 address, and for a name that has IPv6 addresses only (an
-    IPv6-only node's own name: an IPv4 socket failed to resolve it, "Temporary failure in
-    name resolution"); IPv4 for anything else, as the name's first IPv4 address is bound."""
+def bind_address(host: str) -> tuple[socket.AddressFamily, str]:
+    """The family and the address to bind for ``host``: an address as it is; a name
+    resolved once, to its first IPv4 address as an IPv4 socket's bind would, else (no
+    IPv4 address: an IPv6-only node's own name, which that bind failed to resolve) its
+    first IPv6 one. A name that resolves to neither raises the IPv4 lookup's OSError."""
     if ":" in host:
-        return socket.AF_INET6
+        return socket.AF_INET6, host
     if not host or _is_ipv4(host):
-        return socket.AF_INET
-    try:
-        found = {ai[0] for ai in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
-    except (OSError, UnicodeError):  # (bind names why: it resolves the name again)
-        return socket.AF_INET
-    return socket.AF_INET6 if found == {socket.AF_INET6} else socket.AF_INET
+        return socket.AF_INET, host
+    first: OSError | None = None
+    for family in (socket.AF_INET, socket.AF_INET6):  # (AAAA asked only without an A)
+        try:
+            found = socket.getaddrinfo(host, None, family, socket.SOCK_STREAM)
+        except UnicodeError:  # (a label longer than 63 characters)
+            raise OSError(errno.EINVAL, f"{host!r} is not a host name") from None
+        except OSError as e:
+            first = first or e
+            continue
+        if found:
+            return family, str(found[0][4][0])
+    raise first or OSError(errno.EADDRNOTAVAIL, f"{host} has no address")
 
 
 def _is_ipv4(host: str) -> bool:

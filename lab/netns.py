@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 _counter = itertools.count()
-_live: set[str] = set()
+_live: dict[str, int] = {}  # name -> the pid that made it (a forked child deletes none)
 
 
 def unique_name(prefix: str = "lbt") -> str:
@@ -57,10 +57,14 @@ class Netns:
 
 
 def create(prefix: str = "lbt") -> Netns:
-    _exit_on_termination()
+    _clean_up_on_termination()
     name = unique_name(prefix)
-    subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
-    _live.add(name)
+    _live[name] = os.getpid()  # (before it exists: a signal in between still deletes it)
+    try:
+        subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
+    except BaseException:
+        _live.pop(name, None)
+        raise
     ns = Netns(name)
     ns.run("ip", "link", "set", "lo", "up")
     return ns
@@ -68,7 +72,7 @@ def create(prefix: str = "lbt") -> Netns:
 
 def delete(ns: Netns) -> None:
     subprocess.run(["ip", "netns", "del", ns.name], capture_output=True)
-    _live.discard(ns.name)
+    _live.pop(ns.name, None)
 
 
 @contextmanager
@@ -86,11 +90,11 @@ def veth(a: Netns, a_if: str, b: Netns, b_if: str) -> None:
     a.run("ip", "link", "add", a_if, "type", "veth", "peer", "name", b_if, "netns", b.name)
 
 
-def _exit_on_termination() -> None:
-    """SIGTERM and SIGHUP (a timeout, a closed terminal, CI cancelling a job) end this
-    process through SystemExit, so every ``netns`` block's clean-up and the atexit one
-    run: by default they killed it where it stood, its namespaces left behind. Only where
-    nothing else handles them (pytest, a bench, a script), from the main thread."""
+def _clean_up_on_termination() -> None:
+    """SIGTERM and SIGHUP (a timeout, a closed terminal, CI cancelling a job) delete this
+    process's namespaces before it dies of them: by default it died where it stood and
+    its namespaces stayed. Only where nothing else handles them (a bench, a script; under
+    pytest tests/conftest.py stops the session instead), from the main thread."""
     if threading.current_thread() is not threading.main_thread():
         return
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -99,11 +103,29 @@ def _exit_on_termination() -> None:
 
 
 def _terminated(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
+    # a second signal (timeout signals the whole group; CI often sends two) must not cut
+    # the clean-up short: ignored by a Python handler (SIG_IGN would pass to children)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _ignore)
+    _cleanup()
+    # then die of the signal, as without this handler (its status says so)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _ignore(_signum: int, _frame: object) -> None:
+    pass
 
 
 @atexit.register
 def _cleanup() -> None:
-    for name in list(_live):
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
-    _live.clear()
+    """Delete the namespaces this process made (not its parent's, in a forked child)."""
+    me = os.getpid()
+    for name, pid in list(_live.items()):
+        if pid != me:
+            continue
+        try:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        except Exception:  # (the next one still goes)
+            continue
+        _live.pop(name, None)

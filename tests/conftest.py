@@ -34,7 +34,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """SIGTERM and SIGHUP (CI cancelling the job, `timeout`, a closed terminal) stop the run
     as Ctrl-C does: pytest ends the session, each test's clean-up runs (its namespaces and
     processes go). By default they killed it where it stood; lab.netns's own handler
-    (SystemExit) would fail only the test running and go on with the next."""
+    (for scripts and benches) deletes the namespaces, then lets the signal kill it."""
     def interrupted(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 

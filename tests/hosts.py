@@ -8,5 +8,5 @@ from pathlib import Path
 
 
 def with_hosts(hosts: Path, cmd: list[str]) -> list[str]:
-    return ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"',
-            str(hosts), *cmd]
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts), *cmd]

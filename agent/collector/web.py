@@ -46,7 +46,7 @@ from agent.collector.intake import MAX_BODY, MAX_INFLATED, BadRequest
 from agent.collector.page import CSP
 from agent.collector.server import Collector, dumps
 from agent.collector.tls import TLSFiles
-from agent.listen import dual_stack, family_of
+from agent.listen import bind_address, dual_stack
 from agent.ship.gz import GzipError, inflate_chunks
 
 _RESOURCE_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
@@ -172,8 +172,8 @@ class CollectorServer:
         self.limits = limits or Limits()
         fd_limit = _raise_fd_limit()
         self.max_connections = max(8, min(self.limits.max_connections, fd_limit - 64))
-        host = host.strip("[]")
-        self.socket = socket.socket(family_of(host), socket.SOCK_STREAM)
+        family, host = bind_address(host.strip("[]"))
+        self.socket = socket.socket(family, socket.SOCK_STREAM)
         try:
             self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             dual_stack(self.socket, host)
