@@ -62,7 +62,7 @@ def create(prefix: str = "lbt") -> Netns:
     _live[name] = os.getpid()  # (before it exists: a signal in between still deletes it)
     try:
         subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
-    except BaseException:
+    except subprocess.CalledProcessError:  # (not made; interrupted, it may have been)
         _live.pop(name, None)
         raise
     ns = Netns(name)

@@ -413,26 +413,31 @@ def test_a_verdict_that_cannot_be_spooled_is_said_and_retried(lab: Lab, tmp_path
     assert list((tmp_path / "spool").iterdir()) == []  # nothing truncated left behind
 
 
-_PROBE_UNDER_FLOOD = r"""
-import socket, sys, time, urllib.request
+# a BoundedHTTPServer on ADDR:19811 with the limits given; told to, it probes itself from
+# its own address PROBE (the kubelet's probe of a hostNetwork pod), unless PROBE is ""
+_SERVE = r"""
+import sys, threading, time, urllib.request
 sys.path.insert(0, sys.argv[1])
 from agent.daemon_http import BoundedHTTPServer
 from http.server import BaseHTTPRequestHandler
-import threading
 
 class H(BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
     def log_message(self, *a): pass
 
-node = sys.argv[2]
-srv = BoundedHTTPServer((node, 19811), H, max_connections=8, max_per_client=4,
-                        max_per_net=4)
+bind, probe = sys.argv[2], sys.argv[3]
+conns, per_client, per_net = map(int, sys.argv[4:7])
+srv = BoundedHTTPServer((bind, 19811), H, max_connections=conns, max_per_client=per_client,
+                        max_per_net=per_net)
 threading.Thread(target=srv.serve_forever, daemon=True).start()
 print("ready", flush=True)
+if not probe:
+    time.sleep(60)
+    sys.exit()
 sys.stdin.readline()  # the flood from the other namespace now holds every shared slot
 t0 = time.monotonic()
-host = f"[{node}]" if ":" in node else node
+host = f"[{probe}]" if ":" in probe else probe
 with urllib.request.urlopen(f"http://{host}:19811/healthz", timeout=3) as r:
     print(r.status, round(time.monotonic() - t0, 3), flush=True)
 """
@@ -481,8 +486,8 @@ def test_a_remote_flood_cannot_fail_the_kubelets_probe(family: int) -> None:
                 f"ip link set lo up{extra}")
         remote.sh("ip link set eth0 up && " + " && ".join(
             f"ip addr add {a}/{prefix} dev eth0 nodad" for a in sources))
-        server = node.popen([sys.executable, "-c", _PROBE_UNDER_FLOOD,
-                             str(Path(__file__).parents[1]), node_ip], stdin=subprocess.PIPE,
+        server = node.popen([sys.executable, "-c", _SERVE, str(Path(__file__).parents[1]),
+                             node_ip, node_ip, "8", "4", "4"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE)
         try:
             assert server.stdout is not None and server.stdin is not None
@@ -502,25 +507,6 @@ def test_a_remote_flood_cannot_fail_the_kubelets_probe(family: int) -> None:
             server.wait(timeout=30)
 
 
-_SERVE_PER_NET = r"""
-import sys, threading, time
-sys.path.insert(0, sys.argv[1])
-from agent.daemon_http import BoundedHTTPServer
-from http.server import BaseHTTPRequestHandler
-
-class H(BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
-    def log_message(self, *a): pass
-
-srv = BoundedHTTPServer(("::", 19811), H, max_connections=16, max_per_client=4,
-                        max_per_net=5)
-threading.Thread(target=srv.serve_forever, daemon=True).start()
-print("ready", flush=True)
-time.sleep(60)
-"""
-
-
 def test_one_ipv6_64_is_bounded_whatever_addresses_it_takes() -> None:
     # a host is routed a whole /64: before, each of its addresses had MAX_PER_CLIENT
     # connections of its own, so one host could hold every shared slot by rotating them.
@@ -535,8 +521,8 @@ def test_one_ipv6_64_is_bounded_whatever_addresses_it_takes() -> None:
         same_64 = [f"fd00:7::{i}" for i in range(2, 8)]
         remote.sh("ip link set lo up && ip link set eth0 up && " + " && ".join(
             f"ip addr add {a}/64 dev eth0 nodad" for a in (*same_64, "fd00:8::2")))
-        server = node.popen([sys.executable, "-c", _SERVE_PER_NET,
-                             str(Path(__file__).parents[1])], stdout=subprocess.PIPE)
+        server = node.popen([sys.executable, "-c", _SERVE, str(Path(__file__).parents[1]),
+                             "::", "", "16", "4", "5"], stdout=subprocess.PIPE)
         try:
             assert server.stdout is not None and server.stdout.readline().strip() == "ready"
             got = remote.run(sys.executable, "-c", _FROM_SOURCES, "fd00:7::1", "0", *same_64,
