@@ -7,12 +7,13 @@ namespaces themselves (and veth pairs whose ends are moved into them at once).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import os
 import signal
 import subprocess
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 _counter = itertools.count()
@@ -57,7 +58,7 @@ class Netns:
 
 
 def create(prefix: str = "lbt") -> Netns:
-    _clean_up_on_termination()
+    on_termination(_terminated)
     name = unique_name(prefix)
     _live[name] = os.getpid()  # (before it exists: a signal in between still deletes it)
     try:
@@ -71,8 +72,12 @@ def create(prefix: str = "lbt") -> Netns:
 
 
 def delete(ns: Netns) -> None:
-    subprocess.run(["ip", "netns", "del", ns.name], capture_output=True)
-    _live.pop(ns.name, None)
+    _delete(ns.name)
+
+
+def _delete(name: str) -> None:
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    _live.pop(name, None)
 
 
 @contextmanager
@@ -90,22 +95,27 @@ def veth(a: Netns, a_if: str, b: Netns, b_if: str) -> None:
     a.run("ip", "link", "add", a_if, "type", "veth", "peer", "name", b_if, "netns", b.name)
 
 
-def _clean_up_on_termination() -> None:
-    """SIGTERM and SIGHUP (a timeout, a closed terminal, CI cancelling a job) delete this
-    process's namespaces before it dies of them: by default it died where it stood and
-    its namespaces stayed. Only where nothing else handles them (a bench, a script; under
-    pytest tests/conftest.py stops the session instead), from the main thread."""
+# what ends a run from outside: a timeout, a closed terminal, CI cancelling a job
+TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+
+
+def on_termination(handler: Callable[[int, object], None]) -> None:
+    """``handler`` for TERMINATING where nothing else handles them (the default kills the
+    process where it stands), from the main thread only (where handlers can be set)."""
     if threading.current_thread() is not threading.main_thread():
         return
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    for sig in TERMINATING:
         if signal.getsignal(sig) is signal.SIG_DFL:
-            signal.signal(sig, _terminated)
+            signal.signal(sig, handler)
 
 
 def _terminated(signum: int, _frame: object) -> None:
+    """A script or bench ended from outside deletes its namespaces before it dies: by
+    default it died where it stood and they stayed (under pytest, tests/conftest.py has
+    already set its own handler: the session stops, each test cleaning up)."""
     # a second signal (timeout signals the whole group; CI often sends two) must not cut
     # the clean-up short: ignored by a Python handler (SIG_IGN would pass to children)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    for sig in TERMINATING:
         signal.signal(sig, _ignore)
     _cleanup()
     # then die of the signal, as without this handler (its status says so)
@@ -122,10 +132,6 @@ def _cleanup() -> None:
     """Delete the namespaces this process made (not its parent's, in a forked child)."""
     me = os.getpid()
     for name, pid in list(_live.items()):
-        if pid != me:
-            continue
-        try:
-            subprocess.run(["ip", "netns", "del", name], capture_output=True)
-        except Exception:  # (the next one still goes)
-            continue
-        _live.pop(name, None)
+        if pid == me:
+            with contextlib.suppress(Exception):  # (the next one still goes)
+                _delete(name)

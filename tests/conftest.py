@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterator
 
 import pytest
 
+from lab import netns
 from lab.clb import Cluster, build_cluster
 from lab.node import REAL, ipvs_kind
 from lab.scenarios import SCENARIOS
@@ -33,14 +33,12 @@ def lb_bound() -> Iterator[Cluster]:
 def pytest_configure(config: pytest.Config) -> None:
     """SIGTERM and SIGHUP (CI cancelling the job, `timeout`, a closed terminal) stop the run
     as Ctrl-C does: pytest ends the session, each test's clean-up runs (its namespaces and
-    processes go). By default they killed it where it stood; lab.netns's own handler
-    (for scripts and benches) deletes the namespaces, then lets the signal kill it."""
+    processes go). By default they killed it where it stood; lab.netns's own handler,
+    for scripts and benches, deletes the namespaces and then lets the signal kill it."""
     def interrupted(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(sig) is signal.SIG_DFL:
-            signal.signal(sig, interrupted)
+    netns.on_termination(interrupted)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -438,6 +438,54 @@ def test_a_terminated_run_leaves_no_namespace(sig: signal.Signals) -> None:
             subprocess.run(["ip", "netns", "del", n], check=False)
 
 
+_HELD_TEST = """
+import time
+from pathlib import Path
+from lab import netns
+
+def test_holds_a_namespace():
+    with netns.netns("lbtermp") as ns:
+        print("holding", ns.name, flush=True)
+        time.sleep(60)
+
+def test_after():
+    Path(__file__).with_name("after-ran").touch()
+"""
+
+
+@pytest.mark.netns
+@needs_root
+def test_a_terminated_pytest_run_stops_and_cleans_up(tmp_path: Path) -> None:
+    # this suite's conftest: SIGTERM stops the session as Ctrl-C does (each test's clean-up
+    # runs, no further test starts); before, it killed pytest where it stood
+    (tmp_path / "test_held.py").write_text(_HELD_TEST)
+    repo = str(Path(__file__).resolve().parents[1])
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-s", "-p", "tests.conftest",
+                             "--rootdir", str(tmp_path), "-p", "no:cacheprovider",
+                             str(tmp_path / "test_held.py")],
+                            stdout=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": repo})
+    assert proc.stdout is not None
+    line = ""
+    while not line.startswith("holding"):  # (pytest's own lines come first)
+        line = proc.stdout.readline()
+        assert line, "the held test never started"
+    name = line.split()[1]
+    try:
+        assert name in _namespaces()
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=60)[0]
+        assert proc.returncode == 2, out  # pytest's "interrupted"
+        assert "KeyboardInterrupt" in out
+        assert name not in _namespaces()
+        assert not (tmp_path / "after-ran").exists()
+    finally:
+        proc.kill()
+        proc.wait()
+        if name in _namespaces():  # (what the old code left)
+            subprocess.run(["ip", "netns", "del", name], check=False)
+
+
 def _namespaces() -> list[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
     return [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
