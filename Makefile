@@ -69,6 +69,7 @@ bench: deps venv
 	$(PY) tests/bench/daemon_cost.py
 	$(PY) tests/bench/daemon_cost.py --backend legacy
 	$(PY) tests/bench/daemon_cost.py --capture
+	$(PY) tests/bench/daemon_cost.py --resync
 	$(PY) tests/bench/daemon_cost.py --churn 10 --seconds 600
 	$(PY) tests/bench/ipv6_scale.py
 	$(PY) tests/bench/big_verdict.py

@@ -334,3 +334,73 @@ def test_a_cycle_that_crosses_the_due_time_still_puts_off_all_or_none() -> None:
     got = node.cycle()
     assert all(r.unknowns for r in got.values()), got
     assert set(node.cache.stale) == {"ipsets", "nat rules"}
+
+
+def test_a_moved_marker_with_the_same_content_keeps_the_read_fresh() -> None:
+    """The nft generation moves on every commit; where the content digest says the rules
+    are those of the last read, that read stands as the node's, not put off and not out
+    of date, and nothing is read. A changed content is read (within the share)."""
+    node = Node(0.1)
+    cache, src = node.cache, node.src["s"]
+    content = ["rules-a"]
+    taken = []
+
+    def digest() -> object:
+        taken.append(content[0])
+        return content[0]
+
+    def cycle() -> ProbeResult:
+        cache.begin_cycle()
+        return cache.read("s", src.marker, src.collect, digest)
+
+    first = cycle()
+    assert (src.reads, taken) == (1, ["rules-a"])  # the digest of the first read, taken too
+    cache.charge(40.0)  # its diagnosis: changes are read from 400 s on
+    src.mark = 2  # a commit of the same rules (kube-proxy's sync)
+    node.now += 1.0  # long before a read of changes would be due
+    again = cycle()
+    assert again is first and not again.unknowns and not cache.stale
+    assert (src.reads, cache.same_content["s"], cache.reused["s"]) == (1, 1, 1)
+    assert cycle() is first and taken == ["rules-a", "rules-a"]  # the marker still: no digest
+    src.mark, content[0], src.value = 3, "rules-b", "v2"  # a change, not due yet
+    node.now += 1.0
+    late = cycle()
+    assert late.value == "v1" and "s" in cache.stale  # put off, as without a digest
+    node.now += 3600
+    assert cycle().value == "v2" and src.reads == 2
+    src.mark = 4  # the same rules committed again after that read
+    node.now += 3600
+    assert cycle().value == "v2" and src.reads == 2 and cache.same_content["s"] == 2
+
+
+def test_the_content_digest_is_taken_within_the_share_too(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A digest costs CPU (2 s at 155k nft rules): the next is not taken before that CPU
+    fits the share; until then a moved marker is put off as before."""
+    from agent.probes import base
+
+    cpu = [0.0]
+    monkeypatch.setattr(base, "_cpu_seconds", lambda: cpu[0])
+    node = Node(0.1)
+    cache, src = node.cache, node.src["s"]
+
+    def digest() -> object:
+        cpu[0] += 2.0
+        return "same"
+
+    cache.begin_cycle()
+    cache.read("s", src.marker, src.collect, digest)
+    cache.charge(40.0)  # the read's diagnosis: changes are read from 400 s on
+    src.mark = 2
+    node.now += 30.0  # 20 s after the first digest's were due
+    cache.begin_cycle()
+    assert not cache.read("s", src.marker, src.collect, digest).unknowns
+    assert cache.same_content["s"] == 1
+    src.mark = 3
+    node.now += 10.0  # 2 s at 10 %: the next digest from 20 s on
+    cache.begin_cycle()
+    assert cache.read("s", src.marker, src.collect, digest).unknowns  # put off, out of date
+    assert cache.same_content["s"] == 1 and src.reads == 1
+    node.now += 10.0
+    cache.begin_cycle()
+    assert not cache.read("s", src.marker, src.collect, digest).unknowns
+    assert cache.same_content["s"] == 2 and src.reads == 1

@@ -47,6 +47,11 @@ COMMIT
 COMMIT
 """
 
+# what kube-proxy's iptables-restore writes on a sync: its own chains, whole
+KUBE_CHAINS = "*nat\n" + "".join(
+    f"{line}\n" for line in RULES.split("*nat\n", 1)[1].splitlines()
+    if line.startswith((":KUBE-", "-A KUBE-"))) + "COMMIT\n"
+
 # one process, one ReadCache, like the daemon: each input line is one cycle
 DRIVER = r"""
 import json, sys
@@ -146,6 +151,18 @@ def test_changes_are_read_again_and_no_ops_are_not(backend: str) -> None:
         assert same["reused"] == {"nat rules": 1, "ipsets": 1}
         assert same["gen"] == first["gen"]
 
+        # commits that write what is there again: kube-proxy's sync, its chains flushed
+        # and written as they were (new rule handles), and another tool's table (nft:
+        # the generation moves, what iptables shows does not)
+        ns.run(f"{ipt}-restore", "--noflush", input=KUBE_CHAINS)
+        if backend == "nft" and shutil.which("nft"):
+            ns.run("nft", "add", "table", "inet", "another-tool")
+        rewritten = cycles.cycle()
+        assert rewritten["reads"] == first["reads"], "the same rules written again were read"
+        assert rewritten["services"] == first["services"]
+        if backend == "nft":
+            assert rewritten["gen"] != first["gen"]  # the content digest told them apart
+
         # a rule change: read again, the new rule is there; the ipsets are not re-read
         ns.run(ipt, "-t", "nat", "-A", "KUBE-SERVICES", "-d", "10.0.32.2/32", "-p", "tcp",
                "-m", "tcp", "--dport", "80", "-j", "KUBE-EXT-ABC")
@@ -195,6 +212,62 @@ def test_reading_changes_nothing_not_even_the_nft_generation() -> None:
         after = ns.run("iptables-nft-save").stdout.split("\n", 1)[1]
         strip = [line for line in before.splitlines() if not line.startswith("#")]
         assert strip == [line for line in after.splitlines() if not line.startswith("#")]
+
+
+DIGEST = ("from agent.probes import markers; "
+          "print(markers.nft_generation(), markers.nft_rules_digest())")
+
+
+def test_the_nft_content_digest_tells_changes_from_rewrites() -> None:
+    """nft_rules_digest on real nf_tables state: the same after kube-proxy's rewrite of
+    its chains, traffic (counters) and other families' or tools' tables; not the same
+    after a changed address, a changed policy, a rule added, two rules in the other
+    order or a table of its family."""
+    if not shutil.which("nft"):
+        pytest.skip("needs nft")
+    with node("nft") as (ns, _):
+        def digest() -> tuple[int, str]:
+            gen, d = ns.run(PY, "-c", DIGEST).stdout.split()
+            return int(gen), d
+
+        gen, first = digest()
+        steps_same = [
+            ("iptables-nft-restore", "--noflush"),  # kube-proxy's sync, as it was
+            ("nft", "add", "table", "inet", "another-tool"),
+            ("ip6tables-nft", "-t", "nat", "-A", "OUTPUT", "-j", "ACCEPT"),  # IPv6's
+        ]
+        for step in steps_same:
+            ns.run(*step, input=KUBE_CHAINS if "restore" in step[0] else None)
+            moved, now = digest()
+            assert moved > gen and now == first, step
+            gen = moved
+        ns.run(PY, "-c", "import socket; s = socket.socket(socket.AF_INET, "
+               "socket.SOCK_DGRAM); [s.sendto(b'x', ('127.0.0.1', 9)) for _ in range(3)]")
+        assert ns.run("iptables-nft", "-L", "OUTPUT", "-v", "-n", "-x").stdout \
+            .splitlines()[2].split()[0] == "3"  # the counters moved
+        assert digest() == (gen, first)
+
+        changes = [
+            ("iptables-nft", "-t", "nat", "-R", "KUBE-SERVICES", "1", "-d", "10.0.32.9/32",
+             "-p", "tcp", "-m", "tcp", "--dport", "80", "-j", "KUBE-EXT-ABC"),
+            ("iptables-nft", "-P", "FORWARD", "DROP"),
+            ("iptables-nft", "-t", "nat", "-I", "KUBE-EXT-ABC", "1", "-j", "RETURN"),
+            # the same two rules in the other order
+            ("iptables-nft", "-t", "nat", "-D", "KUBE-EXT-ABC", "1"),
+            ("iptables-nft", "-t", "nat", "-A", "KUBE-EXT-ABC", "-j", "RETURN"),
+            ("nft", "add", "table", "ip", "another-tool"),
+        ]
+        seen = [first]
+        for step in changes:
+            ns.run(*step)
+            now = digest()[1]
+            if step[3] == "-D":  # the chain as it was: the digest of the -P step's state
+                assert now == seen[2]
+            else:
+                assert now not in seen, step
+            seen.append(now)
+        ns.run("nft", "delete", "table", "ip", "another-tool")
+        assert digest()[1] == seen[-2]  # the table gone again: as before it
 
 
 def test_an_overrun_names_the_dump_and_falls_back_to_an_excerpt() -> None:

@@ -21,7 +21,8 @@ first-element-pivot quicksort: quadratic when the kernel hands them over in name
 CPU and I/O priority, and when it overruns the Unknown says which dump, after how long, sized on
 what. Then KUBE-SERVICES and the built-in chains are read alone (`iptables-nft -t nat -S
 CHAIN` reads one chain: 0.2 s for 20k rules), an excerpt that still gives kube-proxy's
-mode and the LB IPs. The daemon re-reads only when ``markers.netfilter_marker`` moved.
+mode and the LB IPs. The daemon re-reads only when ``markers.netfilter_marker`` moved and
+``markers.netfilter_content`` (the rules themselves, without handles and counters) did too.
 """
 
 from __future__ import annotations
@@ -293,7 +294,8 @@ def read_excerpt(backend: str, timeout: float,
 
 
 def collect(ctx: ProbeContext) -> ProbeResult:
-    return cached(ctx, SOURCE, markers.netfilter_marker, lambda: _collect(ctx))
+    return cached(ctx, SOURCE, markers.netfilter_marker, lambda: _collect(ctx),
+                  markers.netfilter_content)
 
 
 def _collect(ctx: ProbeContext) -> ProbeResult:
@@ -339,7 +341,8 @@ PROBE = register(Probe(name=SOURCE, field="netfilter", collect=collect))
 
 
 def collect6(ctx: ProbeContext) -> ProbeResult:
-    return cached(ctx, SOURCE6, lambda: markers.netfilter_marker(6), lambda: _collect6(ctx))
+    return cached(ctx, SOURCE6, lambda: markers.netfilter_marker(6), lambda: _collect6(ctx),
+                  lambda: markers.netfilter_content(6))
 
 
 def _collect6(ctx: ProbeContext) -> ProbeResult:
