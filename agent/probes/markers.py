@@ -216,7 +216,8 @@ _COUNTER = re.compile(rb"(?<=\x0c\x00\x01\x00counter\x00.{4})(?:\x04\x00\x03\x00
 # where a rule of a per-chain dump says what it does: after its table and chain (known),
 # its NFTA_RULE_HANDLE and perhaps an NFTA_RULE_POSITION (the order the kernel writes)
 _HANDLE, _POSITION = struct.pack("=HH", 12, 3), struct.pack("=HH", 12, 6)
-_nft_digests: dict[int, tuple[int, str]] = {}  # family -> (generation, its digest)
+# family -> ((network namespace, generation), its digest)
+_nft_digests: dict[int, tuple[tuple[int, int], str]] = {}
 
 
 def nft_rules_digest(family: int = NFPROTO_IPV4) -> str | None:
@@ -229,8 +230,13 @@ def nft_rules_digest(family: int = NFPROTO_IPV4) -> str | None:
     gen = nft_generation()
     if gen is None:
         return None
+    # (a generation id is the namespace's own: another namespace's may be the same)
+    try:
+        key = (os.stat("/proc/self/ns/net").st_ino, gen)
+    except OSError:  # no /proc: this process's one namespace
+        key = (0, gen)
     memo = _nft_digests.get(family)
-    if memo is not None and memo[0] == gen:
+    if memo is not None and memo[0] == key:
         return memo[1]
     h = hashlib.blake2b(digest_size=16)
     chains: list[tuple[bytes, bytes]] = []
@@ -248,7 +254,7 @@ def nft_rules_digest(family: int = NFPROTO_IPV4) -> str | None:
             h.update(b"\xff\xff" + table + b"\xff" + chain)
             _nft_rules(h, nl, family, table, chain)
     digest = h.hexdigest()
-    _nft_digests[family] = (gen, digest)
+    _nft_digests[family] = (key, digest)
     return digest
 
 
