@@ -174,6 +174,11 @@ class Metrics:
                                   ["source"], registry=r)
         self.read_cpu = Gauge(p + "read_cpu_seconds", "CPU of this source's last read",
                               ["source"], registry=r)
+        self.read_kept = Counter(p + "read_kept_commits",
+                                 "Commits that moved this source's change marker (the nft "
+                                 "generation) and left what it holds as read: not read "
+                                 "again", ["source"], registry=r)
+        self._kept_seen: dict[str, int] = {}
 
     def verdict(self, v: Verdict) -> None:
         for s in ("healthy", "at-risk", "loopback"):
@@ -211,6 +216,10 @@ class Metrics:
         for source, cpu in cache.read_cpu.items():
             self.read_cpu.labels(source).set(cpu)
             self.read_put_off.labels(source).set(1 if source in cache.stale else 0)
+        for source, n in cache.same_content.items():
+            if n > self._kept_seen.get(source, 0):
+                self.read_kept.labels(source).inc(n - self._kept_seen.get(source, 0))
+                self._kept_seen[source] = n
 
     def _set_findings(self, v: Verdict) -> None:
         """One series per distinct finding key, the most severe first up to the cap; series

@@ -404,3 +404,56 @@ def test_the_content_digest_is_taken_within_the_share_too(monkeypatch) -> None: 
     cache.begin_cycle()
     assert not cache.read("s", src.marker, src.collect, digest).unknowns
     assert cache.same_content["s"] == 2 and src.reads == 1
+
+
+def test_a_change_during_the_read_is_not_kept_by_a_digest_from_before_it() -> None:
+    """kube-proxy commits while iptables-nft-save runs, and undoes it later (a readiness
+    flap): the read holds the change, the digest taken before it does not. Were that
+    pair kept, the digest of the undone state would match it and the read would stand
+    for good; the marker moved during the read, so the digest is not kept."""
+    cache, src = ReadCache(), Source()
+    content = ["A"]
+
+    def collect() -> ProbeResult:
+        src.mark, content[0], src.value = 2, "B", "B"  # committed during the read
+        return src.collect()
+
+    assert cache.read("s", src.marker, collect, lambda: content[0]).value == "B"
+    src.mark, content[0], src.value = 3, "A", "A"  # undone
+    assert cache.read("s", src.marker, src.collect, lambda: content[0]).value == "A"
+    assert src.reads == 2 and not cache.same_content
+
+
+def test_digests_count_in_the_share_and_stop_once_one_found_a_change(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A digest's CPU is charged to the last read, as a diagnosis is: the next read of a
+    change waits for it too. One that found a change is the last until the read (more
+    would only say so again, each costing its CPU)."""
+    from agent.probes import base
+
+    cpu = [0.0]
+    monkeypatch.setattr(base, "_cpu_seconds", lambda: cpu[0])
+    node = Node(0.1)
+    cache, src = node.cache, node.src["s"]
+    taken = []
+
+    def digest() -> object:
+        cpu[0] += 2.0
+        taken.append(src.mark)
+        return src.mark  # every commit a change
+
+    cache.begin_cycle()
+    cache.read("s", src.marker, src.collect, digest)
+    cache.charge(10.0)  # its diagnosis: with its digest's 2 s, the next read from 120 s on
+    for step, mark in ((30.0, 2), (30.0, 3), (50.0, 4)):
+        node.now += step
+        src.mark = mark
+        cache.begin_cycle()
+        assert cache.read("s", src.marker, src.collect, digest).unknowns  # put off
+    assert taken == [1, 2] and src.reads == 1  # the first read's, then one that found it
+    cache.begin_cycle()  # 110 s, then 130 s: not due, that digest's 2 s counted (140 s)
+    node.now += 20.0
+    assert cache.read("s", src.marker, src.collect, digest).unknowns
+    node.now += 15.0
+    cache.begin_cycle()
+    assert not cache.read("s", src.marker, src.collect, digest).unknowns
+    assert src.reads == 2 and taken == [1, 2, 4]  # (a digest before the read, as the marker)

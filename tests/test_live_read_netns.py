@@ -214,6 +214,9 @@ def test_reading_changes_nothing_not_even_the_nft_generation() -> None:
         assert strip == [line for line in after.splitlines() if not line.startswith("#")]
 
 
+# a counter expression's bytes (its name attribute, a data header, bytes and packets)
+_COUNTER_LOOKALIKE = "|0c000100636f756e7465720041414141" + "0c000100{0}{0}{0}{0}{0}{0}{0}{0}" \
+    "0c000200{1}{1}{1}{1}{1}{1}{1}{1}|"
 DIGEST = ("from agent.probes import markers; "
           "print(markers.nft_generation(), markers.nft_rules_digest())")
 
@@ -222,7 +225,7 @@ def test_the_nft_content_digest_tells_changes_from_rewrites() -> None:
     """nft_rules_digest on real nf_tables state: the same after kube-proxy's rewrite of
     its chains, traffic (counters) and other families' or tools' tables; not the same
     after a changed address, a changed policy, a rule added, two rules in the other
-    order or a table of its family."""
+    order, a match's data that looks like a counter's values, or a table of its family."""
     if not shutil.which("nft"):
         pytest.skip("needs nft")
     with node("nft") as (ns, _):
@@ -255,6 +258,12 @@ def test_the_nft_content_digest_tells_changes_from_rewrites() -> None:
             # the same two rules in the other order
             ("iptables-nft", "-t", "nat", "-D", "KUBE-EXT-ABC", "1"),
             ("iptables-nft", "-t", "nat", "-A", "KUBE-EXT-ABC", "-j", "RETURN"),
+            # a match whose data holds what a counter's values look like: what it
+            # matches changes, not a count
+            ("iptables-nft", "-A", "INPUT", "-m", "string", "--algo", "bm", "--hex-string",
+             _COUNTER_LOOKALIKE.format("11", "22"), "-j", "ACCEPT"),
+            ("iptables-nft", "-R", "INPUT", "1", "-m", "string", "--algo", "bm",
+             "--hex-string", _COUNTER_LOOKALIKE.format("33", "44"), "-j", "ACCEPT"),
             ("nft", "add", "table", "ip", "another-tool"),
         ]
         seen = [first]

@@ -221,6 +221,28 @@ def test_read_costs_and_reads_put_off() -> None:
         samples(generate_latest(m.registry).decode())
 
 
+def test_commits_that_left_the_rules_as_read_are_counted() -> None:
+    """A moved marker whose content digest is the last read's: counted per source, once
+    per such commit however often the metrics are taken."""
+    from agent.probes.base import ProbeResult, ReadCache
+
+    cache, mark = ReadCache(), [1]
+    m = Metrics()
+
+    def cycle() -> None:
+        cache.begin_cycle()
+        cache.read("nat rules", lambda: mark[0], lambda: ProbeResult("rules"), lambda: "same")
+        m.reads(cache)
+
+    cycle()
+    for mark[0] in (2, 3):
+        cycle()
+    m.reads(cache)
+    got = [(lb, v) for n, lb, v in samples(generate_latest(m.registry).decode())
+           if n == "loopback_agent_read_kept_commits_total"]
+    assert got == [({"source": "nat rules"}, 2.0)]
+
+
 # -- the collector's per-node last-seen series ----------------------------------------------
 
 

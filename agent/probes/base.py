@@ -82,7 +82,7 @@ class ReadCache:
     marker that cannot be taken (it raises) means "it may have changed": never reused.
     Where the marker moved, ``content`` (a digest of what the source holds, costlier)
     may still say it holds the same: the read is reused then, and is not out of date.
-    It is taken within ``cpu_share`` too, spaced by its own CPU.
+    Its CPU counts with the reads' in ``cpu_share``.
     Not thread-safe: one daemon cycle at a time uses it.
 
     ``cpu_share``: sources whose marker moved are read again only once the last cycle
@@ -115,6 +115,7 @@ class ReadCache:
         self._due: bool | None = None  # is this cycle past the due time (asked once)
         self.same_content: dict[str, int] = {}  # source -> moved markers found unchanged
         self._content_next: dict[str, float] = {}  # source -> when its digest may be taken
+        self._changed: set[str] = set()  # sources a digest found changed since their read
 
     def begin_cycle(self) -> None:
         self.cycle_reads = set()
@@ -137,23 +138,29 @@ class ReadCache:
             return last[1]
         digest: object = None
         if content is not None and key is not None and last is not None and \
-                last[3] is not None and last[2] > 0 and self._content_due(source):
+                last[3] is not None and last[2] > 0 and source not in self._changed and \
+                self._content_due(source):
             # the marker moved, yet the source may hold what it held: a commit that wrote
             # the same rules again (kube-proxy's syncs do, every one)
-            digest = self._content(source, content)
+            digest, spent = self._content(source, content)
+            self.charge(spent)  # (within the share the reads take, on the last read's)
             if digest is not None and digest == last[3]:
                 self._last[source] = (key, last[1], last[2] - 1, digest)
                 self.reused[source] = self.reused.get(source, 0) + 1
                 self.same_content[source] = self.same_content.get(source, 0) + 1
                 return last[1]
+            # changed: no digest again until it is read (each would only say so again)
+            self._changed.add(source)
         put_off = self._put_off(source, key, last)
         if put_off is not None:
             return put_off
+        spent = 0.0
         if content is not None and key is not None and digest is None:
-            digest = self._content(source, content)  # (taken before the read, as the marker)
+            digest, spent = self._content(source, content)  # (before the read, as the marker)
         # the old read goes before the new one is made: a 10k-service node's listing is
         # tens of MB of text, held twice at the read's peak otherwise
         self._last.pop(source, None)
+        self._changed.discard(source)
         # a read of the node again (not of a source that failed last time, whose retries
         # neither open a window nor make the others read)
         again = last is not None or self._window is None
@@ -163,7 +170,17 @@ class ReadCache:
         cpu = _cpu_seconds()
         result = collect()
         cpu = self.read_cpu[source] = _cpu_seconds() - cpu
-        self.charge(cpu)
+        self.charge(cpu + spent)
+        if digest is not None and key is not None:
+            # a change during the read (kube-proxy commits while iptables-nft-save runs):
+            # the read may show what the digest does not, and a later digest equal to it
+            # (the change undone) would keep that read for good
+            try:
+                during = marker() != key
+            except Exception:
+                during = True
+            if during:
+                digest = None
         if again:
             self.cycle_reads.add(source)
         self.read_count[source] = self.read_count.get(source, 0) + 1
@@ -177,20 +194,23 @@ class ReadCache:
         return result
 
     def _content_due(self, source: str) -> bool:
-        """May the content digest of ``source`` be taken now? Within ``cpu_share`` of
-        one CPU, as reads are (2-4 s of CPU at 155k nft rules)."""
+        """May the content digest of ``source`` be taken now? Its own CPU spaces them
+        within ``cpu_share`` (2 s of CPU at 155k nft rules), and is charged to the last
+        read as a read's is."""
         return self.cpu_share is None or self._clock() >= self._content_next.get(source, 0.0)
 
-    def _content(self, source: str, content: Callable[[], object]) -> object:
-        """``content()`` (None when it cannot be taken), its CPU spacing the next one."""
+    def _content(self, source: str, content: Callable[[], object]) -> tuple[object, float]:
+        """``content()`` (None when it cannot be taken) and its CPU seconds, which space
+        the next one."""
         cpu = _cpu_seconds()
         try:
             digest = content()
         except Exception:
             digest = None
+        spent = _cpu_seconds() - cpu
         if self.cpu_share is not None:
-            self._content_next[source] = self._clock() + (_cpu_seconds() - cpu) / self.cpu_share
-        return digest
+            self._content_next[source] = self._clock() + spent / self.cpu_share
+        return digest, spent
 
     def charge(self, seconds: float) -> None:
         """Add ``seconds`` of CPU (a diagnosis of what was read) to the last cycle that

@@ -33,6 +33,7 @@ import os
 import re
 import socket
 import struct
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,15 +208,14 @@ _NFT_NOT_CONTENT = {
     # _CHAIN_ID
     NFT_MSG_GETRULE: frozenset({3, 6, 8, 9, 10, 11}),
 }
-# a "counter" expression's values (NFTA_COUNTER_BYTES, _PACKETS, each u64, perhaps
-# after an NFTA_COUNTER_PAD): after its NFTA_EXPR_NAME and the NFTA_EXPR_DATA header;
-# NUL bytes at fixed places, which no comment (a C string) holds
-_COUNTER = re.compile(rb"(?<=\x0c\x00\x01\x00counter\x00.{4})(?:\x04\x00\x03\x00)?"
-                      rb"\x0c\x00\x01\x00.{8}(?:\x04\x00\x03\x00)?\x0c\x00\x02\x00.{8}",
-                      re.S)
+# a "counter" expression's NFTA_LIST_ELEM: its NFTA_EXPR_NAME; the NFTA_EXPR_DATA after it
+# holds the packets and bytes it counted
+_COUNTER_NAME = struct.pack("=HH", 12, 1) + b"counter\0"
+NFTA_RULE_EXPRESSIONS = 4
 # where a rule of a per-chain dump says what it does: after its table and chain (known),
 # its NFTA_RULE_HANDLE and perhaps an NFTA_RULE_POSITION (the order the kernel writes)
 _HANDLE, _POSITION = struct.pack("=HH", 12, 3), struct.pack("=HH", 12, 6)
+DIGEST_SECONDS = 60.0  # 2 s at 155k rules and 47k chains here; beyond: "may have changed"
 # family -> ((network namespace, generation), its digest)
 _nft_digests: dict[int, tuple[tuple[int, int], str]] = {}
 
@@ -250,9 +250,16 @@ def nft_rules_digest(family: int = NFPROTO_IPV4) -> str | None:
         # the rules chain by chain: a dump of the whole family restarts from its first
         # rule for each 32 KiB it returns (10 s of kernel time at 155k rules here, 2 s
         # this way)
+        deadline = time.monotonic() + DIGEST_SECONDS
         for table, chain in chains:
             h.update(b"\xff\xff" + table + b"\xff" + chain)
             _nft_rules(h, nl, family, table, chain)
+            if time.monotonic() > deadline:
+                raise MarkerError(f"nftables digest: over {DIGEST_SECONDS:g} s")
+    # one request per chain: a commit between two of them makes a digest of no state
+    # the node was in (the kernel marks a commit within one dump only)
+    if nft_generation() != gen:
+        raise MarkerError("nftables: committed to while its digest was taken")
     digest = h.hexdigest()
     _nft_digests[family] = (key, digest)
     return digest
@@ -278,45 +285,63 @@ def _nft_content(h: hashlib._Hash, payload: bytes, cmd: int) -> None:
 
 def _nft_rules(h: hashlib._Hash, nl: _Nfnl, family: int, table: bytes, chain: bytes) -> None:
     """Add what the rules of one chain do, in order, to ``h``: each framed by its length,
-    without its handle and counters."""
+    without its handle, position and counters' values."""
     where = _nla(NFTA_RULE_TABLE, table) + _nla(NFTA_RULE_CHAIN, chain)
     at = 4 + len(where)  # nfgenmsg, then the table and chain as asked
     pieces: list[bytes] = []
     size = 0
     for payload in nl.answers(NFNL_SUBSYS_NFTABLES, NFT_MSG_GETRULE, NLM_F_DUMP, family,
                               where):
-        if payload.startswith(_HANDLE, at):
-            rest = at + 24 if payload.startswith(_POSITION, at + 12) else at + 12
-            msg = payload[:2] + payload[rest:]
-        else:  # another layout: attribute by attribute
-            parts = [payload[:2]]
-            i, n = 4, len(payload)
-            while i + 4 <= n:
-                length, kind = struct.unpack_from("=HH", payload, i)
-                if length < 4:
-                    raise MarkerError("netlink: malformed attribute")
-                end = i + ((length + 3) & ~3)
-                if kind & _NLA_TYPE_MASK not in _NFT_NOT_CONTENT[NFT_MSG_GETRULE]:
-                    parts.append(payload[i:end])
-                i = end
-            msg = b"".join(parts)
+        if payload.startswith(where, 4) and payload.startswith(_HANDLE, at):
+            # (the order the kernel writes: the handle, and the previous rule's as the
+            # position, before what the rule does)
+            msg = _rule_content(payload, at + 24 if payload.startswith(_POSITION, at + 12)
+                                else at + 12)
+        else:  # another layout: its table and chain kept, its handle and the rest left out
+            msg = _rule_content(payload, 4)
         pieces.append(len(msg).to_bytes(4, "little"))
         pieces.append(msg)
         size += len(msg)
         if size > _BATCH:
-            _counted_out(h, pieces)
+            h.update(b"".join(pieces))
             pieces, size = [], 0
-    _counted_out(h, pieces)
+    h.update(b"".join(pieces))
 
 
 _BATCH = 1 << 18  # bytes of rules hashed at once (KUBE-SERVICES is 14 MB at 10k services)
 
 
-def _counted_out(h: hashlib._Hash, pieces: list[bytes]) -> None:
-    """Whole rules into ``h``, their counters' values taken out (a counter is inside one
-    rule: a batch of whole rules never splits one)."""
-    blob = b"".join(pieces)
-    h.update(_COUNTER.sub(b"", blob) if b"counter\0" in blob else blob)
+def _rule_content(payload: bytes, start: int) -> bytes:
+    """A rule message's attributes from ``start`` on, nfgenmsg's family and version first,
+    without those of _NFT_NOT_CONTENT and the values of its counter expressions (found
+    by the expressions' structure: a match's binary data may hold the same bytes)."""
+    out = [payload[:2]]
+    keep = start
+    skip = _NFT_NOT_CONTENT[NFT_MSG_GETRULE]
+    unpack = struct.unpack_from
+    i, n = start, len(payload)
+    while i + 4 <= n:
+        length, kind = unpack("=HH", payload, i)
+        if length < 4:
+            raise MarkerError("netlink: malformed attribute")
+        end = i + ((length + 3) & ~3)
+        kind &= _NLA_TYPE_MASK
+        if kind in skip:
+            out.append(payload[keep:i])
+            keep = end
+        elif kind == NFTA_RULE_EXPRESSIONS:
+            e, stop = i + 4, min(i + length, n)
+            while e + 4 <= stop:
+                elen = unpack("=H", payload, e)[0]
+                if elen < 4:
+                    raise MarkerError("netlink: malformed expression")
+                if payload.startswith(_COUNTER_NAME, e + 4):  # its data: what it counted
+                    out.append(payload[keep:e + 16])
+                    keep = e + ((elen + 3) & ~3)
+                e += (elen + 3) & ~3
+        i = end
+    out.append(payload[keep:])
+    return b"".join(out)
 
 
 def nft_table_uses(family: int = NFPROTO_IPV4) -> dict[str, int]:
