@@ -345,7 +345,7 @@ def test_a_moved_marker_with_the_same_content_keeps_the_read_fresh() -> None:
     content = ["rules-a"]
     taken = []
 
-    def digest() -> object:
+    def digest(_: object) -> object:
         taken.append(content[0])
         return content[0]
 
@@ -383,7 +383,7 @@ def test_the_content_digest_is_taken_within_the_share_too(monkeypatch) -> None: 
     node = Node(0.1)
     cache, src = node.cache, node.src["s"]
 
-    def digest() -> object:
+    def digest(_: object) -> object:
         cpu[0] += 2.0
         return "same"
 
@@ -418,9 +418,9 @@ def test_a_change_during_the_read_is_not_kept_by_a_digest_from_before_it() -> No
         src.mark, content[0], src.value = 2, "B", "B"  # committed during the read
         return src.collect()
 
-    assert cache.read("s", src.marker, collect, lambda: content[0]).value == "B"
+    assert cache.read("s", src.marker, collect, lambda _: content[0]).value == "B"
     src.mark, content[0], src.value = 3, "A", "A"  # undone
-    assert cache.read("s", src.marker, src.collect, lambda: content[0]).value == "A"
+    assert cache.read("s", src.marker, src.collect, lambda _: content[0]).value == "A"
     assert src.reads == 2 and not cache.same_content
 
 
@@ -436,7 +436,7 @@ def test_digests_count_in_the_share_and_stop_once_one_found_a_change(monkeypatch
     cache, src = node.cache, node.src["s"]
     taken = []
 
-    def digest() -> object:
+    def digest(_: object) -> object:
         cpu[0] += 2.0
         taken.append(src.mark)
         return src.mark  # every commit a change

@@ -231,7 +231,8 @@ def test_commits_that_left_the_rules_as_read_are_counted() -> None:
 
     def cycle() -> None:
         cache.begin_cycle()
-        cache.read("nat rules", lambda: mark[0], lambda: ProbeResult("rules"), lambda: "same")
+        cache.read("nat rules", lambda: mark[0], lambda: ProbeResult("rules"),
+                   lambda _: "same")
         m.reads(cache)
 
     cycle()

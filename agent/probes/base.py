@@ -80,7 +80,8 @@ class ReadCache:
     that said what it could not read (unknowns, e.g. a dump that overran its budget), is
     reused at most ``retry_after`` times. A
     marker that cannot be taken (it raises) means "it may have changed": never reused.
-    Where the marker moved, ``content`` (a digest of what the source holds, costlier)
+    Where the marker moved, ``content(marker)`` (a digest of what the source holds,
+    costlier; given the marker just taken, whose cheap parts it may keep)
     may still say it holds the same: the read is reused then, and is not out of date.
     Its CPU counts with the reads' in ``cpu_share``.
     Not thread-safe: one daemon cycle at a time uses it.
@@ -124,7 +125,7 @@ class ReadCache:
 
     def read(self, source: str, marker: Callable[[], object],
              collect: Callable[[], ProbeResult],
-             content: Callable[[], object] | None = None) -> ProbeResult:
+             content: Callable[[object], object] | None = None) -> ProbeResult:
         start = time.monotonic()
         try:
             key: object = marker()
@@ -142,7 +143,7 @@ class ReadCache:
                 self._content_due(source):
             # the marker moved, yet the source may hold what it held: a commit that wrote
             # the same rules again (kube-proxy's syncs do, every one)
-            digest, spent = self._content(source, content)
+            digest, spent = self._content(source, content, key)
             self.charge(spent)  # (within the share the reads take, on the last read's)
             if digest is not None and digest == last[3]:
                 self._last[source] = (key, last[1], last[2] - 1, digest)
@@ -156,7 +157,7 @@ class ReadCache:
             return put_off
         spent = 0.0
         if content is not None and key is not None and digest is None:
-            digest, spent = self._content(source, content)  # (before the read, as the marker)
+            digest, spent = self._content(source, content, key)  # (before the read, as key)
         # the old read goes before the new one is made: a 10k-service node's listing is
         # tens of MB of text, held twice at the read's peak otherwise
         self._last.pop(source, None)
@@ -199,12 +200,13 @@ class ReadCache:
         read as a read's is."""
         return self.cpu_share is None or self._clock() >= self._content_next.get(source, 0.0)
 
-    def _content(self, source: str, content: Callable[[], object]) -> tuple[object, float]:
-        """``content()`` (None when it cannot be taken) and its CPU seconds, which space
-        the next one."""
+    def _content(self, source: str, content: Callable[[object], object], key: object
+                 ) -> tuple[object, float]:
+        """``content(key)`` (None when it cannot be taken) and its CPU seconds, which
+        space the next one."""
         cpu = _cpu_seconds()
         try:
-            digest = content()
+            digest = content(key)
         except Exception:
             digest = None
         spent = _cpu_seconds() - cpu
@@ -273,10 +275,10 @@ def _utc(wall: float) -> str:
 
 def cached(ctx: ProbeContext, source: str, marker: Callable[[], object],
            collect: Callable[[], ProbeResult],
-           content: Callable[[], object] | None = None) -> ProbeResult:
+           content: Callable[[object], object] | None = None) -> ProbeResult:
     """``collect()``, or the previous cycle's result when ``marker()`` has not moved, or
-    when it moved and ``content()`` (a digest of what the source holds, costlier than
-    the marker) has not."""
+    when it moved and ``content(marker)`` (a digest of what the source holds, costlier
+    than the marker) has not."""
     if ctx.cache is None:
         return collect()
     return ctx.cache.read(source, marker, collect, content)

@@ -480,9 +480,11 @@ def netfilter_marker(family: int = 4) -> tuple[object, ...]:
     return ("nft", nft_generation(), "legacy", legacy)
 
 
-def netfilter_content(family: int = 4) -> tuple[object, ...]:
-    """netfilter_marker with what the family's nft tables hold in place of the
-    generation, which every commit of the namespace moves (nft_rules_digest)."""
-    legacy = tuple((t, legacy_digest(t, family)) for t in legacy_table_names(family))
+def netfilter_content(marker: object, family: int = 4) -> tuple[object, ...]:
+    """``marker`` (netfilter_marker's, just taken) with what the family's nft tables hold
+    in place of the generation, which every commit of the namespace moves
+    (nft_rules_digest); its legacy digests are exact already."""
+    if not (isinstance(marker, tuple) and marker[:1] == ("nft",)):
+        raise MarkerError(f"not a netfilter marker: {marker!r}")
     return ("nft", nft_rules_digest(NFPROTO_IPV6 if family == 6 else NFPROTO_IPV4),
-            "legacy", legacy)
+            *marker[2:])

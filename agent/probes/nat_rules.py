@@ -342,7 +342,7 @@ PROBE = register(Probe(name=SOURCE, field="netfilter", collect=collect))
 
 def collect6(ctx: ProbeContext) -> ProbeResult:
     return cached(ctx, SOURCE6, lambda: markers.netfilter_marker(6), lambda: _collect6(ctx),
-                  lambda: markers.netfilter_content(6))
+                  lambda marker: markers.netfilter_content(marker, 6))
 
 
 def _collect6(ctx: ProbeContext) -> ProbeResult:
