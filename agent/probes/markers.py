@@ -212,24 +212,23 @@ _NFT_NOT_CONTENT = {
 # holds the packets and bytes it counted
 _COUNTER_NAME = struct.pack("=HH", 12, 1) + b"counter\0"
 NFTA_RULE_EXPRESSIONS = 4
-# where a rule of a per-chain dump says what it does: after its table and chain (known),
-# its NFTA_RULE_HANDLE and perhaps an NFTA_RULE_POSITION (the order the kernel writes)
-_HANDLE, _POSITION = struct.pack("=HH", 12, 3), struct.pack("=HH", 12, 6)
 DIGEST_SECONDS = 60.0  # 2 s at 155k rules and 47k chains here; beyond: "may have changed"
 # family -> ((network namespace, generation), its digest)
 _nft_digests: dict[int, tuple[tuple[int, int], str]] = {}
 
 
-def nft_rules_digest(family: int = NFPROTO_IPV4) -> str | None:
+def nft_rules_digest(family: int = NFPROTO_IPV4, gen: int | None = None) -> str | None:
     """A digest of what the nftables tables of ``family`` hold (their flags, chains with
     hooks and policies, rules in order), without handles, counters and use counts; None
     without nf_tables. The generation id moves on every commit of the namespace: another
     family's table, another tool's, and kube-proxy's own syncs, which (iptables mode)
     flush and write KUBE-SERVICES and its peers again each time, unchanged or not. This
-    tells such a commit from a change. Taken again only when the generation moved."""
-    gen = nft_generation()
+    tells such a commit from a change. Taken again only when the generation (``gen``,
+    when the caller just read it) moved."""
     if gen is None:
-        return None
+        gen = nft_generation()
+        if gen is None:
+            return None
     # (a generation id is the namespace's own: another namespace's may be the same)
     try:
         key = (os.stat("/proc/self/ns/net").st_ino, gen)
@@ -241,19 +240,32 @@ def nft_rules_digest(family: int = NFPROTO_IPV4) -> str | None:
     h = hashlib.blake2b(digest_size=16)
     chains: list[tuple[bytes, bytes]] = []
     with _Nfnl(timeout=10.0) as nl:
-        for payload in nl.answers(NFNL_SUBSYS_NFTABLES, NFT_MSG_GETTABLE, NLM_F_DUMP, family):
-            _nft_content(h, payload, NFT_MSG_GETTABLE)
-        for payload in nl.answers(NFNL_SUBSYS_NFTABLES, NFT_MSG_GETCHAIN, NLM_F_DUMP, family):
-            _nft_content(h, payload, NFT_MSG_GETCHAIN)
-            a = _attrs(payload, 4)
-            chains.append((a.get(NFTA_CHAIN_TABLE, b""), a.get(NFTA_CHAIN_NAME, b"")))
+        for cmd in (NFT_MSG_GETTABLE, NFT_MSG_GETCHAIN):
+            for payload in nl.answers(NFNL_SUBSYS_NFTABLES, cmd, NLM_F_DUMP, family):
+                _hash_framed(h, [_content(payload, cmd)])
+                if cmd == NFT_MSG_GETCHAIN:
+                    a = _attrs(payload, 4)
+                    chains.append((a.get(NFTA_CHAIN_TABLE, b""), a.get(NFTA_CHAIN_NAME, b"")))
         # the rules chain by chain: a dump of the whole family restarts from its first
         # rule for each 32 KiB it returns (10 s of kernel time at 155k rules here, 2 s
         # this way)
         deadline = time.monotonic() + DIGEST_SECONDS
         for table, chain in chains:
             h.update(b"\xff\xff" + table + b"\xff" + chain)
-            _nft_rules(h, nl, family, table, chain)
+            where = _nla(NFTA_RULE_TABLE, table) + _nla(NFTA_RULE_CHAIN, chain)
+            rules: list[bytes] = []
+            size = 0
+            at = 4 + len(where)
+            for payload in nl.answers(NFNL_SUBSYS_NFTABLES, NFT_MSG_GETRULE, NLM_F_DUMP,
+                                      family, where):
+                # (its table and chain, as asked, are hashed once above)
+                rules.append(_content(payload, NFT_MSG_GETRULE,
+                                      at if payload.startswith(where, 4) else 4))
+                size += len(rules[-1])
+                if size > _BATCH:
+                    _hash_framed(h, rules)
+                    rules, size = [], 0
+            _hash_framed(h, rules)
             if time.monotonic() > deadline:
                 raise MarkerError(f"nftables digest: over {DIGEST_SECONDS:g} s")
     # one request per chain: a commit between two of them makes a digest of no state
@@ -265,61 +277,25 @@ def nft_rules_digest(family: int = NFPROTO_IPV4) -> str | None:
     return digest
 
 
-def _nft_content(h: hashlib._Hash, payload: bytes, cmd: int) -> None:
-    """Add what a table, chain or rule message says it does to ``h``."""
-    skip = _NFT_NOT_CONTENT[cmd]
-    parts = [payload[:2]]  # nfgenmsg's family and version (its res_id is the generation)
-    i, n = 4, len(payload)
-    while i + 4 <= n:
-        length, kind = struct.unpack_from("=HH", payload, i)
-        if length < 4:
-            raise MarkerError("netlink: malformed attribute")
-        end = i + ((length + 3) & ~3)
-        if kind & _NLA_TYPE_MASK not in skip:
-            parts.append(payload[i:end])
-        i = end
-    msg = b"".join(parts)
-    h.update(struct.pack("=I", len(msg)))
-    h.update(msg)
-
-
-def _nft_rules(h: hashlib._Hash, nl: _Nfnl, family: int, table: bytes, chain: bytes) -> None:
-    """Add what the rules of one chain do, in order, to ``h``: each framed by its length,
-    without its handle, position and counters' values."""
-    where = _nla(NFTA_RULE_TABLE, table) + _nla(NFTA_RULE_CHAIN, chain)
-    at = 4 + len(where)  # nfgenmsg, then the table and chain as asked
-    pieces: list[bytes] = []
-    size = 0
-    for payload in nl.answers(NFNL_SUBSYS_NFTABLES, NFT_MSG_GETRULE, NLM_F_DUMP, family,
-                              where):
-        if payload.startswith(where, 4) and payload.startswith(_HANDLE, at):
-            # (the order the kernel writes: the handle, and the previous rule's as the
-            # position, before what the rule does)
-            msg = _rule_content(payload, at + 24 if payload.startswith(_POSITION, at + 12)
-                                else at + 12)
-        else:  # another layout: its table and chain kept, its handle and the rest left out
-            msg = _rule_content(payload, 4)
-        pieces.append(len(msg).to_bytes(4, "little"))
-        pieces.append(msg)
-        size += len(msg)
-        if size > _BATCH:
-            h.update(b"".join(pieces))
-            pieces, size = [], 0
-    h.update(b"".join(pieces))
-
-
 _BATCH = 1 << 18  # bytes of rules hashed at once (KUBE-SERVICES is 14 MB at 10k services)
 
 
-def _rule_content(payload: bytes, start: int) -> bytes:
-    """A rule message's attributes from ``start`` on, nfgenmsg's family and version first,
-    without those of _NFT_NOT_CONTENT and the values of its counter expressions (found
-    by the expressions' structure: a match's binary data may hold the same bytes)."""
+def _hash_framed(h: hashlib._Hash, messages: list[bytes]) -> None:
+    """Each of ``messages`` into ``h``, after its length (one update for them all)."""
+    h.update(b"".join(len(m).to_bytes(4, "little") + m for m in messages))
+
+
+def _content(payload: bytes, cmd: int, start: int = 4) -> bytes:
+    """What a table, chain or rule message says the object does: nfgenmsg's family and
+    version (its res_id is the generation), then its attributes from ``start`` without
+    those of _NFT_NOT_CONTENT and, in a rule, the values of its counter expressions
+    (found by the expressions' structure: a match's binary data may hold the same bytes)."""
     out = [payload[:2]]
-    keep = start
-    skip = _NFT_NOT_CONTENT[NFT_MSG_GETRULE]
+    keep = i = start
+    skip = _NFT_NOT_CONTENT[cmd]
+    expressions = NFTA_RULE_EXPRESSIONS if cmd == NFT_MSG_GETRULE else -1
     unpack = struct.unpack_from
-    i, n = start, len(payload)
+    n = len(payload)
     while i + 4 <= n:
         length, kind = unpack("=HH", payload, i)
         if length < 4:
@@ -329,7 +305,7 @@ def _rule_content(payload: bytes, start: int) -> bytes:
         if kind in skip:
             out.append(payload[keep:i])
             keep = end
-        elif kind == NFTA_RULE_EXPRESSIONS:
+        elif kind == expressions:
             e, stop = i + 4, min(i + length, n)
             while e + 4 <= stop:
                 elen = unpack("=H", payload, e)[0]
@@ -484,7 +460,9 @@ def netfilter_content(marker: object, family: int = 4) -> tuple[object, ...]:
     """``marker`` (netfilter_marker's, just taken) with what the family's nft tables hold
     in place of the generation, which every commit of the namespace moves
     (nft_rules_digest); its legacy digests are exact already."""
-    if not (isinstance(marker, tuple) and marker[:1] == ("nft",)):
+    if not (isinstance(marker, tuple) and len(marker) == 4 and marker[0] == "nft"):
         raise MarkerError(f"not a netfilter marker: {marker!r}")
-    return ("nft", nft_rules_digest(NFPROTO_IPV6 if family == 6 else NFPROTO_IPV4),
-            *marker[2:])
+    gen = marker[1]
+    digest = None if gen is None else \
+        nft_rules_digest(NFPROTO_IPV6 if family == 6 else NFPROTO_IPV4, gen)
+    return ("nft", digest, *marker[2:])

@@ -100,12 +100,12 @@ def main() -> int:
             next_line(proc, 900)  # the first verdict: a full read and diagnosis
             first_wall = time.monotonic() - start
             first_cpu = cpu_seconds(proc.pid)
+            sync = _kube_proxy_sync(tmp / "iptables-save.txt") if args.resync else ""
             c0, t0 = first_cpu, time.monotonic()
             cycles = 0
             while time.monotonic() - t0 < args.seconds:
                 if args.resync:
-                    ns.run(f"iptables-{args.backend}-restore", "--noflush",
-                           input=_kube_proxy_sync(tmp / "iptables-save.txt"))
+                    ns.run(f"iptables-{args.backend}-restore", "--noflush", input=sync)
                 next_line(proc, args.interval + 120)
                 cycles += 1
             c1, t1 = cpu_seconds(proc.pid), time.monotonic()
