@@ -257,6 +257,10 @@ class Service:
     external_traffic_policy: str | None = None  # "Cluster" | "Local"
     annotations: dict[str, str] = field(default_factory=dict)
     ports: tuple[ServicePort, ...] = ()
+    # False: the object had no status at all (a manifest as it was applied, which people
+    # paste beside the node's outputs, not the API server's object, which always has
+    # one): its load balancer addresses are not in the input, not absent
+    status_given: bool = True
 
     @property
     def key(self) -> str:

@@ -55,3 +55,9 @@ def test_case(case: Path) -> None:
     got_ips = {r["ip"] for r in v["lb_ips"]}
     for ip in want.get("lb_ips", ()):
         assert ip in got_ips, f"{why}\nLB IPs found: {sorted(got_ips)}"
+    # what the verdict must (not) say it could not read or decide: substrings of unknowns
+    said = "\n".join(f"{u['source']}: {u['reason']}" for u in v["unknowns"])
+    for text in want.get("unknowns", ()):
+        assert text in said, f"{why}\nunknowns:\n{said}"
+    for text in want.get("unknowns_absent", ()):
+        assert text not in said, f"{why}\nunknowns:\n{said}"

@@ -193,6 +193,30 @@ def test_interface_wildcards_and_addrtype() -> None:
     assert w.walk("PREROUTING", Packet("1.1.1.1", "2.2.2.2", in_iface="eth0"))[0].verdict == "DROP"
 
 
+def test_an_unknown_interface_forks_and_names_the_assumption() -> None:
+    # kube-proxy's --detect-local-mode InterfaceNamePrefix (AKS: `-i azv+`) on a packet
+    # whose entry interface the input does not show: both answers, each said
+    w = nat("""
+:PREROUTING ACCEPT [0:0]
+-A PREROUTING -i azv+ -j DNAT --to-destination 10.244.0.5:80
+-A PREROUTING -o eth0 -j DROP
+""")
+    paths = w.walk("PREROUTING", Packet("10.244.1.2", "4.225.209.242", dport=80))
+    assert sorted(r.verdict for r in paths) == ["ACCEPT", "DNAT", "DROP"]
+    dnat = next(r for r in paths if r.verdict == "DNAT")
+    (assumed,) = dnat.assumed
+    assert assumed.startswith("assumed matching: -A PREROUTING -i azv+") and \
+        "interface -i azv+: the interface the packet enters by is not in the input" in assumed
+    drop = next(r for r in paths if r.verdict == "DROP")
+    assert [a.split(":")[0] for a in drop.assumed] == ["assumed NOT matching",
+                                                        "assumed matching"]
+    assert "-o eth0: the interface the packet leaves by" in drop.assumed[1]
+    # a known interface is matched, not assumed
+    (known,) = w.walk("PREROUTING", Packet("10.244.1.2", "4.225.209.242", dport=80,
+                                            in_iface="azv1234", out_iface="eth1"))
+    assert known.verdict == "DNAT" and not known.assumed
+
+
 def test_jump_loop_is_reported_not_hung() -> None:
     w = nat("""
 :PREROUTING ACCEPT [0:0]

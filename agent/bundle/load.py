@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from agent.bundle import files as bundle_files
 from agent.bundle import sections as fmt
+from agent.bundle.markup import without_markup
 from agent.bundle.sections import Section, split_sections
 from agent.errors import InputError
 from agent.netfilter.listing import listing_to_rules
@@ -34,6 +35,7 @@ from agent.parse.ipset_text import parse_ipsets
 from agent.parse.ipvsadm_text import parse_ipvsadm
 from agent.parse.kube import parse_ingresses, parse_node, parse_services
 from agent.parse.route_text import parse_local_routes
+from agent.parse.svc_describe import parse_svc_describe
 from agent.parse.svc_table import parse_svc_table
 from agent.parse.sysctl_text import parse_sysctls
 from agent.parse.text_file import decode_text, read_text_file
@@ -117,6 +119,7 @@ def load_texts(texts: Iterable[tuple[str, str | InputError, str]], origin: str
         if isinstance(text, InputError):
             refused.append(str(text))
             continue
+        text = without_markup(text)  # what a paste wraps around the outputs
         base = source.rsplit("/", 1)[-1]
         if base in (bundle_files.IPTABLES, bundle_files.IP6TABLES) and not text.strip():
             # (ip6)tables-save prints nothing where no table exists, and the live probe
@@ -684,10 +687,20 @@ def _svc_table(s: Section, ev: _Evidence) -> bool:
     return bool(got)
 
 
+def _svc_describe(s: Section, ev: _Evidence) -> bool:
+    got, problems = parse_svc_describe(s.all_lines(), s.source)
+    ev.problems += [(s.source, n, why) for n, why in problems]
+    for svc in got:
+        ev.services[svc.key] = svc  # (over a `kubectl get svc` row: it says more)
+    if got:
+        ev.services_read = True  # (as a single Service's YAML is: the Services given)
+    return bool(got)
+
+
 _READERS: dict[str, Callable[[Section, _Evidence], bool]] = {
     fmt.IPTABLES: _iptables, fmt.IPTABLES_LIST: _iptables_list, fmt.IPSET: _ipset,
     fmt.IPVSADM: _ipvsadm, fmt.ADDR: _addr, fmt.ROUTE: _route, fmt.SYSCTL: _sysctl,
-    fmt.KUBE: _kube, fmt.SVC_TABLE: _svc_table,
+    fmt.KUBE: _kube, fmt.SVC_TABLE: _svc_table, fmt.SVC_DESCRIBE: _svc_describe,
 }
 
 

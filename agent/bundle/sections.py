@@ -27,6 +27,7 @@ ROUTE = "ip route"
 SYSCTL = "sysctl"
 KUBE = "kubectl yaml/json"
 SVC_TABLE = "kubectl get svc"
+SVC_DESCRIBE = "kubectl describe svc"
 UNKNOWN = "unknown"
 
 # The command that gives each format, for messages ("this looked like X; run Y").
@@ -35,6 +36,7 @@ COMMAND_FOR = {
     IPSET: "ipset save", IPVSADM: "ipvsadm -Ln", ADDR: "ip addr",
     ROUTE: "ip route show table local", SYSCTL: "sysctl -a",
     KUBE: "kubectl get svc -A -o yaml", SVC_TABLE: "kubectl get svc -A -o wide",
+    SVC_DESCRIBE: "kubectl describe svc",
 }
 
 _KNOWN_COMMANDS = frozenset({
@@ -73,6 +75,8 @@ _STARTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     (KUBE, re.compile(r"^\s*(?:apiVersion:\s|kind:\s*(?:Service|List|Node|Ingress)|"
                       r"\{\s*$|\{\s*\"(?:apiVersion|kind|items)\")")),
     (SVC_TABLE, re.compile(r"^\s*(?:NAMESPACE\s+)?NAME\s+TYPE\s+CLUSTER-IP\s+EXTERNAL-IP")),
+    # `kubectl describe`'s first line: its columns pad "Name:" (ipset's has one blank)
+    (SVC_DESCRIBE, re.compile(r"^Name:(?: {2,}|\t)[ \t]*\S+\s*$")),
 )
 # Lines that continue whatever section they are in but start none.
 _IPVS_ROW = re.compile(r"^\s*(?:(?:TCP|UDP|SCTP)\s+\S+:\d+|FWM\s+\d+|->\s+\S+:\d+)\s")
@@ -186,9 +190,10 @@ def command_format(cmd: str) -> tuple[str, dict[str, str]]:
         joined = " ".join(args)
         if re.search(r"(?:-o|--output)[= ]?(?:yaml|json)", joined):
             return KUBE, hint
-        if args[:1] == ["get"] and len(args) > 1 and args[1].split("/")[0] in (
-                "svc", "service", "services"):
-            return SVC_TABLE, hint
+        verb = _kubectl_words(args)[:2]  # (`kubectl -n ns describe svc/x` as well)
+        if len(verb) == 2 and verb[0] in ("get", "describe") and \
+                verb[1].split("/")[0] in ("svc", "service", "services"):
+            return (SVC_TABLE if verb[0] == "get" else SVC_DESCRIBE), hint
         return UNKNOWN, hint
     if prog in ("cat", "less", "more", "tail", "head") and args:
         return name_format(args[-1]), hint
@@ -196,6 +201,20 @@ def command_format(cmd: str) -> tuple[str, dict[str, str]]:
     if len(chains) == 1:
         hint["chain"] = chains[0]  # an alias run on a chain (`ipt KUBE-SERVICES`)
     return UNKNOWN, hint
+
+
+def _kubectl_words(args: list[str]) -> list[str]:
+    """kubectl's arguments without its options (and the values of those that take one)."""
+    out, i = [], 0
+    while i < len(args):
+        a = args[i]
+        if a in ("-n", "--namespace", "--context", "--kubeconfig", "-l", "--selector"):
+            i += 2
+            continue
+        if not a.startswith("-"):
+            out.append(a)
+        i += 1
+    return out
 
 
 _CHAIN_ARG = re.compile(r"^(?:KUBE-[A-Z0-9-]+|PREROUTING|POSTROUTING|INPUT|OUTPUT|FORWARD)$")
@@ -276,6 +295,10 @@ _BODY = {IPTABLES: ("-A ", ":KUBE-", "[0:0] -A "), IPSET: ("add ",),
          IPVSADM: ("  -> ", "TCP  ", "UDP  ", "-a -", "-A -"), SYSCTL: ("net.",),
          ROUTE: ("local ", "broadcast "), ADDR: ("    inet", "    link/", "       valid_lft")}
 
+# A Markdown code fence: ``` or ~~~ (three or more), an info string ("console", "yaml");
+# the paste's indent and quote markers are gone already (agent.bundle.markup)
+_FENCE = re.compile(r"[ \t]*(?:`{3,}[^`]*|~{3,}.*)$")
+
 # Formats whose body runs on after lines that look like another format's (YAML/JSON hold
 # addresses and words that other patterns would take; so do iptables rule comments).
 _STICKY = {KUBE}
@@ -301,6 +324,11 @@ def split_sections(text: str, source: str, name_hint: str = UNKNOWN) -> list[Sec
     for lineno, line in enumerate(text.splitlines(), 1):
         if cur is not None and line.startswith(_BODY.get(cur.format, "\0")):
             cur.lines.append((lineno, line))  # the bulk of a big dump: no pattern needed
+            continue
+        if _FENCE.match(line):
+            # a Markdown code block opens or closes: what follows is another output, or
+            # prose (not the rest of a YAML document, which would then not parse)
+            cur, kube_depth = None, 0
             continue
         cmd = _prompt(line)
         if cmd is None and _BARE_PROMPT.match(line):
@@ -433,4 +461,4 @@ def _breaks(current: str, new: str, line: str) -> bool:
         return current != IPTABLES
     if new in (IPTABLES_LIST, IPVSADM) and current not in (IPTABLES, IPTABLES_LIST, IPVSADM):
         return line.lstrip().startswith(("Chain ", "IP Virtual Server"))
-    return False
+    return new == SVC_DESCRIBE and current != SVC_DESCRIBE  # its "Name:    x" line

@@ -83,7 +83,12 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
     ctx = Context(snap, facts, targets, paths, mode, mode_how, unknowns,  # type: ignore[arg-type]
                   ChainServices(snap), capture, v6_targets)
     findings: list[Finding] = []
-    if not targets and not v6_targets and snap.services is None:
+    manifests = _manifests_only(snap)
+    for key in manifests:
+        unknowns.add("LB IPs", f"Service {key} (type LoadBalancer) was given without its "
+                     "status (a manifest, not `kubectl get svc -o yaml`): its load balancer "
+                     "addresses are not in the input")
+    if not targets and not v6_targets and (snap.services is None or manifests):
         # without the Service objects "none found" may just mean "not visible here"
         findings.append(Finding(
             "lb-ips-unknown", "warning",
@@ -91,7 +96,9 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
             "objects (API access or services.json) the agent cannot rule loopback out",
             evidence=(("no address in kube-proxy's service-ips map outside @cluster-ips"
                        if mode == "nftables" else
-                       "no KUBE-LOAD-BALANCER ipset entry, no 'loadbalancer IP' rule"),),
+                       "no KUBE-LOAD-BALANCER ipset entry, no 'loadbalancer IP' rule"),
+                      *(f"Service {key}: a manifest without status (its address is not in "
+                        "it)" for key in manifests[:5])),
             remedy="Run with API access, or give --kube-json DIR / services.json in the "
                    "bundle."))
     if mode == "unknown" and snap.ip6tables is not None:
@@ -216,6 +223,13 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
         context=context,
         capture=capture,
     )
+
+
+def _manifests_only(snap: NodeSnapshot) -> list[str]:
+    """The LoadBalancer Services given without a status (a manifest), by key: their load
+    balancer addresses are unknown, not absent."""
+    return [s.key for s in snap.services or ()
+            if s.type == "LoadBalancer" and not s.status_given]
 
 
 def _one(shared: dict[tuple[str, ...], tuple[str, ...]], value: tuple[str, ...]

@@ -513,6 +513,11 @@ def _fact(line: str) -> str:
     m = re.search(r"(KUBE-(?:SVC|SVL|SEP|EXT|XLB|FW)-\S+): assumed", line)
     if m:
         return f"what {m.group(1)} does; `iptables -t nat -S {m.group(1)}` shows it"
+    m = re.search(r"interface (-[io]) (\S+):", line)
+    if m:
+        return (f"whether the pod's packet {'enters' if m.group(1) == '-i' else 'leaves'} by "
+                f"an interface {m.group(2)} names (kube-proxy's --detect-local-mode); "
+                "`ip route` and `ip addr` on the node show the pods' interfaces")
     if "addrtype" in line:
         return ("which addresses are local on this node (an `addrtype` match); "
                 "`ip route show table local` shows it")

@@ -33,7 +33,7 @@ from agent.snapshot import Chain, Rules, Table
 TRUE, FALSE, MAYBE = 1, 0, 2
 ASSUME = "assume"  # the action of a Step that records an assumed answer
 # reasons a match cannot be decided that name a fact of the node the input lacks
-ASSUMABLE = ("addrtype --", "ipset ", "source address")
+ASSUMABLE = ("addrtype --", "ipset ", "source address", "interface ")
 # why a source match cannot be decided when the pod's own address is not known
 SRC_UNKNOWN = ("source address: the pods' addresses on this node are not in the input "
                "(their CIDR decides it)")
@@ -440,7 +440,11 @@ class TableWalker:
         if k in ("in", "out"):
             iface = pkt.in_iface if k == "in" else pkt.out_iface
             if iface is None:
-                return None, f"{'-i' if k == 'in' else '-o'} {a[0]}: interface not known here"
+                # (kube-proxy's --detect-local-mode InterfaceNamePrefix / BridgeInterface
+                # tells pods' packets so: `-i azv+`, `! -i cbr0`)
+                return None, (f"interface {'-i' if k == 'in' else '-o'} {a[0]}: the "
+                              f"interface the packet {'enters' if k == 'in' else 'leaves'} "
+                              "by is not in the input")
             pat = a[0]
             ok = iface.startswith(pat[:-1]) if pat.endswith("+") else iface == pat
             return (TRUE if ok else FALSE), ""

@@ -129,6 +129,7 @@ def _service(item: dict[str, Any], path: str, source: str) -> Service:
         external_traffic_policy=_opt_str(spec, "externalTrafficPolicy", sp, source) or None,
         annotations=annotations,
         ports=tuple(ports),
+        status_given=item.get("status") is not None,
     )
 
 
@@ -192,6 +193,7 @@ def _plain_service(item: dict[str, Any]) -> Service | None:
         annotations={k: v for k, v in raw_annotations.items()
                      if isinstance(k, str) and isinstance(v, str)},
         ports=tuple(ports),
+        status_given=status is not None,
     )
 
 

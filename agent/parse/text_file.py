@@ -72,18 +72,35 @@ def _reopened(where: int, file: Path, flags: int, st: os.stat_result) -> int:
 
 
 def decode_text(data: bytes, name: str) -> str:
-    """``data`` as UTF-8 text (CRLF line ends as LF); a bad byte is an InputError naming
-    its line and column."""
+    """``data`` as text (CRLF line ends as LF): UTF-8, with or without a byte order mark,
+    or UTF-16 that starts with one (what Windows PowerShell 5's `>` writes: a ticket's
+    `kubectl get svc -A -o yaml > svc.yaml` arrives so); a bad byte is an InputError
+    naming its line and column."""
+    codec, skip = "utf-8", 0
+    if data.startswith(_UTF8_BOM):
+        skip = len(_UTF8_BOM)  # (a BOM kept would glue itself to the first line's word)
+    elif data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        codec = "utf-16"  # (the codec reads the BOM for the byte order and drops it)
     try:
-        text = data.decode("utf-8")
+        text = data[skip:].decode(codec) if skip else data.decode(codec)
     except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise InputError(name, line,
-                         f"not UTF-8 text (byte 0x{data[e.start]:02x} at column {column})"
-                         ) from None
+        start = e.start + skip
+        if codec == "utf-8":
+            line = data.count(b"\n", 0, start) + 1
+            column = start - (data.rfind(b"\n", 0, start) + 1) + 1
+        else:  # (offsets in UTF-16 units: the text before the bad unit, decoded)
+            before = data[:start - start % 2].decode(codec, "replace")
+            line = before.count("\n") + 1
+            column = len(before) - (before.rfind("\n") + 1) + 1
+        bad = f"byte 0x{data[start]:02x}" if codec == "utf-8" else \
+            "a lone surrogate or a cut unit"
+        raise InputError(name, line, f"not {'UTF-8' if codec == 'utf-8' else 'UTF-16'} "
+                         f"text ({bad} at column {column})") from None
     # a test for "\r" (memchr) before the replace, which scans 20x slower
     return text.replace("\r\n", "\n") if "\r" in text else text
+
+
+_UTF8_BOM = b"\xef\xbb\xbf"
 
 
 def _size(n: int) -> str:

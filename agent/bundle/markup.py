@@ -1,0 +1,68 @@
+"""What a paste wraps around the command output it carries, taken off before it is read:
+a terminal's colour codes (`grep --color=always`, `ip -c`, a `script` log), a reply's
+quote markers (every line "> ..."), an indent that every line shares (a Markdown or
+e-mail code block), and the non-breaking spaces of a web page or a chat client.
+Markdown's code fences are sections' borders (agent.bundle.sections).
+
+Each line stays where it was (nothing is joined or dropped), so a file:line in a verdict
+still points at the line the user pasted.
+"""
+
+from __future__ import annotations
+
+import re
+
+# U+00A0 NO-BREAK SPACE, U+2007 FIGURE SPACE, U+202F NARROW NO-BREAK SPACE: what a page's
+# &nbsp; or a chat client's aligned columns become; no command output we read holds one
+_SPACES = str.maketrans({"\u00a0": " ", "\u2007": " ", "\u202f": " "})
+_QUOTE = re.compile(r"^> ?", re.M)
+# ECMA-48 control sequences (CSI: colours, "erase line" after grep's matches) and
+# operating system commands (a terminal's title, hyperlinks), as a terminal log holds them
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b\n]*(?:\x07|\x1b\\)?")
+_MAX_QUOTE_DEPTH = 8  # a reply to a reply ...: past that it is not a paste of output
+_FIRST = re.compile(r"\n*(.)")  # the first character of the first line that is not empty
+
+
+def without_markup(text: str) -> str:
+    """``text`` with the paste's wrapping taken off (see the module); the same text when
+    it has none (a big dump costs a few scans at C speed)."""
+    if "\x1b" in text:
+        text = _ESCAPES.sub("", text)
+    if not text.isascii():
+        text = text.translate(_SPACES)
+    for _ in range(_MAX_QUOTE_DEPTH):
+        if not _all_lines_start(text, ">"):
+            break
+        text = _QUOTE.sub("", text)
+    return _dedented(text)
+
+
+def _all_lines_start(text: str, mark: str) -> bool:
+    """Does every line that is not blank start with ``mark``? (A quoted reply may keep
+    blank lines unquoted.)"""
+    if _first(text) != mark:
+        return False  # (the cheap test first: most texts are not quoted)
+    return all(line.startswith(mark) for line in text.splitlines() if line.strip())
+
+
+def _dedented(text: str) -> str:
+    """``text`` without the blanks every non-blank line starts with (textwrap.dedent's
+    rule, keeping blank lines as they are)."""
+    if _first(text) not in (" ", "\t"):
+        return text  # (the first line is not indented: nothing is shared)
+    lines = text.split("\n")
+    indents = [line[:len(line) - len(line.lstrip(" \t"))] for line in lines if line.strip()]
+    common = min(indents, default="")
+    # the longest prefix of the smallest indent that every indent starts with
+    while common and not all(i.startswith(common) for i in indents):
+        common = common[:-1]
+    if not common:
+        return text
+    n = len(common)
+    return "\n".join(line[n:] if line.startswith(common) else line.lstrip(" \t")
+                     for line in lines)
+
+
+def _first(text: str) -> str:
+    m = _FIRST.match(text)
+    return m.group(1) if m else ""

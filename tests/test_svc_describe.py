@@ -1,0 +1,98 @@
+"""`kubectl describe svc` text: kubectl's layout (pkg/describe describeService), blocks of
+other kinds, and lines that are not its own. The real pastes are in
+tests/data/realworld/ (test_realworld.py runs them); these are constructed, each for one
+rule of the layout."""
+
+from __future__ import annotations
+
+from agent.bundle import load_texts
+from agent.bundle.sections import SVC_DESCRIBE, command_format, split_sections
+from agent.diagnose import diagnose
+from agent.parse.svc_describe import parse_svc_describe
+
+TWO_PORTS = """\
+Name:                     web
+Namespace:                shop
+Labels:                   app=web
+Annotations:              service.kubernetes.io/qcloud-loadbalancer-internal-subnetid: subnet-1
+                          service.kubernetes.io/tke-existed-lbid: lb-2
+Selector:                 app=web
+Type:                     LoadBalancer
+IP Family Policy:         SingleStack
+IP Families:              IPv4
+IP:                       10.96.0.20
+IPs:                      10.96.0.20
+IP:                       198.51.100.9
+LoadBalancer Ingress:     198.51.100.7 (VIP), lb-1.example.com
+Port:                     <unset>  80/TCP
+TargetPort:               8080/TCP
+NodePort:                 <unset>  30080/TCP
+Endpoints:                10.244.1.5:8080,10.244.2.6:8080 + 1 more...
+Port:                     dns  53/UDP
+TargetPort:               53/UDP
+Endpoints:                <none>
+Session Affinity:         None
+External Traffic Policy:  Local
+HealthCheck NodePort:     32001
+Events:
+  Type    Reason                Age   From                Message
+  ----    ------                ----  ----                -------
+  Normal  EnsuringLoadBalancer  2m    service-controller  Ensuring load balancer
+"""
+
+
+def lines(text: str) -> list[tuple[int, str]]:
+    return list(enumerate(text.splitlines(), 1))
+
+
+def test_kubectls_layout_is_read_field_by_field() -> None:
+    (svc,), problems = parse_svc_describe(lines(TWO_PORTS), "paste.txt")
+    assert problems == []
+    assert (svc.key, svc.type, svc.cluster_ip) == ("shop/web", "LoadBalancer", "10.96.0.20")
+    # the second "IP:" is spec.loadBalancerIP (asked for): not an address the LB has
+    assert [(i.ip, i.hostname, i.ip_mode) for i in svc.lb_ingress] == [
+        ("198.51.100.7", None, "VIP"), (None, "lb-1.example.com", None)]
+    assert [(p.name, p.port, p.protocol, p.node_port) for p in svc.ports] == [
+        (None, 80, "TCP", 30080), ("dns", 53, "UDP", None)]
+    assert svc.external_traffic_policy == "Local" and svc.status_given
+    assert svc.annotations == {
+        "service.kubernetes.io/qcloud-loadbalancer-internal-subnetid": "subnet-1",
+        "service.kubernetes.io/tke-existed-lbid": "lb-2"}
+
+
+def test_a_pending_load_balancer_has_no_address_and_that_is_known() -> None:
+    text = TWO_PORTS.replace("LoadBalancer Ingress:     198.51.100.7 (VIP), lb-1.example.com\n",
+                             "")
+    (svc,), _ = parse_svc_describe(lines(text), "p")
+    assert svc.lb_ingress == () and svc.status_given
+
+
+def test_blocks_of_other_kinds_and_foreign_lines_are_named_not_guessed() -> None:
+    pod = "Name:         web-0\nNamespace:    shop\nNode:         node-1/10.0.0.5\n"
+    text = pod + "\n" + TWO_PORTS.replace("Port:                     dns  53/UDP",
+                                          "Port:                     dns  53") + "garbage\n"
+    services, problems = parse_svc_describe(lines(text), "p")
+    assert [s.key for s in services] == ["shop/web"]
+    assert [p.port for p in services[0].ports] == [80]  # the bad Port line costs its port
+    said = dict(problems)
+    at = text.splitlines().index("Port:                     dns  53") + 1
+    assert "not a Service's" in said[1]
+    assert "not a Port line" in said[at]
+    assert "not a `kubectl describe svc` line" in said[len(text.splitlines())]
+
+
+def test_a_describe_is_its_own_section_after_other_output() -> None:
+    text = ("$ ipset list KUBE-LOAD-BALANCER\nName: KUBE-LOAD-BALANCER\nType: hash:ip,port\n"
+            "Members:\n198.51.100.7,tcp:80\n\n" + TWO_PORTS)
+    assert [s.format for s in split_sections(text, "p")] == ["ipset", SVC_DESCRIBE]
+    assert command_format("kubectl describe svc web -n shop")[0] == SVC_DESCRIBE
+    assert command_format("kubectl -n shop describe service/web")[0] == SVC_DESCRIBE
+    assert command_format("kubectl get -n shop svc")[0] != SVC_DESCRIBE
+
+
+def test_the_verdict_uses_the_described_service() -> None:
+    snap = load_texts([("paste.txt", TWO_PORTS, "unknown")], origin="bundle:paste")
+    v = diagnose(snap, "node").to_dict()
+    assert [r["ip"] for r in v["lb_ips"]] == ["198.51.100.7"]
+    lb = v["lb_ips"][0]
+    assert lb["ports"] == ["TCP/80", "UDP/53"] and lb["services"] == ["shop/web"]
