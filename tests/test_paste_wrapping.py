@@ -157,9 +157,17 @@ def test_only_a_wrapping_of_every_line_is_taken_off() -> None:
 
 
 def test_a_big_dump_without_markup_is_the_same_object() -> None:
-    # (the 18 MB dump of a 10k-service node must not be copied for nothing)
+    # (the 18 MB dump of a 10k-service node must not be copied for nothing, nor walked
+    # character by character for holding one non-ASCII letter)
     text = "*nat\n" + "-A KUBE-SERVICES -j RETURN\n" * 1000 + "COMMIT\n"
     assert without_markup(text) is text
+    accented = text.replace("RETURN\n", '-m comment --comment "caf\u00e9" -j RETURN\n', 1)
+    assert without_markup(accented) is accented
+
+
+def test_blank_first_lines_do_not_hide_a_quote_or_an_indent() -> None:
+    assert without_markup("   \n> a\n>\n> b\n") == "   \na\n\nb\n"
+    assert without_markup("\n\n  x\n    y\n") == "\n\nx\n  y\n"
 
 
 @pytest.mark.parametrize(("data", "said"), [

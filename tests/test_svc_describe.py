@@ -88,6 +88,7 @@ def test_a_describe_is_its_own_section_after_other_output() -> None:
     assert command_format("kubectl describe svc web -n shop")[0] == SVC_DESCRIBE
     assert command_format("kubectl -n shop describe service/web")[0] == SVC_DESCRIBE
     assert command_format("kubectl get -n shop svc")[0] != SVC_DESCRIBE
+    assert command_format("kubectl get -o wide svc -A")[0] == "kubectl get svc"
 
 
 def test_the_verdict_uses_the_described_service() -> None:
@@ -96,3 +97,22 @@ def test_the_verdict_uses_the_described_service() -> None:
     assert [r["ip"] for r in v["lb_ips"]] == ["198.51.100.7"]
     lb = v["lb_ips"][0]
     assert lb["ports"] == ["TCP/80", "UDP/53"] and lb["services"] == ["shop/web"]
+
+
+def test_a_manifest_pasted_after_the_describe_does_not_hide_its_address() -> None:
+    manifest = ("apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: shop\n"
+                "spec:\n  type: LoadBalancer\n  ports:\n  - port: 80\n")
+    for text in (TWO_PORTS + "\n$ cat web.yaml\n" + manifest,
+                 "$ cat web.yaml\n" + manifest + "\n$ kubectl describe svc web\n" + TWO_PORTS):
+        snap = load_texts([("paste.txt", text, "unknown")], origin="bundle:paste")
+        (svc,) = snap.services
+        assert svc.status_given and svc.lb_ingress[0].ip == "198.51.100.7"
+
+
+def test_an_indented_label_that_looks_like_a_sysctl_stays_in_the_describe() -> None:
+    text = TWO_PORTS.replace("Labels:                   app=web\n",
+                             "Labels:                   app=web\n"
+                             "                          net.example.io/tier=edge\n")
+    assert [s.format for s in split_sections(text, "p")] == [SVC_DESCRIBE]
+    (svc,) = load_texts([("p", text, "unknown")], origin="bundle:p").services
+    assert svc.lb_ingress and svc.ports

@@ -646,7 +646,7 @@ def _kube(s: Section, ev: _Evidence) -> bool:
         try:
             if kind == "Service":
                 for svc in parse_services(doc, where):
-                    ev.services[svc.key] = svc
+                    _add_service(ev, svc)
                 ev.services_read = True
             elif kind == "Node":
                 ev.node = parse_node(objs[0], where)
@@ -687,11 +687,20 @@ def _svc_table(s: Section, ev: _Evidence) -> bool:
     return bool(got)
 
 
+def _add_service(ev: _Evidence, svc: Service) -> None:
+    """A Service read from YAML/JSON or a describe replaces one read before, but a
+    manifest (no status) never replaces one whose status was given: the address the
+    API server gave it must not turn into "not given" because its YAML is pasted too."""
+    old = ev.services.get(svc.key)
+    if old is None or svc.status_given or not old.status_given:
+        ev.services[svc.key] = svc
+
+
 def _svc_describe(s: Section, ev: _Evidence) -> bool:
     got, problems = parse_svc_describe(s.all_lines(), s.source)
     ev.problems += [(s.source, n, why) for n, why in problems]
     for svc in got:
-        ev.services[svc.key] = svc  # (over a `kubectl get svc` row: it says more)
+        _add_service(ev, svc)  # (over a `kubectl get svc` row: it says more)
     if got:
         ev.services_read = True  # (as a single Service's YAML is: the Services given)
     return bool(got)

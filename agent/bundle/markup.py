@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import re
 
+from agent.parse.text_file import replaced
+
 # U+00A0 NO-BREAK SPACE, U+2007 FIGURE SPACE, U+202F NARROW NO-BREAK SPACE: what a page's
 # &nbsp; or a chat client's aligned columns become; no command output we read holds one
-_SPACES = str.maketrans({"\u00a0": " ", "\u2007": " ", "\u202f": " "})
+_SPACES = ("\u00a0", "\u2007", "\u202f")
 _QUOTE = re.compile(r"^> ?", re.M)
 # ECMA-48 control sequences (CSI: colours, "erase line" after grep's matches) and
 # operating system commands (a terminal's title, hyperlinks), as a terminal log holds them
 _ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b\n]*(?:\x07|\x1b\\)?")
 _MAX_QUOTE_DEPTH = 8  # a reply to a reply ...: past that it is not a paste of output
-_FIRST = re.compile(r"\n*(.)")  # the first character of the first line that is not empty
+_FIRST = re.compile(r"\s*(\S)")  # the first character that is not blank
+_INDENTED = re.compile(r"(?:[ \t]*\n)*[ \t]+\S")  # the first non-blank line is indented
 
 
 def without_markup(text: str) -> str:
@@ -28,8 +31,7 @@ def without_markup(text: str) -> str:
     it has none (a big dump costs a few scans at C speed)."""
     if "\x1b" in text:
         text = _ESCAPES.sub("", text)
-    if not text.isascii():
-        text = text.translate(_SPACES)
+    text = replaced(text, _SPACES, " ")
     for _ in range(_MAX_QUOTE_DEPTH):
         if not _all_lines_start(text, ">"):
             break
@@ -48,8 +50,8 @@ def _all_lines_start(text: str, mark: str) -> bool:
 def _dedented(text: str) -> str:
     """``text`` without the blanks every non-blank line starts with (textwrap.dedent's
     rule, keeping blank lines as they are)."""
-    if _first(text) not in (" ", "\t"):
-        return text  # (the first line is not indented: nothing is shared)
+    if not _INDENTED.match(text):
+        return text  # (the first line that is not blank is not indented: nothing is shared)
     lines = text.split("\n")
     indents = [line[:len(line) - len(line.lstrip(" \t"))] for line in lines if line.strip()]
     common = min(indents, default="")

@@ -208,7 +208,8 @@ def _kubectl_words(args: list[str]) -> list[str]:
     out, i = [], 0
     while i < len(args):
         a = args[i]
-        if a in ("-n", "--namespace", "--context", "--kubeconfig", "-l", "--selector"):
+        if a in ("-n", "--namespace", "--context", "--kubeconfig", "-l", "--selector",
+                 "-o", "--output"):
             i += 2
             continue
         if not a.startswith("-"):
@@ -293,7 +294,10 @@ _BARE_PROMPT = re.compile(r"^\s*(?:\[[^\]\n]{1,80}\]\s?[#$%]|[\w.-]+@[\w.-]+(?::
 # How most lines of a format's body start: such a line continues its section at once.
 _BODY = {IPTABLES: ("-A ", ":KUBE-", "[0:0] -A "), IPSET: ("add ",),
          IPVSADM: ("  -> ", "TCP  ", "UDP  ", "-a -", "-A -"), SYSCTL: ("net.",),
-         ROUTE: ("local ", "broadcast "), ADDR: ("    inet", "    link/", "       valid_lft")}
+         ROUTE: ("local ", "broadcast "), ADDR: ("    inet", "    link/", "       valid_lft"),
+         # a describe's indented lines go on with its Labels, Annotations or Events (a
+         # label "net.example.io/tier=edge" would otherwise start a sysctl section)
+         SVC_DESCRIBE: (" ", "\t")}
 
 # A Markdown code fence: ``` or ~~~ (three or more), an info string ("console", "yaml");
 # the paste's indent and quote markers are gone already (agent.bundle.markup)

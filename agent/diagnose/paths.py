@@ -12,7 +12,15 @@ from typing import NamedTuple
 
 from agent.diagnose.lb_ip import LbTarget
 from agent.diagnose.node_facts import NodeFacts
-from agent.netfilter.walk import SRC_UNKNOWN, UNSEEN_REST, HookResult, Packet, Step, TableWalker
+from agent.netfilter.walk import (
+    ASSUME,
+    SRC_UNKNOWN,
+    UNSEEN_REST,
+    HookResult,
+    Packet,
+    Step,
+    TableWalker,
+)
 from agent.parse.ip_text import host_port
 from agent.snapshot import Chain, IpSet, Netfilter, Rule, Table
 
@@ -383,8 +391,9 @@ class PathFinder:
         evidence: tuple[str, ...] = head
         for res in self.nat.walk("PREROUTING", pkt):
             ev = head + tuple(map(_rendered, res.steps))
-            if res.verdict == "UNKNOWN":
-                return ServedOutcome(None, None, (*ev, res.detail), res.detail)
+            why = _undecided(res)
+            if why:
+                return ServedOutcome(None, None, (*ev, why), why)
             if res.verdict in ("DROP", "REJECT"):
                 evidence = (*ev, f"{res.verdict} in nat PREROUTING")
                 continue
@@ -393,8 +402,9 @@ class PathFinder:
                 # to the node itself: filter INPUT decides (kube-proxy's "has no local
                 # endpoints" rules live there); nothing listens on a NodePort by itself
                 for fr in self._filter("INPUT", p):
-                    if fr.verdict == "UNKNOWN":
-                        return ServedOutcome(None, None, (*ev, fr.detail), fr.detail)
+                    why = _undecided(fr)
+                    if why:
+                        return ServedOutcome(None, None, (*ev, why), why)
                     evidence = (*ev, *map(_rendered, fr.steps),
                                 f"no DNAT to an endpoint: {fr.verdict} in filter INPUT")
                 continue
@@ -403,15 +413,17 @@ class PathFinder:
             p = p._replace(out_iface=out)
             for fr in self._filter("FORWARD", p):
                 ev2 = ev + tuple(_rendered(s) for s in fr.steps if s.table == "filter")
-                if fr.verdict == "UNKNOWN":
-                    return ServedOutcome(None, None, (*ev2, fr.detail), fr.detail)
+                why = _undecided(fr)
+                if why:
+                    return ServedOutcome(None, None, (*ev2, why), why)
                 if fr.verdict in ("DROP", "REJECT"):
                     evidence = ev2
                     continue
                 served_any = True
                 for pr in self.nat.walk("POSTROUTING", fr.packet):
-                    if pr.verdict == "UNKNOWN":
-                        return ServedOutcome(None, None, (*ev2, pr.detail), pr.detail)
+                    why = _undecided(pr)
+                    if why:
+                        return ServedOutcome(None, None, (*ev2, why), why)
                     masq = pr.verdict in ("MASQUERADE", "SNAT")
                     kept = (not masq) if kept is None else (kept and not masq)
                     evidence = ev2 + tuple(map(_rendered, pr.steps))
@@ -439,6 +451,21 @@ class PathFinder:
 
     def _filter(self, chain: str, p: Packet) -> list[HookResult]:
         return self.filter.walk(chain, p) if self.filter else [HookResult("ACCEPT", p, ())]
+
+
+def _undecided(res: HookResult) -> str:
+    """Why a path of the load balancer's packet decides nothing: it ended UNKNOWN, or it
+    took an answer to a rule on the interface the input does not show (the uplink): a
+    NodePort "served" on such a path only may not be served at all."""
+    if res.verdict == "UNKNOWN":
+        return res.detail
+    for s in res.steps:
+        if s.action == ASSUME and ": interface -" in s.text:
+            return ("a rule asks an interface of the load balancer's packet (the node's "
+                    "uplink or the pods' interface) that the input does not show (`ip addr` "
+                    "and `ip route` show them): "
+                    + s.text.split(": interface ", 1)[1].split(":", 1)[0])
+    return ""
 
 
 def node_address(node_ip: str | None) -> str:
@@ -487,9 +514,16 @@ def _merge(outcomes: list[PathOutcome]) -> PathOutcome:
         notes = tuple(dict.fromkeys(
             f"either way ({len(outcomes)} paths over what the input does not show): "
             f"{_fact(a)}" for o in assumed for a in _assumptions(o)))
-        best = min(outcomes, key=lambda o: _RANK[o.kind]) if kinds <= _NO_LOOP else worst
-        return PathOutcome(best.kind, best.how + " (decided without a fact the input lacks: "
-                           "every answer to it leads here)", (*best.evidence, *notes))
+        if len(kinds) > 1:
+            # no loop on any answer, but not the same end (served here on one, dropped on
+            # another): say both, claim neither
+            shown = worst  # (as a decision would be: the end that is least served)
+            other = next(o for o in outcomes if o.kind != shown.kind)
+            return PathOutcome(shown.kind, f"{shown.how}; or, depending on a fact the input "
+                               f"lacks, {other.kind}: {other.how} (no loop either way)",
+                               (*shown.evidence, f"the other answer: {other.how}", *notes))
+        return PathOutcome(worst.kind, worst.how + " (decided without a fact the input "
+                           "lacks: every answer to it leads here)", (*worst.evidence, *notes))
     if len(kinds) > 1:
         return PathOutcome(worst.kind, worst.how + " (on some of the paths kube-proxy's "
                            "random endpoint choice can take)", worst.evidence, mixed=True)
@@ -510,14 +544,16 @@ def _fact(line: str) -> str:
     if SRC_UNKNOWN in line:
         return ("this node's pod CIDR; `kubectl get node NODE -o jsonpath='{.spec.podCIDR}'` "
                 "shows it (or give --pod-cidr)")
-    m = re.search(r"(KUBE-(?:SVC|SVL|SEP|EXT|XLB|FW)-\S+): assumed", line)
-    if m:
-        return f"what {m.group(1)} does; `iptables -t nat -S {m.group(1)}` shows it"
+    # (the match a step assumed first: its line starts "nat KUBE-EXT-X: assumed ...", which
+    # an unseen chain's "KUBE-SVL-X: assumed to ..." would otherwise be taken for)
     m = re.search(r"interface (-[io]) (\S+):", line)
     if m:
         return (f"whether the pod's packet {'enters' if m.group(1) == '-i' else 'leaves'} by "
                 f"an interface {m.group(2)} names (kube-proxy's --detect-local-mode); "
                 "`ip route` and `ip addr` on the node show the pods' interfaces")
+    m = re.search(r"(KUBE-(?:SVC|SVL|SEP|EXT|XLB|FW)-\S+): assumed to ", line)
+    if m:
+        return f"what {m.group(1)} does; `iptables -t nat -S {m.group(1)}` shows it"
     if "addrtype" in line:
         return ("which addresses are local on this node (an `addrtype` match); "
                 "`ip route show table local` shows it")

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from agent.errors import InputError
+from agent.parse.text_file import replaced
 from agent.snapshot import Chain, Netfilter, Rule, Rules, Table
 
 BUILTIN_CHAINS = {
@@ -229,7 +230,7 @@ class RulesText:
 
 # the quotes of a rule's --comment as a word processor or a notes app turns them (a paste
 # by way of Confluence, Word or a phone): iptables-save writes plain ones only
-_CURLY_QUOTES = str.maketrans({"\u201c": '"', "\u201d": '"', "\u201e": '"'})
+_CURLY_QUOTES = ("\u201c", "\u201d", "\u201e")
 
 
 def read_rules_text(text: str | list[tuple[int, str]], source: str, into: RulesText,
@@ -237,14 +238,13 @@ def read_rules_text(text: str | list[tuple[int, str]], source: str, into: RulesT
     """Add the rules of ``text`` (a whole text, or (line number, line) pairs of a section
     of a file) to ``into``. ``table`` is what the command said (`iptables -t nat -S`)."""
     if isinstance(text, str):
-        if not text.isascii():  # (a test of the string's kind, not a scan)
-            text = text.translate(_CURLY_QUOTES)
+        text = replaced(text, _CURLY_QUOTES, '"')
         # lazily: a big dump's lines as tuples would only feed the garbage collector
         pairs: Iterable[tuple[int, str]] = enumerate(text.splitlines(), 1)
         wrapped = "   " in text or bool(_WRAP_END.search(text)) or text.endswith(("\\", " "))
     else:
         pairs = text if all(line.isascii() for _, line in text) else \
-            [(n, line.translate(_CURLY_QUOTES)) for n, line in text]
+            [(n, replaced(line, _CURLY_QUOTES, '"')) for n, line in text]
         wrapped = any(line.endswith(("\\", " ", "\t")) or "   " in line for _, line in text)
     if wrapped:
         pairs = list(_unwrapped(_joined(list(pairs))))  # a paste's wrapping: rare, costly

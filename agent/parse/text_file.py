@@ -103,5 +103,17 @@ def decode_text(data: bytes, name: str) -> str:
 _UTF8_BOM = b"\xef\xbb\xbf"
 
 
+def replaced(text: str, chars: tuple[str, ...], by: str) -> str:
+    """``text`` with each of ``chars`` (non-ASCII ones) replaced by ``by``: the same
+    object when it holds none. A search and a replace per character, where translate()
+    costs 50 ns a character: 0.9 s on a 10k-service dump holding one accented letter."""
+    if text.isascii():  # (O(1): the string's kind)
+        return text
+    for c in chars:
+        if c in text:
+            text = text.replace(c, by)
+    return text
+
+
 def _size(n: int) -> str:
     return f"{n // 2**20} MiB" if n >= 2**20 else f"{n // 2**10} KiB"
