@@ -165,7 +165,8 @@ def _where(f: Finding) -> str:
     if f.port:
         # an IPv6 address before its port in brackets: 2001:db8::7:80 is another address
         where = f"[{where}]" if ":" in where else where
-        where += f":{f.port}/{f.protocol or ''}"
+        # (no address: a port of the Service, as a load balancer known by hostname has)
+        where += f":{f.port}/{f.protocol or ''}" if where else f"port {f.port}/{f.protocol or ''}"
     return where
 
 

@@ -116,3 +116,15 @@ def test_an_indented_label_that_looks_like_a_sysctl_stays_in_the_describe() -> N
     assert [s.format for s in split_sections(text, "p")] == [SVC_DESCRIBE]
     (svc,) = load_texts([("p", text, "unknown")], origin="bundle:p").services
     assert svc.lb_ingress and svc.ports
+
+
+def test_a_load_balancer_known_by_hostname_only_is_undecided_per_port() -> None:
+    host = TWO_PORTS.replace("198.51.100.7 (VIP), lb-1.example.com", "lb-1.example.com")
+    v = diagnose(load_texts([("p", host, "unknown")], origin="bundle:p"), "node").to_dict()
+    got = sorted((f["id"], f["lb_ip"], f["port"]) for f in v["findings"])
+    assert got == [("pod-to-lb-undetermined", None, 53), ("pod-to-lb-undetermined", None, 80)]
+    assert v["status"] == "at-risk"
+    assert any("lb-1.example.com:80/TCP" in f["summary"] for f in v["findings"])
+    # an address beside the hostname is walked instead (pod-to-lb), not said twice
+    v = diagnose(load_texts([("p", TWO_PORTS, "unknown")], origin="bundle:p"), "node").to_dict()
+    assert all(f["lb_ip"] == "198.51.100.7" for f in v["findings"])

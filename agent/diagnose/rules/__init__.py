@@ -9,11 +9,12 @@ from collections.abc import Callable
 
 from agent.diagnose.context import Context
 from agent.diagnose.model import Finding
-from agent.diagnose.rules import etp_local, lb_ip_local, observed, pod_to_lb
+from agent.diagnose.rules import etp_local, lb_hostname, lb_ip_local, observed, pod_to_lb
 
 RULES: tuple[Callable[[Context], list[Finding]], ...] = (
     lb_ip_local.check,
     pod_to_lb.check,
+    lb_hostname.check,
     etp_local.check,
     observed.check,
 )

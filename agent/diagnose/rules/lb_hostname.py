@@ -1,0 +1,49 @@
+"""pod-to-lb-undetermined for a load balancer known only by a hostname (AWS ELB/NLB
+status.loadBalancer.ingress[].hostname): kube-proxy writes no rule for a hostname (it has
+no address to match), so pods' connections to it leave the node for the load balancer.
+Whether it sends them back to this node keeping the pod's address, the loop this agent
+looks for (an NLB that preserves client addresses does; a classic ELB, which proxies,
+does not), is the load balancer's doing: the node cannot show it. Without this rule such
+a Service said nothing, and a node with no other LB IP was "healthy"."""
+
+from __future__ import annotations
+
+from agent.diagnose.context import Context
+from agent.diagnose.model import Finding
+
+ID = "pod-to-lb-undetermined"
+_WHY = ("the load balancer is known only by its hostname: kube-proxy writes no rule for a "
+        "hostname, so pods' connections to it leave the node for the load balancer, and "
+        "whether it sends them back to this node keeping the pod's address (an NLB that "
+        "preserves client addresses does; a proxying ELB does not) cannot be seen from the "
+        "node")
+_REMEDY = ("Find out whether the load balancer keeps client addresses (AWS NLB: its target "
+           "type and the preserve_client_ip attribute). If it does, a pod's connection that "
+           "the load balancer sends to the pod's own node fails: have pods use the Service's "
+           "ClusterIP or DNS name, or turn client address preservation off.")
+
+
+def check(ctx: Context) -> list[Finding]:
+    if ctx.family != 4:
+        return []  # (the Services are the same in the IPv6 view: said once)
+    out = []
+    for svc in ctx.snapshot.services or ():
+        if svc.type != "LoadBalancer" or not svc.lb_ingress or \
+                any(i.ip for i in svc.lb_ingress):
+            continue  # (an address is walked by pod-to-lb)
+        hosts = [i.hostname for i in svc.lb_ingress if i.hostname]
+        if not hosts:
+            continue
+        evidence = (f"Service {svc.key} status.loadBalancer.ingress: "
+                    + ", ".join(f"hostname {h}" for h in hosts) + " (no ip)",)
+        for p in svc.ports:
+            what = f"{hosts[0]}:{p.port}/{p.protocol}"
+            ctx.unknown(f"nat walk {what}", _WHY)
+            out.append(Finding(
+                ID, "warning", f"Could not decide whether pods reaching {what} loop back: "
+                f"{_WHY}", lb_ip=None, port=p.port, protocol=p.protocol, service=svc.key,
+                evidence=(*evidence, *((f"externalTrafficPolicy={svc.external_traffic_policy}"
+                                        " (Service spec)",)
+                                       if svc.external_traffic_policy else ())),
+                remedy=_REMEDY))
+    return out
