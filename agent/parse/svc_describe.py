@@ -18,8 +18,10 @@ from agent.parse.ip_text import canonical_ip
 from agent.snapshot import LoadBalancerIngress, Service, ServicePort
 
 _TYPES = frozenset({"ClusterIP", "NodePort", "LoadBalancer", "ExternalName"})
-# "Label:" and its value, kubectl's columns (its tabwriter pads with spaces)
-_FIELD = re.compile(r"^([A-Z][A-Za-z ]*?):(?:[ \t]+(.*?))?[ \t]*$")
+# "Label:" and its value, kubectl's columns (its tabwriter pads with spaces); the value
+# ends at its last non-blank ("(.*?)[ \t]*$" retried the blanks after each character:
+# quadratic in a run of them, minutes for a pasted line of 300k)
+_FIELD = re.compile(r"^([A-Z][A-Za-z ]*?):(?:[ \t]+(.*\S))?[ \t]*$")
 _PORT = re.compile(r"^(\S+)[ \t]+(\d+)/(TCP|UDP|SCTP)$")
 _INGRESS = re.compile(r"^(\S+?)(?:[ \t]*\((VIP|Proxy)\))?$")
 Problem = tuple[int, str]  # (line, why)
