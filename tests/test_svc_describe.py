@@ -118,13 +118,20 @@ def test_an_indented_label_that_looks_like_a_sysctl_stays_in_the_describe() -> N
     assert svc.lb_ingress and svc.ports
 
 
-def test_a_load_balancer_known_by_hostname_only_is_undecided_per_port() -> None:
+def test_an_nlb_known_by_hostname_only_is_undecided_per_port() -> None:
     host = TWO_PORTS.replace("198.51.100.7 (VIP), lb-1.example.com", "lb-1.example.com")
-    v = diagnose(load_texts([("p", host, "unknown")], origin="bundle:p"), "node").to_dict()
+    nlb = host.replace("Annotations:              ",
+                       "Annotations:              service.beta.kubernetes.io/"
+                       "aws-load-balancer-type: nlb\n                          ")
+    v = diagnose(load_texts([("p", nlb, "unknown")], origin="bundle:p"), "node").to_dict()
     got = sorted((f["id"], f["lb_ip"], f["port"]) for f in v["findings"])
     assert got == [("pod-to-lb-undetermined", None, 53), ("pod-to-lb-undetermined", None, 80)]
     assert v["status"] == "at-risk"
     assert any("lb-1.example.com:80/TCP" in f["summary"] for f in v["findings"])
+    # no NLB asked for: a classic ELB, which proxies; named as not walked, not raised
+    v = diagnose(load_texts([("p", host, "unknown")], origin="bundle:p"), "node").to_dict()
+    assert v["findings"] == [] and v["status"] == "healthy"
+    assert any("ask for no NLB" in u["reason"] for u in v["unknowns"])
     # an address beside the hostname is walked instead (pod-to-lb), not said twice
     v = diagnose(load_texts([("p", TWO_PORTS, "unknown")], origin="bundle:p"), "node").to_dict()
     assert all(f["lb_ip"] == "198.51.100.7" for f in v["findings"])

@@ -1,10 +1,15 @@
-"""pod-to-lb-undetermined for a load balancer known only by a hostname (AWS ELB/NLB
-status.loadBalancer.ingress[].hostname): kube-proxy writes no rule for a hostname (it has
+"""pod-to-lb-undetermined for an AWS Network Load Balancer known only by its hostname
+(status.loadBalancer.ingress[].hostname): kube-proxy writes no rule for a hostname (it has
 no address to match), so pods' connections to it leave the node for the load balancer.
 Whether it sends them back to this node keeping the pod's address, the loop this agent
-looks for (an NLB that preserves client addresses does; a classic ELB, which proxies,
-does not), is the load balancer's doing: the node cannot show it. Without this rule such
-a Service said nothing, and a node with no other LB IP was "healthy"."""
+looks for (an NLB that preserves client addresses does), is the load balancer's doing:
+the node cannot show it. Without this rule such a Service said nothing, and a node with
+no other LB IP was "healthy".
+
+A hostname whose Service does not ask for an NLB (the annotation below) is a classic ELB
+for the AWS cloud provider, which proxies: pods' connections reach the nodes from the
+ELB's own address, no loop. It is named as not walked, not raised: on an AWS fleet every
+node would otherwise be "at risk" for every such Service."""
 
 from __future__ import annotations
 
@@ -12,11 +17,12 @@ from agent.diagnose.context import Context
 from agent.diagnose.model import Finding
 
 ID = "pod-to-lb-undetermined"
-_WHY = ("the load balancer is known only by its hostname: kube-proxy writes no rule for a "
-        "hostname, so pods' connections to it leave the node for the load balancer, and "
-        "whether it sends them back to this node keeping the pod's address (an NLB that "
-        "preserves client addresses does; a proxying ELB does not) cannot be seen from the "
-        "node")
+_LB_TYPE = "service.beta.kubernetes.io/aws-load-balancer-type"
+_NLB = frozenset({"nlb", "nlb-ip", "external"})  # in-tree NLB; the AWS LB Controller's
+_WHY = ("the load balancer, an AWS NLB, is known only by its hostname: kube-proxy writes no "
+        "rule for a hostname, so pods' connections to it leave the node for the load "
+        "balancer, and whether it sends them back to this node keeping the pod's address (an "
+        "NLB that preserves client addresses does) cannot be seen from the node")
 _REMEDY = ("Find out whether the load balancer keeps client addresses (AWS NLB: its target "
            "type and the preserve_client_ip attribute). If it does, a pod's connection that "
            "the load balancer sends to the pod's own node fails: have pods use the Service's "
@@ -34,8 +40,16 @@ def check(ctx: Context) -> list[Finding]:
         hosts = [i.hostname for i in svc.lb_ingress if i.hostname]
         if not hosts:
             continue
+        kind = svc.annotations.get(_LB_TYPE, "")
+        if kind.lower() not in _NLB:
+            ctx.unknown(f"LB hostname {hosts[0]}", f"Service {svc.key}'s load balancer is "
+                        "known only by its hostname and its annotations ask for no NLB (a "
+                        "classic ELB proxies: pods' connections reach the nodes from its "
+                        "address): not walked")
+            continue
         evidence = (f"Service {svc.key} status.loadBalancer.ingress: "
-                    + ", ".join(f"hostname {h}" for h in hosts) + " (no ip)",)
+                    + ", ".join(f"hostname {h}" for h in hosts) + " (no ip)",
+                    f"annotation {_LB_TYPE}: {kind} (a Network Load Balancer)")
         for p in svc.ports:
             what = f"{hosts[0]}:{p.port}/{p.protocol}"
             ctx.unknown(f"nat walk {what}", _WHY)
