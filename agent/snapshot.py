@@ -261,6 +261,7 @@ class Service:
     # paste beside the node's outputs, not the API server's object, which always has
     # one): its load balancer addresses are not in the input, not absent
     status_given: bool = True
+    load_balancer_class: str | None = None  # spec.loadBalancerClass ("service.k8s.aws/nlb")
 
     @property
     def key(self) -> str:

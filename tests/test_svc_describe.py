@@ -5,6 +5,8 @@ rule of the layout."""
 
 from __future__ import annotations
 
+import json
+
 from agent.bundle import load_texts
 from agent.bundle.sections import SVC_DESCRIBE, command_format, split_sections
 from agent.diagnose import diagnose
@@ -135,3 +137,24 @@ def test_an_nlb_known_by_hostname_only_is_undecided_per_port() -> None:
     # an address beside the hostname is walked instead (pod-to-lb), not said twice
     v = diagnose(load_texts([("p", TWO_PORTS, "unknown")], origin="bundle:p"), "node").to_dict()
     assert all(f["lb_ip"] == "198.51.100.7" for f in v["findings"])
+
+
+def test_an_nlb_chosen_by_its_load_balancer_class_is_undecided_too() -> None:
+    svc = {"apiVersion": "v1", "kind": "Service",
+           "metadata": {"name": "web", "namespace": "shop"},
+           "spec": {"type": "LoadBalancer", "loadBalancerClass": "service.k8s.aws/nlb",
+                    "ports": [{"port": 443, "protocol": "TCP", "nodePort": 31443}]},
+           "status": {"loadBalancer": {"ingress": [
+               {"hostname": "k8s-shop-web-0123456789.elb.us-west-2.amazonaws.com"}]}}}
+    v = diagnose(load_texts([("svc.json", json.dumps(svc), "unknown")], origin="bundle:p"),
+                 "node").to_dict()
+    (f,) = v["findings"]
+    assert (f["id"], f["port"], f["lb_ip"]) == ("pod-to-lb-undetermined", 443, None)
+    assert "spec.loadBalancerClass: service.k8s.aws/nlb" in f["evidence"][1]
+    # another class: not an NLB this rule knows; named as not walked
+    svc["spec"]["loadBalancerClass"] = "example.com/lb"
+    v = diagnose(load_texts([("svc.json", json.dumps(svc), "unknown")], origin="bundle:p"),
+                 "node").to_dict()
+    assert v["findings"] == []
+    assert any("(loadBalancerClass example.com/lb): not walked" in u["reason"]
+               for u in v["unknowns"])

@@ -130,6 +130,7 @@ def _service(item: dict[str, Any], path: str, source: str) -> Service:
         annotations=annotations,
         ports=tuple(ports),
         status_given=item.get("status") is not None,
+        load_balancer_class=_opt_str(spec, "loadBalancerClass", sp, source) or None,
     )
 
 
@@ -148,10 +149,11 @@ def _plain_service(item: dict[str, Any]) -> Service | None:
     if type(name) is not str or not name or type(raw_annotations) is not dict or \
             (namespace is not None and type(namespace) is not str):
         return None
-    cluster_ip, stype = spec.get("clusterIP"), spec.get("type")
+    cluster_ip, stype, lb_class = spec.get("clusterIP"), spec.get("type"), \
+        spec.get("loadBalancerClass")
     etp, ext, raw_ports = spec.get("externalTrafficPolicy"), spec.get("externalIPs"), \
         spec.get("ports")
-    if not _str_or_none(cluster_ip, stype, etp) or \
+    if not _str_or_none(cluster_ip, stype, etp, lb_class) or \
             (ext is not None and (type(ext) is not list or
                                   any(type(v) is not str for v in ext))) or \
             (raw_ports is not None and type(raw_ports) is not list):
@@ -194,6 +196,7 @@ def _plain_service(item: dict[str, Any]) -> Service | None:
                      if isinstance(k, str) and isinstance(v, str)},
         ports=tuple(ports),
         status_given=status is not None,
+        load_balancer_class=lb_class or None,
     )
 
 
