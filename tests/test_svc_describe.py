@@ -71,8 +71,9 @@ def test_a_pending_load_balancer_has_no_address_and_that_is_known() -> None:
 
 def test_blocks_of_other_kinds_and_foreign_lines_are_named_not_guessed() -> None:
     pod = "Name:         web-0\nNamespace:    shop\nNode:         node-1/10.0.0.5\n"
-    text = pod + "\n" + TWO_PORTS.replace("Port:                     dns  53/UDP",
-                                          "Port:                     dns  53") + "garbage\n"
+    text = pod + "\n" + TWO_PORTS.replace(
+        "Port:                     dns  53/UDP", "Port:                     dns  53").replace(
+        "lb-1.example.com", "<pending>") + "garbage\n"
     services, problems = parse_svc_describe(lines(text), "p")
     assert [s.key for s in services] == ["shop/web"]
     assert [p.port for p in services[0].ports] == [80]  # the bad Port line costs its port
@@ -80,6 +81,9 @@ def test_blocks_of_other_kinds_and_foreign_lines_are_named_not_guessed() -> None
     at = text.splitlines().index("Port:                     dns  53") + 1
     assert "not a Service's" in said[1]
     assert "not a Port line" in said[at]
+    at = next(i for i, line in enumerate(text.splitlines(), 1) if "<pending>" in line)
+    assert said[at] == "not an address or hostname: '<pending>'"
+    assert [i.ip for i in services[0].lb_ingress] == ["198.51.100.7"]
     assert "not a `kubectl describe svc` line" in said[len(text.splitlines())]
 
 

@@ -10,6 +10,7 @@ still points at the line the user pasted.
 
 from __future__ import annotations
 
+import os
 import re
 
 from agent.parse.text_file import replaced
@@ -33,18 +34,19 @@ def without_markup(text: str) -> str:
         text = _ESCAPES.sub("", text)
     text = replaced(text, _SPACES, " ")
     for _ in range(_MAX_QUOTE_DEPTH):
-        if not _all_lines_start(text, ">"):
+        if not _quoted(text):
             break
         text = _QUOTE.sub("", text)
     return _dedented(text)
 
 
-def _all_lines_start(text: str, mark: str) -> bool:
-    """Does every line that is not blank start with ``mark``? (A quoted reply may keep
-    blank lines unquoted.)"""
-    if _first(text) != mark:
+def _quoted(text: str) -> bool:
+    """Does every line that is not blank start with ">"? (A quoted reply may keep blank
+    lines unquoted.)"""
+    m = _FIRST.match(text)
+    if m is None or m.group(1) != ">":
         return False  # (the cheap test first: most texts are not quoted)
-    return all(line.startswith(mark) for line in text.splitlines() if line.strip())
+    return all(line.startswith(">") for line in text.splitlines() if line.strip())
 
 
 def _dedented(text: str) -> str:
@@ -53,18 +55,11 @@ def _dedented(text: str) -> str:
     if not _INDENTED.match(text):
         return text  # (the first line that is not blank is not indented: nothing is shared)
     lines = text.split("\n")
-    indents = [line[:len(line) - len(line.lstrip(" \t"))] for line in lines if line.strip()]
-    common = min(indents, default="")
-    # the longest prefix of the smallest indent that every indent starts with
-    while common and not all(i.startswith(common) for i in indents):
-        common = common[:-1]
+    # (character by character is the point: these are indents, not paths)
+    common = os.path.commonprefix(  # noqa: RUF071
+        [line[:len(line) - len(line.lstrip(" \t"))] for line in lines if line.strip()])
     if not common:
         return text
     n = len(common)
     return "\n".join(line[n:] if line.startswith(common) else line.lstrip(" \t")
                      for line in lines)
-
-
-def _first(text: str) -> str:
-    m = _FIRST.match(text)
-    return m.group(1) if m else ""

@@ -460,12 +460,16 @@ def _undecided(res: HookResult) -> str:
     if res.verdict == "UNKNOWN":
         return res.detail
     for s in res.steps:
-        if s.action == ASSUME and ": interface -" in s.text:
+        m = _IFACE_ASSUMED.search(s.text) if s.action == ASSUME else None
+        if m:
             return ("a rule asks an interface of the load balancer's packet (the node's "
                     "uplink or the pods' interface) that the input does not show (`ip addr` "
-                    "and `ip route` show them): "
-                    + s.text.split(": interface ", 1)[1].split(":", 1)[0])
+                    f"and `ip route` show them): {m.group(1)} {m.group(2)}")
     return ""
+
+
+# an assumption on an interface the input lacks (the walker's "interface -i azv+: ...")
+_IFACE_ASSUMED = re.compile(r"interface (-[io]) (\S+):")
 
 
 def node_address(node_ip: str | None) -> str:
@@ -546,7 +550,7 @@ def _fact(line: str) -> str:
                 "shows it (or give --pod-cidr)")
     # (the match a step assumed first: its line starts "nat KUBE-EXT-X: assumed ...", which
     # an unseen chain's "KUBE-SVL-X: assumed to ..." would otherwise be taken for)
-    m = re.search(r"interface (-[io]) (\S+):", line)
+    m = _IFACE_ASSUMED.search(line)
     if m:
         return (f"whether the pod's packet {'enters' if m.group(1) == '-i' else 'leaves'} by "
                 f"an interface {m.group(2)} names (kube-proxy's --detect-local-mode); "

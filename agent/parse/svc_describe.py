@@ -24,6 +24,7 @@ _TYPES = frozenset({"ClusterIP", "NodePort", "LoadBalancer", "ExternalName"})
 _FIELD = re.compile(r"^([A-Z][A-Za-z ]*?):(?:[ \t]+(.*\S))?[ \t]*$")
 _PORT = re.compile(r"^(\S+)[ \t]+(\d+)/(TCP|UDP|SCTP)$")
 _INGRESS = re.compile(r"^(\S+?)(?:[ \t]*\((VIP|Proxy)\))?$")
+_HOSTNAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")  # RFC 1123
 Problem = tuple[int, str]  # (line, why)
 
 
@@ -47,16 +48,22 @@ def parse_svc_describe(lines: list[tuple[int, str]], source: str
 
 def _block(block: list[tuple[int, str]], problems: list[Problem]) -> Service | None:
     fields: list[tuple[int, str, str]] = []  # (line, label, value)
+    annotations: dict[str, str] = {}
     for n, line in block:
+        if line[:1] in (" ", "\t") and fields and fields[-1][1] == "Annotations":
+            _annotation(line, annotations)  # (kubectl's printAnnotationsMultiline)
+            continue
         if not line.strip() or line[0] in " \t#":
-            # a blank line, a Labels/Annotations/Events line further on, or the paster's
-            # own "# ..." between blocks (kubectl writes none)
+            # a blank line, a Labels/Events line further on, or the paster's own "# ..."
+            # between blocks (kubectl writes none)
             continue
         m = _FIELD.match(line)
         if m is None:
             problems.append((n, f"not a `kubectl describe svc` line: {line.strip()[:60]!r}"))
             continue
         fields.append((n, m.group(1), m.group(2) or ""))
+        if m.group(1) == "Annotations":
+            _annotation(m.group(2) or "", annotations)
     first = dict((label, value) for _, label, value in reversed(fields))  # first of each
     start = block[0][0]
     name, namespace, stype = first.get("Name"), first.get("Namespace"), first.get("Type")
@@ -85,11 +92,11 @@ def _block(block: list[tuple[int, str]], problems: list[Problem]) -> Service | N
         elif label == "LoadBalancer Ingress":
             for item in filter(None, (v.strip() for v in value.split(","))):
                 m = _INGRESS.match(item)
-                if m is None:
-                    problems.append((n, f"not an address or hostname: {item!r}"))
+                ip = canonical_ip(m.group(1)) if m else None
+                if m is None or not (ip or _HOSTNAME.fullmatch(m.group(1))):
+                    problems.append((n, f"not an address or hostname: {item[:60]!r}"))
                     continue
                 at = m.group(1)
-                ip = canonical_ip(at)
                 lb.append(LoadBalancerIngress(ip=ip or None, hostname=None if ip else at,
                                               ip_mode=m.group(2)))
         elif label == "External IPs":
@@ -100,23 +107,13 @@ def _block(block: list[tuple[int, str]], problems: list[Problem]) -> Service | N
         namespace=namespace or "default", name=name, type=stype,
         cluster_ip=cluster_ip if cluster_ip and canonical_ip(cluster_ip) else None,
         external_ips=tuple(external), lb_ingress=tuple(lb),
-        external_traffic_policy=policy, annotations=_annotations(block),
+        external_traffic_policy=policy, annotations=annotations,
         ports=tuple(ports), status_given=True)
 
 
-def _annotations(block: list[tuple[int, str]]) -> dict[str, str]:
-    """The "Annotations:" field's "key: value" lines (kubectl's printAnnotationsMultiline:
-    the first beside the label, the others indented under it)."""
-    out: dict[str, str] = {}
-    inside = False
-    for _, line in block:
-        if line.startswith("Annotations:"):
-            inside = True
-            line = line[len("Annotations:"):]
-        elif not line[:1].isspace() or not line.strip():
-            inside = False
-        if inside:
-            key, sep, value = line.strip().partition(": ")
-            if sep and " " not in key:
-                out[key] = value.strip()
-    return out
+def _annotation(text: str, into: dict[str, str]) -> None:
+    """One "key: value" of the Annotations field (the first beside its label, the others
+    indented under it); a line of another shape (a long value kubectl wrapped) is none."""
+    key, sep, value = text.strip().partition(": ")
+    if sep and " " not in key:
+        into[key] = value.strip()
