@@ -126,6 +126,7 @@ def test_an_endpoint_path_that_ends_otherwise_counts() -> None:
     (":KUBE-X -", "KUBE-X", None),
     (":KUBE-X\t-\t[0:0]", "KUBE-X", None),
     (":FORWARD DROP [0:0]   ", "FORWARD", "DROP"),
+    ("12::KUBE-X - [0:0]", "KUBE-X", None),  # `grep -n` of a dump
 ])
 def test_chain_declarations(line: str, chain: str, policy: str | None) -> None:
     into = RulesText()
