@@ -65,11 +65,18 @@ ADDR = """1: lo: <LOOPBACK,UP,LOWER_UP> mtu 65536
 """
 
 
-def _finding(ext: str = EXT_CLUSTER, addr: str = ADDR, drop: str = "") -> dict:  # type: ignore[type-arg]
+def _finding(ext: str = EXT_CLUSTER, addr: str = ADDR, drop: str = "",
+             comment: tuple[str, str] | None = None) -> dict:  # type: ignore[type-arg]
     """The pod-to-lb finding of LB; ``drop``: a chain whose declaration and rules are
-    taken out of the dump (the jumps to it stay)."""
+    taken out of the dump (the jumps to it stay); ``comment``: (endpoint chain, the
+    comment its DNAT rule gets)."""
     e1, e2, e3 = EPS
     dump = HEAD.format(lb=LB, ext=ext, sep2=DNAT2.format(e2=e2), e1=e1, e2=e2, e3=e3)
+    if comment:
+        sep, text = comment
+        dump = "".join(line.replace('"app/web:http"', f'"{text}"')
+                       if line.startswith(f"-A KUBE-SEP-{sep} -p tcp") else line
+                       for line in dump.splitlines(keepends=True))
     if drop:
         dump = "".join(line for line in dump.splitlines(keepends=True)
                        if not line.startswith((f":{drop} ", f"-A {drop} ")))
@@ -118,6 +125,19 @@ def test_an_endpoint_path_that_ends_otherwise_counts() -> None:
     assert "on some of the paths kube-proxy's random endpoint choice can take" in \
         f["summary"]
     assert "KUBE-SEP-E2 is neither a chain" in f["summary"]
+
+
+@pytest.mark.parametrize("endpoint", ["E1", "E3"])
+def test_a_comment_that_says_assumed_assumes_nothing(endpoint: str) -> None:
+    # a rule's comment (or file name) holding ": assumed" is no assumption of the walk:
+    # before, the text search of the merge took it for one, on the path shown (E3) or
+    # another (E1), and said "decided without a fact the input lacks"
+    f = _finding(comment=(endpoint, "app/web:http note: assumed stable"))
+    assert f["id"] == "pod-to-lb-captured"
+    assert "decided without" not in f["summary"], f["summary"]
+    assert not any(e.startswith("either way") for e in f["evidence"]), f["evidence"]
+    if endpoint == "E3":  # the path shown: its DNAT rule's line holds the comment
+        assert any("note: assumed stable" in e for e in f["evidence"]), f["evidence"]
 
 
 @pytest.mark.parametrize(("line", "chain", "policy"), [
