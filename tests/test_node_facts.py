@@ -104,3 +104,64 @@ def test_the_ipv6_uplinks_subnet_is_never_the_pod_network() -> None:
     f = build_facts(NodeSnapshot(addresses=(*addrs, Address("ens5", "10.0.0.5", 24))))
     assert f.uplink == "ens5" and f.pod6 is None, f.pod6
     assert ipv6_facts(f).uplink == "eth0"
+
+
+# --- a routed CNI: a /32 route per pod to its own veth, no bridge --------------------
+# (Azure CNI's transparent mode, as `ip route` prints it on an AKS node; kube-proxy there
+# tells pods' packets by `-i azv+`: the netns scenario aks-iptables-interface-prefix
+# builds the same node and checks the kernel agrees)
+ROUTED = (
+    Address("eth0", "10.224.0.4", 16),
+    Address("lo", "127.0.0.1", 8, "host"),
+)
+
+
+def _route(dst: str, dev: str, extra: str = "scope link") -> LocalRoute:
+    return LocalRoute("unicast", dst, dev, None, f"{dst} dev {dev} {extra}")
+
+
+def _routed(*routes: LocalRoute, pod_cidr: str = "10.224.0.0/16") -> NodeSnapshot:
+    return NodeSnapshot(addresses=ROUTED, routes=routes, node_info=NodeInfo(
+        "n", pod_cidrs=(pod_cidr,), internal_ips=("10.224.0.4",)))
+
+
+def test_a_routed_pod_stands_for_the_pods_and_names_its_interface() -> None:
+    f = build_facts(_routed(
+        _route("10.224.0.0/16", "eth0", "proto kernel scope link src 10.224.0.4"),
+        _route("10.224.0.61", "azv8c1b2e3d4f5", "proto static scope link"),
+        _route("10.224.0.33", "azv0a1b2c3d4e5", "proto static scope link")))
+    assert f.pod is not None
+    assert (f.pod.pod_ip, f.pod.iface) == ("10.224.0.33", "azv0a1b2c3d4e5")  # the lowest
+    assert "10.224.0.33 dev azv0a1b2c3d4e5 proto static scope link" in f.pod.how
+
+
+def test_routes_that_are_no_pods_own_are_not_taken() -> None:
+    f = build_facts(_routed(
+        _route("10.224.0.4", "eth1"),  # the node's own address (local), on another link
+        _route("10.224.0.9", "eth0"),  # a neighbour on the uplink
+        _route("10.99.0.7", "azv0a1b2c3d4e5"),  # outside the pod network
+        _route("10.224.1.0/24", "azv0a1b2c3d4e5"),  # a subnet, not one pod
+    ))
+    assert f.pod is not None and f.pod.iface is None
+    assert "entry interface unknown" in f.pod.how
+
+
+def test_a_bridge_still_wins_over_routes() -> None:
+    snap = NodeSnapshot(addresses=(*ROUTED, Address("cni0", "10.244.1.1", 24)),
+                        routes=(_route("10.244.1.7", "vethabc"),),
+                        node_info=NodeInfo("n", pod_cidrs=("10.244.1.0/24",),
+                                           internal_ips=("10.224.0.4",)))
+    f = build_facts(snap)
+    assert f.pod is not None and f.pod.iface == "cni0" and f.pod.pod_ip == "10.244.1.2"
+
+
+def test_a_routed_ipv6_pod_names_its_interface() -> None:
+    snap = NodeSnapshot(
+        addresses=(*ROUTED, Address("eth0", "fd00:224::4", 64)),
+        routes=(_route("fd00:10::61", "azv8c1b2e3d4f5", "metric 1024 pref medium"),
+                _route("fd00:10::33", "azv0a1b2c3d4e5", "metric 1024 pref medium")),
+        node_info=NodeInfo("n", pod_cidrs=("10.224.0.0/16", "fd00:10::/64"),
+                           internal_ips=("10.224.0.4", "fd00:224::4")))
+    f = build_facts(snap)
+    assert f.pod6 is not None
+    assert (f.pod6.pod_ip, f.pod6.iface) == ("fd00:10::33", "azv0a1b2c3d4e5")
