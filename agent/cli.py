@@ -227,8 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bundle", help="save the command outputs support needs into DIR",
                        description="Write iptables-save.txt, ipset.txt, ipvsadm.txt, "
-                                   "route-local.txt, route-main.txt, addr.txt, sysctl.txt "
-                                   "and (when the "
+                                   "route-local.txt, addr.txt, sysctl.txt and (when the "
                                    "Kubernetes API is reachable) services.json, node.json, "
                                    "ingresses.json into DIR. Read-only on the node.")
     b.add_argument("directory", metavar="DIR")

@@ -7,9 +7,6 @@ Three namespaces, wired like a cloud VM::
                             kube-ipvs0 (IPVS only)     default via 10.0.0.1   route pod CIDR
                                                                               via the node
 
-(with an interface-prefix detector, AKS's: the pod's link is a routed veth, azv1a2b3c4d,
-with a /32 route to the pod, and no cni0)
-
 The node gets kube-proxy's ipsets and nat/filter rules (plus ip-masq-agent / CNI rules
 per scenario) through the chosen iptables backend, the kube-ipvs0 addresses, and the
 scenario's sysctls. IPVS comes in two forms (``ipvs_kind``): where the kernel has IP_VS
@@ -136,7 +133,7 @@ def add_node(stack: ExitStack, scenario: Scenario, backend: str, vpc: Netns,
     if scenario.mode == "ipvs":
         _kube_ipvs0(node, scenario)
     _rules(node, scenario, backend)
-    _settle(node, pod_side=scenario.pod_link if scenario.pod_interface_prefix else "cni0")
+    _settle(node)
     return node, pod
 
 
@@ -179,15 +176,7 @@ def _uplink(node: Netns, vpc: Netns, sc: Scenario, vpc_if: str, first: bool) -> 
     """)
 
 
-# the gateway a routed pod's default route names (Calico's and Azure CNI's): no address
-# of the node; the node's veth answers ARP for it (proxy_arp: the node routes it elsewhere)
-ROUTED_POD_GATEWAY = "169.254.1.1"
-
-
 def _pod_network(node: Netns, pod: Netns, sc: Scenario) -> None:
-    if sc.pod_interface_prefix:
-        _routed_pod(node, pod, sc)
-        return
     prefix = sc.pod_cidr.split("/")[1]
     # cni0 goes up last, with its port already up, so that it changes state once. Its
     # operstate still follows later: a bridge's carrier events are not "urgent" for
@@ -205,27 +194,6 @@ def _pod_network(node: Netns, pod: Netns, sc: Scenario) -> None:
         ip link set cni0 up
     """)
     pod.run("ip", "route", "add", "default", "via", sc.pod_gateway, "dev", "eth0")
-
-
-def _routed_pod(node: Netns, pod: Netns, sc: Scenario) -> None:
-    """The client pod on its own routed veth (Azure CNI's transparent mode, Calico): a /32
-    on the pod, a /32 route to it on the node, no bridge and no node address in the pod
-    network. kube-proxy tells pods' packets by the veth's name prefix."""
-    link = sc.pod_link
-    _netns.veth(pod, "eth0", node, link)
-    pod.sh(f"""
-        ip addr add {sc.client_pod_ip}/32 dev eth0
-        ip link set eth0 up
-        ip route add {ROUTED_POD_GATEWAY} dev eth0 scope link
-        ip route add default via {ROUTED_POD_GATEWAY} dev eth0
-    """)
-    # (proxy_delay 0, as Calico sets it: by default a proxied ARP answer waits up to
-    # 0.8 s, past the first SYN of a short connect)
-    node.sh(f"""
-        ip link set {link} up
-        sysctl -q -w net.ipv4.conf.{link}.proxy_arp=1 net.ipv4.neigh.{link}.proxy_delay=0
-        ip route add {sc.client_pod_ip}/32 dev {link}
-    """)
 
 
 REAL = "real"
@@ -261,15 +229,15 @@ def _kube_ipvs0(node: Netns, sc: Scenario) -> None:
         node.run("ip", "-batch", "-", input=batch)
 
 
-def _settle(node: Netns, timeout: float = 5.0, pod_side: str = "cni0") -> None:
-    """Wait until eth0 and the pods' side (cni0, or a routed pod's veth) report
-    operstate UP (up to a second, see _pod_network): a lab that still changes by itself
-    after build_lab returned would make before/after comparisons flaky."""
+def _settle(node: Netns, timeout: float = 5.0) -> None:
+    """Wait until eth0 and cni0 report operstate UP (up to a second, see _pod_network):
+    a lab that still changes by itself after build_lab returned would make
+    before/after comparisons flaky."""
     deadline = time.monotonic() + timeout
     while True:
         out = node.run("ip", "-o", "link", "show", "up").stdout
         states = dict(re.findall(r"^\d+: ([^:@]+)[^\n]*? state (\S+)", out, re.M))
-        if states.get("eth0") == "UP" and states.get(pod_side) == "UP":
+        if states.get("eth0") == "UP" and states.get("cni0") == "UP":
             return
         if time.monotonic() > deadline:
             raise _netns.NetnsError(f"links did not come up: {states}")

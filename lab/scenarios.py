@@ -91,10 +91,6 @@ class Scenario:
     generation: str = "new"  # iptables mode: "new" (KUBE-EXT/SVL) | "old" (KUBE-XLB/FW)
     bind_lb_ip: bool = True  # ipvs mode: False = TKE's variant, EXTERNAL-IP not bound
     cluster_cidr: str | None = CLUSTER_CIDR  # kube-proxy --cluster-cidr (local detector)
-    # kube-proxy --detect-local-mode=InterfaceNamePrefix --pod-interface-name-prefix (AKS:
-    # "azv"); the lab then routes each pod over its own veth of that prefix, no bridge
-    # (Azure CNI's transparent mode), and cluster_cidr must be None
-    pod_interface_prefix: str | None = None
     services: tuple[LbService, ...]
     ip_masq_agent: tuple[str, ...] = ()  # nonMasqueradeCIDRs; empty = no ip-masq-agent
     cni_masquerade: bool = False
@@ -143,16 +139,7 @@ class Scenario:
         if state is not None:
             return state.iptables_restore
         return kpr.iptables_mode(self.services, generation=self.generation,
-                                 cluster_cidr=self.cluster_cidr, node_ip=self.node_ip,
-                                 pod_interface=f"{self.pod_interface_prefix}+"
-                                 if self.pod_interface_prefix else None)
-
-    @property
-    def pod_link(self) -> str:
-        """The node's side of the client pod's link: a port of cni0, or (with an
-        interface-prefix detector) the routed veth kube-proxy's "-i PREFIX+" names."""
-        return f"{self.pod_interface_prefix}1a2b3c4d" if self.pod_interface_prefix \
-            else "vethpod0"
+                                 cluster_cidr=self.cluster_cidr, node_ip=self.node_ip)
 
     def iptables_restore(self) -> str:
         """Everything the node's nat/filter tables hold: kube-proxy, then the agents
@@ -246,20 +233,6 @@ _SCENARIOS = (
         # KUBE-EXT has no pod rule; the src-type LOCAL rules do not match a pod source;
         # the fall-through -j KUBE-SVL DNATs to the local endpoint 172.16.1.10.
         expect={LB_IP: _f("pod-to-lb-captured")},
-    ),
-    Scenario(
-        name="aks-iptables-interface-prefix",
-        description="Upstream iptables mode with --detect-local-mode=InterfaceNamePrefix "
-                    "(AKS: --pod-interface-name-prefix=azv), pods on routed veths (no "
-                    "bridge), eTP=Local, no endpoint on this node.",
-        mode="iptables", generation="new", cluster_cidr=None, pod_interface_prefix="azv",
-        services=(KUBERNETES, web("Local", local=False)),
-        # KUBE-EXT: "pod traffic for ... external destinations" -i azv+ -> KUBE-SVC ->
-        # DNAT to a remote endpoint: captured. The agent must know the pod's packet
-        # enters by an azv veth (its /32 route names it); on the other answer it would
-        # fall through KUBE-EXT, leave undNATed and meet filter's "has no local
-        # endpoints" DROP.
-        expect={LB_IP: _f("pod-to-lb-captured", "etp-local-no-local-endpoint")},
     ),
     Scenario(
         name="iptables-old-etp-local",

@@ -172,33 +172,3 @@ def test_empty_rules_files_are_no_tables_as_a_live_read_says(bundle: Path) -> No
     assert snap.ip6tables is not None and snap.ip6tables.tables == ()
     assert not any(u.source in ("iptables", bundle_files.IPTABLES) for u in snap.unknowns), \
         snap.unknowns
-
-
-# what `kubectl get ingress -A -o json` prints where the cluster has no Ingress (kubectl
-# 1.30's layout; constructed: the list it prints for an empty result)
-EMPTY_LIST = """{
-    "apiVersion": "v1",
-    "items": [],
-    "kind": "List",
-    "metadata": {
-        "resourceVersion": ""
-    }
-}
-"""
-
-
-def test_an_empty_ingress_list_is_read_as_none(bundle: Path) -> None:
-    (bundle / bundle_files.INGRESSES).write_text(EMPTY_LIST)
-    snap = load_bundle(str(bundle))
-    said = [u for u in snap.unknowns if "ingresses.json" in u.source or
-            "ingresses.json" in u.reason]
-    assert said == [], said  # before: "no line of it could be read (give kubectl get svc)"
-    assert not snap.ingresses
-    assert snap.services  # the other files read as before
-
-
-def test_an_empty_list_alone_names_what_is_missing(tmp_path: Path) -> None:
-    (tmp_path / "objects.json").write_text(EMPTY_LIST)
-    snap = load_bundle(str(tmp_path))
-    assert snap.services is None  # an empty list of no known kind says no Service is absent
-    assert any(u.source == "services" and "not given" in u.reason for u in snap.unknowns)

@@ -4,7 +4,6 @@ IPTABLES = "iptables-save.txt"
 IPSET = "ipset.txt"
 IPVSADM = "ipvsadm.txt"
 ROUTE_LOCAL = "route-local.txt"
-ROUTE_MAIN = "route-main.txt"  # where the pods are routed (link-scope, blackhole)
 ADDR = "addr.txt"
 SYSCTL = "sysctl.txt"
 SERVICES = "services.json"
@@ -15,5 +14,5 @@ INGRESSES = "ingresses.json"
 NFT = "nft-ruleset.txt"
 IP6TABLES = "ip6tables-save.txt"  # the IPv6 rules, of the backend iptables-save.txt's is
 
-ALL = (IPTABLES, IPSET, IPVSADM, ROUTE_LOCAL, ROUTE_MAIN, ADDR, SYSCTL, SERVICES, NODE,
-       INGRESSES, NFT, IP6TABLES)
+ALL = (IPTABLES, IPSET, IPVSADM, ROUTE_LOCAL, ADDR, SYSCTL, SERVICES, NODE, INGRESSES, NFT,
+       IP6TABLES)

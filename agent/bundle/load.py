@@ -630,10 +630,6 @@ def _kube(s: Section, ev: _Evidence) -> bool:
                                        (fmt.name_format(s.source) == fmt.KUBE and
                                        re.search(r"svc|service", s.source, re.I))):
                 ev.services_read = used = True
-            elif not d.get("items") and isinstance(d.get("items", []), list):
-                # an empty list (`kubectl get ingress -A -o json` where there is none):
-                # read, and nothing in it; not an output "no line of which could be read"
-                used = True
             items += d.get("items") or []
         else:
             items.append(d)
@@ -770,9 +766,8 @@ def _snapshot(ev: _Evidence, origin: str, refused: list[str]) -> NodeSnapshot:
             ("local table", fmt.ROUTE, "ip route show table local"),
             ("sysctls", fmt.SYSCTL, "sysctl -a"),
             ("services", fmt.KUBE, "kubectl get svc -A -o yaml")):
-        # (YAML/JSON of a Node, of Ingresses or an empty list gives no Service)
-        if (attr in ev.seen and attr != fmt.KUBE) or (attr == fmt.KUBE and ev.services_read) \
-                or (attr == fmt.IPTABLES and fmt.IPTABLES_LIST in ev.seen):
+        if attr in ev.seen or (attr == fmt.IPTABLES and fmt.IPTABLES_LIST in ev.seen) or \
+                (attr == fmt.KUBE and ev.services_read):
             continue
         if attr == fmt.IPTABLES and IP6TABLES in ev.seen:
             unknowns.append(Unknown(what, "IPv4 rules not given (only `ip6tables-save` "

@@ -19,7 +19,7 @@ from pathlib import Path
 from agent.bundle import files as bundle_files
 from agent.probes import ipsets as ipsets_probe
 from agent.probes import ipvs as ipvs_probe
-from agent.probes import kube_api, nat_rules, nft_rules, pod_routes, sysctls
+from agent.probes import kube_api, nat_rules, nft_rules, sysctls
 from agent.probes.base import CommandError, ProbeContext, kernel_module_present, run_command
 
 
@@ -57,15 +57,6 @@ def _local_routes(ctx: ProbeContext) -> bytes:
         return v4 + _command(["ip", "-6", "route", "show", "table", "local"], ctx)
     except Skip:
         return v4
-
-
-def _pod_routes(ctx: ProbeContext) -> bytes:
-    """The main table's link-scope and blackhole routes, as the live probe reads them (a
-    live check and a check of the bundle see the same routes)."""
-    routes, _ = pod_routes.read_pod_routes()
-    if not routes:
-        raise Skip("no link-scope or blackhole route in the main table")
-    return pod_routes.render(routes).encode()
 
 
 def _iptables(ctx: ProbeContext) -> bytes:
@@ -145,7 +136,6 @@ def write_bundle(directory: str | os.PathLike[str], ctx: ProbeContext) -> list[t
         bundle_files.IPSET: lambda: _ipset(ctx),
         bundle_files.IPVSADM: lambda: _ipvsadm(ctx),
         bundle_files.ROUTE_LOCAL: lambda: _local_routes(ctx),
-        bundle_files.ROUTE_MAIN: lambda: _pod_routes(ctx),
         bundle_files.ADDR: lambda: _command(["ip", "-j", "addr", "show"], ctx),
         bundle_files.SYSCTL: lambda: _sysctl(ctx),
         bundle_files.NFT: lambda: _nft(ctx),

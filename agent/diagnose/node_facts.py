@@ -341,15 +341,6 @@ def _find_pod_network(f: NodeFacts, version: int) -> tuple[PodNetwork | None, st
     route = next((r for r in snap.routes or () if r.dst == str(net) and r.dev), None)
     entry = bridge.ifname if bridge else route.dev if route and route.dev in _POD_BRIDGES \
         else None
-    routed = None if entry else _routed_pod(f, net, uplinks)
-    if routed is not None:
-        # a routed CNI (Calico, Azure CNI's transparent mode): no bridge, a route per pod
-        # to its own veth; a pod of this node stands for them, entering by its veth
-        pod_ip, entry = routed.dst.split("/")[0], routed.dev
-        return PodNetwork(pod_ip, prefix, entry,
-                          f"pod {pod_ip} stands for the pods of this node ({how}), "
-                          f"entering through its own interface {entry} (main table: "
-                          f"{routed.line})"), ""
     pod_ip = None
     for n, host in enumerate(net.hosts()):
         if n >= 4096:  # a pod network with thousands of the node's own addresses: odd
@@ -363,29 +354,6 @@ def _find_pod_network(f: NodeFacts, version: int) -> tuple[PodNetwork | None, st
                       f"pod {pod_ip} stands for the pods of this node ({how}"
                       + (f", entering through {entry})" if entry else
                          ", entry interface unknown)")), ""
-
-
-def _routed_pod(f: NodeFacts, net: ipaddress.IPv4Network | ipaddress.IPv6Network,
-                uplinks: set[str | None]) -> LocalRoute | None:
-    """The main table's route to one pod of this node on its own interface (the lowest
-    address): a host route inside the pod network to an interface that is not the
-    uplink, to an address that is not the node's own."""
-    best: tuple[int, LocalRoute] | None = None
-    for r in f.snapshot.routes or ():
-        if r.type != "unicast" or not r.dev or r.dev in uplinks:
-            continue
-        addr, _, plen = r.dst.partition("/")
-        if plen and plen != str(net.max_prefixlen):
-            continue
-        try:
-            ip = ipaddress.ip_address(addr)
-        except ValueError:
-            continue
-        if ip.version != net.version or ip not in net or f.local_route(addr) is not None:
-            continue
-        if best is None or int(ip) < best[0]:
-            best = (int(ip), r)
-    return best[1] if best else None
 
 
 def kube_proxy_mode(snap: NodeSnapshot) -> tuple[str, str]:

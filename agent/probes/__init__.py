@@ -19,7 +19,6 @@ from agent.probes import (  # noqa: F401  (imported for their registration)
     local_table,
     nat_rules,
     nft_rules,
-    pod_routes,
     sysctls,
 )
 from agent.probes.base import REGISTRY, Probe, ProbeContext, ProbeResult, register

@@ -195,15 +195,14 @@ class _Tables:
     def rule(self, table: str, chain: str, target: str, *, comment: str | None = None,
              prob: int = 0, pre: str = "", proto: str | None = None,
              dst: str | None = None, dport: int | None = None, src: str | None = None,
-             nsrc: bool = False, iface: str | None = None, niface: bool = False,
-             post: str = "", topts: str = "", save_topts: str | None = None) -> None:
+             nsrc: bool = False, post: str = "", topts: str = "",
+             save_topts: str | None = None) -> None:
         """The common kube-proxy rule shape.
 
         kube-proxy's order: comment, statistic, ``pre`` matches, ``-m p -p p``, ``-d``,
-        ``--dport``, ``[!] -s`` or ``[!] -i`` (its local traffic detector), ``post``
-        matches, ``-j``. iptables-save moves -s/-d/-i/-p to the front (in that order)
-        and prints matches in the order they were given, with --dport inside the
-        ``-m tcp`` match.
+        ``--dport``, ``[!] -s``, ``post`` matches, ``-j``. iptables-save moves -s/-d/-p
+        to the front and prints matches in the order they were given, with --dport
+        inside the ``-m tcp`` match.
         """
         kp = ["-A", chain]
         sv = ["-A", chain]
@@ -211,8 +210,6 @@ class _Tables:
             sv.append(("! -s " if nsrc else "-s ") + _cidr(src))
         if dst:
             sv.append("-d " + _cidr(dst))
-        if iface:
-            sv.append(("! -i " if niface else "-i ") + iface)
         if proto:
             sv.append("-p " + proto)
         if comment:
@@ -233,8 +230,6 @@ class _Tables:
             kp.append(f"--dport {dport}")
         if src:
             kp.append(("! -s " if nsrc else "-s ") + src)
-        if iface:
-            kp.append(("! -i " if niface else "-i ") + iface)
         if post:
             kp.append(post)
             sv.append(post)

@@ -32,14 +32,9 @@ from lab.kube_proxy_rules.common import (
 
 
 def _iptables_new(services: Iterable[LbService], cluster_cidr: str | None,
-                  family: int = 4, pod_interface: str | None = None) -> _Tables:
+                  family: int = 4) -> _Tables:
     """pkg/proxy/iptables/proxier.go syncProxyRules (v1.28+), one full sync; ``family``
-    6: the IPv6 proxier of a dual-stack node (its services' addresses are IPv6).
-    kube-proxy's local traffic detector (pkg/proxy/util/localdetector.go): "-s
-    ``cluster_cidr``" (ClusterCIDR), or "-i ``pod_interface``" (InterfaceNamePrefix, its
-    prefix and "+", as AKS's "azv+"; BridgeInterface, a bridge's name), or none."""
-    if cluster_cidr and pod_interface:
-        raise ValueError("one local traffic detector: cluster_cidr or pod_interface")
+    6: the IPv6 proxier of a dual-stack node (its services' addresses are IPv6)."""
     t = _Tables(("filter", "nat"), family)
     for c in ("KUBE-SERVICES", "KUBE-EXTERNAL-SERVICES", "KUBE-FORWARD", "KUBE-NODEPORTS",
               "KUBE-PROXY-FIREWALL"):
@@ -68,7 +63,7 @@ def _iptables_new(services: Iterable[LbService], cluster_cidr: str | None,
     svcs = sorted(services, key=lambda s: s.port_name_key)
     t.large_cluster = _total_endpoints(svcs) > _LARGE_CLUSTER_ENDPOINTS
     for svc in svcs:
-        _new_service(t, svc, _detector(cluster_cidr, pod_interface))
+        _new_service(t, svc, cluster_cidr)
 
     nodeports_last(t)
     forward_rules(t, invalid_drop=True, conntrack_accept=True)
@@ -94,21 +89,7 @@ def _iptables_new(services: Iterable[LbService], cluster_cidr: str | None,
     return t
 
 
-def _detector(cluster_cidr: str | None, pod_interface: str | None) -> dict[str, Any] | None:
-    """The arguments of _Tables.rule that say "from a pod of this node" (negate them with
-    _not_local); None without a detector."""
-    if cluster_cidr:
-        return {"src": cluster_cidr}
-    if pod_interface:
-        return {"iface": pod_interface}
-    return None
-
-
-def _not_local(local: dict[str, Any]) -> dict[str, Any]:
-    return {**local, "nsrc": "src" in local, "niface": "iface" in local}
-
-
-def _new_service(t: _Tables, svc: LbService, local: dict[str, Any] | None) -> None:
+def _new_service(t: _Tables, svc: LbService, cluster_cidr: str | None) -> None:
     name = svc.port_name_key
     proto = svc.protocol.lower()
     h = chain_hash(name, proto)
@@ -167,9 +148,9 @@ def _new_service(t: _Tables, svc: LbService, local: dict[str, Any] | None) -> No
                proto="tcp", dport=svc.health_check_node_port)
 
     # Internal traffic: masquerade off-cluster sources (only with a local detector).
-    if has_endpoints and local:
+    if has_endpoints and cluster_cidr:
         t.rule("nat", svc_chain, "KUBE-MARK-MASQ", comment=f"{name} cluster IP", proto=proto,
-               dst=svc.cluster_ip, dport=svc.port, **_not_local(local))
+               dst=svc.cluster_ip, dport=svc.port, src=cluster_cidr, nsrc=True)
 
     if uses_ext_chain:
         t.chain("nat", ext_chain)
@@ -177,11 +158,11 @@ def _new_service(t: _Tables, svc: LbService, local: dict[str, Any] | None) -> No
             t.rule("nat", ext_chain, "KUBE-MARK-MASQ",
                    comment=f"masquerade traffic for {name} external destinations")
         else:
-            if local:
+            if cluster_cidr:
                 # pod -> external VIP short-circuits to the cluster chain, "as if" it had
                 # gone out to the LB and come back
                 t.rule("nat", ext_chain, svc_chain,
-                       comment=f"pod traffic for {name} external destinations", **local)
+                       comment=f"pod traffic for {name} external destinations", src=cluster_cidr)
             t.rule("nat", ext_chain, "KUBE-MARK-MASQ",
                    comment=f"masquerade LOCAL traffic for {name} external destinations",
                    pre="-m addrtype --src-type LOCAL")
@@ -418,12 +399,9 @@ def _old_service(t: _Tables, svc: LbService, cluster_cidr: str | None) -> None:
 
 
 def _iptables_tables(services: Iterable[LbService], generation: str,
-                     cluster_cidr: str | None, family: int = 4,
-                     pod_interface: str | None = None) -> _Tables:
+                     cluster_cidr: str | None, family: int = 4) -> _Tables:
     if generation == "new":
-        return _iptables_new(services, cluster_cidr, family, pod_interface)
-    if pod_interface:
-        raise ValueError("an interface detector is modelled for the new generation only")
+        return _iptables_new(services, cluster_cidr, family)
     if family != 4:
         raise ValueError("the old generation is modelled for IPv4 only")
     if generation == "old":
@@ -433,20 +411,18 @@ def _iptables_tables(services: Iterable[LbService], generation: str,
 
 def iptables_mode(services: Iterable[LbService], *, generation: str = "new",
                   cluster_cidr: str | None, node_ip: str, backend: str = "legacy",
-                  family: int = 4, pod_interface: str | None = None) -> str:
+                  family: int = 4) -> str:
     """What ``iptables-save`` prints (nat and filter) on a node whose kube-proxy runs
     in iptables mode. ``backend`` only changes the header line ("nft" ->
     ``iptables-nft-save ... (nf_tables)``). ``node_ip`` is accepted for symmetry with
     ``ipvs_mode``: the generated rules do not depend on it (nodePortAddresses unset).
     """
     del node_ip
-    return _iptables_tables(services, generation, cluster_cidr, family,
-                            pod_interface).save_text(backend)
+    return _iptables_tables(services, generation, cluster_cidr, family).save_text(backend)
 
 
 def kube_proxy_restore_input(services: Iterable[LbService], *, generation: str = "new",
-                             cluster_cidr: str | None, node_ip: str, family: int = 4,
-                             pod_interface: str | None = None) -> str:
+                             cluster_cidr: str | None, node_ip: str, family: int = 4) -> str:
     """What kube-proxy itself feeds to ``iptables-restore --noflush`` for one full sync:
     no header or counters, ``:CHAIN - [0:0]`` lines, bare IPs, kube-proxy's argument
     order, ``--or-mark 0x004000``, and no jumps from the built-in chains (those are
@@ -454,7 +430,6 @@ def kube_proxy_restore_input(services: Iterable[LbService], *, generation: str =
     KUBE-MARK-DROP, which must exist before this is restored.
     """
     del node_ip
-    return _iptables_tables(services, generation, cluster_cidr, family,
-                            pod_interface).restore_input()
+    return _iptables_tables(services, generation, cluster_cidr, family).restore_input()
 
 
