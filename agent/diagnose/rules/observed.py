@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from agent.capture.model import (
@@ -317,7 +317,7 @@ def _range_size(text: str) -> int:
 def _iso(t: float | None) -> str | None:
     if t is None or t <= 0:
         return None
-    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # How SYNs from a local source failed (HEALTHCHECK_DROPPED), by what the capture saw.
