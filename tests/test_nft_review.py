@@ -93,7 +93,7 @@ def test_a_concatenation_matched_against_a_set() -> None:
                            ("203.0.113.130", "5.6.7.8", "DROP"),
                            ("10.0.1.5", "5.6.7.8", "DROP"),
                            ("203.0.113.130", "1.2.3.4", "ACCEPT")):
-        got = [(r.verdict, r.assumed) for r in w.walk_hook("prerouting", NftPacket(
+        got = [(r.verdict, bool(r.assumed)) for r in w.walk_hook("prerouting", NftPacket(
             src=src, dst=dst, in_iface="eth0"))]
         assert got == [(want, False)], (src, dst, got)
     # a pod inside the cluster CIDR, its exact address unknown: decided by the prefix
@@ -250,7 +250,7 @@ def test_set_elements_with_counters() -> None:
     text = (CONSTRUCTED / "nft-set-elements-with-counters" / "nft-list-ruleset.txt").read_text()
     w = NftWalker(read_nft_text(text, "t"), _View())
     for dst, want in (("9.9.9.9", "ACCEPT"), ("203.0.113.7", "DROP"), ("198.51.100.9", "DROP")):
-        got = [(r.verdict, r.assumed) for r in w.walk_hook("forward", NftPacket(
+        got = [(r.verdict, bool(r.assumed)) for r in w.walk_hook("forward", NftPacket(
             src="10.0.1.5", dst=dst, in_iface="cni0", out_iface="eth0"))]
         assert got == [(want, False)], (dst, got)
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from agent.netfilter.assumption import AssumptionKind
 from agent.netfilter.rules import parse_rule, tokenize
 from agent.netfilter.rules_text import parse_iptables_save
 from agent.netfilter.walk import Packet, TableWalker
@@ -162,9 +163,12 @@ def test_missing_ipset_forks_and_names_the_assumption() -> None:
     assert sorted(r.verdict for r in paths) == ["ACCEPT", "DROP"]
     for r in paths:
         (assumed,) = r.assumed
-        assert "ipset NOPE is not known" in assumed
+        assert (assumed.kind, assumed.subject) == (AssumptionKind.IPSET, "NOPE")
+        assert "`ipset list NOPE`" in assumed.fact
+        (step,) = [s for s in r.steps if s.assumption]
+        assert "ipset NOPE is not known" in step.text
     drop = next(r for r in paths if r.verdict == "DROP")
-    assert drop.assumed[0].startswith("assumed matching:")
+    assert drop.steps[0].text.startswith("assumed matching:")
 
 
 def test_mark_arithmetic_or_and_xor_and_set_mark() -> None:
@@ -205,12 +209,15 @@ def test_an_unknown_interface_forks_and_names_the_assumption() -> None:
     assert sorted(r.verdict for r in paths) == ["ACCEPT", "DNAT", "DROP"]
     dnat = next(r for r in paths if r.verdict == "DNAT")
     (assumed,) = dnat.assumed
-    assert assumed.startswith("assumed matching: -A PREROUTING -i azv+") and \
-        "interface -i azv+: the interface the packet enters by is not in the input" in assumed
+    assert (assumed.kind, assumed.subject) == (AssumptionKind.INTERFACE, "-i azv+")
+    (step,) = [s for s in dnat.steps if s.assumption]
+    assert step.text.startswith("assumed matching: -A PREROUTING -i azv+") and \
+        "interface -i azv+: the interface the packet enters by is not in the input" in step.text
     drop = next(r for r in paths if r.verdict == "DROP")
-    assert [a.split(":")[0] for a in drop.assumed] == ["assumed NOT matching",
-                                                        "assumed matching"]
-    assert "-o eth0: the interface the packet leaves by" in drop.assumed[1]
+    assert [a.subject for a in drop.assumed] == ["-i azv+", "-o eth0"]
+    assert [s.text.split(":")[0] for s in drop.steps if s.assumption] == [
+        "assumed NOT matching", "assumed matching"]
+    assert "leaves by an interface eth0 names" in drop.assumed[1].fact
     # a known interface is matched, not assumed
     (known,) = w.walk("PREROUTING", Packet("10.244.1.2", "4.225.209.242", dport=80,
                                             in_iface="azv1234", out_iface="eth1"))

@@ -17,12 +17,18 @@ from agent.diagnose.family import v6_local_known
 from agent.diagnose.lb_ip import LbTarget
 from agent.diagnose.node_facts import (
     NODE_STAND_IN,
+    NODE_STAND_IN6,
     OUTSIDE_CLIENT,
+    OUTSIDE_CLIENT6,
     POD_STAND_IN,
+    POD_STAND_IN6,
     NodeFacts,
     uplink6,
 )
-from agent.diagnose.paths import ASSUMED, PathFinder, PathOutcome, ServedOutcome, node_address
+from agent.diagnose.outcome import Outcome, PathOutcome, merge
+from agent.diagnose.paths import ASSUMED, PathFinder, ServedOutcome, node_address
+from agent.netfilter import assumption
+from agent.netfilter.assumption import Assumption
 from agent.netfilter.nft_model import NftRuleset, NftTable
 from agent.netfilter.nft_read import ruleset_of
 from agent.netfilter.nft_walk import (
@@ -40,13 +46,6 @@ _CHAIN = re.compile(r"^(service|external|firewall|endpoint)-[A-Z0-9]{8}-"
 # "ip saddr != 10.0.0.0/8 jump mark-for-masquerade" ("ip6 saddr != fd00:10::/64 ..."):
 # kube-proxy's cluster CIDR
 _CIDR_MASQ = re.compile(r"ip6? saddr != ([0-9a-fA-F:.]+/\d+) jump mark-for-masquerade")
-# IPv6 stand-ins (documentation prefix, clear of the 2001:db8::/64 kube-proxy's tests use
-# for nodes): the node's address, a pod, a client out on the internet
-NODE_STAND_IN6 = "2001:db8:ffff::10"
-POD_STAND_IN6 = "2001:db8:ffff::77"
-OUTSIDE_CLIENT6 = "2001:db8:ffff:100::7"
-_RANK = {"not-masqueraded": 0, "unknown": 1, "dropped": 2, "masqueraded": 3, "captured": 4}
-_NO_LOOP = frozenset({"captured", "masqueraded", "dropped"})
 
 # a step's evidence line, made once for the many walks that share the step (the
 # services map, mark-for-masquerade, the filter chains)
@@ -247,10 +246,10 @@ class NftPathFinder:
         fam = "ip6" if v6 else "ip"
         kp = self.ruleset.kube_proxy_for(v6)
         if kp is None:
-            return PathOutcome("unknown", f"kube-proxy's nft table ({fam} kube-proxy) is not "
+            return PathOutcome(Outcome.UNKNOWN, f"kube-proxy's nft table ({fam} kube-proxy) is not "
                                f"in the input: `nft list table {fam} kube-proxy` shows it", ())
         if not _has_nat_prerouting(kp):
-            return PathOutcome("unknown", _EXCERPT.format(fam=fam), ())
+            return PathOutcome(Outcome.UNKNOWN, _EXCERPT.format(fam=fam), ())
         pod, pod_unknown = (f.pod6, f.pod6_unknown) if v6 else (f.pod, f.pod_unknown)
         cidr = self.cidr6 if v6 else self.cidr
         if pod is None:
@@ -267,37 +266,43 @@ class NftPathFinder:
         outcomes: list[PathOutcome] = []
         for res in self.walker.walk_hook("prerouting", pkt):
             outcomes.extend(self._after_prerouting(res, head))
-        got = _merge(outcomes)
+        got = merge(outcomes)
         if got.kind == "not-masqueraded" and self.problems:
             # the loop may be built on a rule or map element the reader had to skip
             why = (f"the walk finds no DNAT and no masquerade, but {len(self.problems)} "
                    f"nft line(s) could not be read ({self.problems[0]}): what they hold "
                    "may DNAT or masquerade it")
-            return PathOutcome("unknown", why, (*got.evidence, why))
+            return PathOutcome(Outcome.UNKNOWN, why, (*got.evidence, why),
+                               assumptions=got.assumptions)
         return got
 
     def _after_prerouting(self, res: NftHookResult, head: tuple[str, ...]
                           ) -> list[PathOutcome]:
         ev = head + tuple(_rendered(s) for s in res.steps)
+        took = res.assumed
         p = res.packet
         if res.verdict == "UNKNOWN":
-            return [PathOutcome("unknown", res.detail, (*ev, res.detail))]
+            return [PathOutcome(Outcome.UNKNOWN, res.detail, (*ev, res.detail),
+                                assumptions=took)]
         if res.verdict in ("DROP", "REJECT"):
-            return [PathOutcome("dropped", f"{res.verdict.lower()} in the prerouting hook "
-                                "(before DNAT)", ev)]
+            return [PathOutcome(Outcome.DROPPED, f"{res.verdict.lower()} in the prerouting "
+                                "hook (before DNAT)", ev, assumptions=took)]
         if res.verdict == "DNAT":
             how = f"kube-proxy's nftables rules rewrite the destination to {p.dnat_to} (DNAT)"
             out = []
             for fr in self.walker.walk_hook("forward", p._replace(out_iface=None)):
                 ev2 = ev + tuple(_rendered(s) for s in fr.steps)
+                took2 = took + fr.assumed
                 if fr.verdict in ("DROP", "REJECT"):
-                    out.append(PathOutcome("dropped", f"{fr.verdict.lower()} in the forward "
-                                           "hook", ev2))
+                    out.append(PathOutcome(Outcome.DROPPED, f"{fr.verdict.lower()} in the "
+                                           "forward hook", ev2, assumptions=took2))
                 elif fr.verdict == "UNKNOWN":
-                    out.append(PathOutcome("unknown", fr.detail, (*ev2, fr.detail)))
+                    out.append(PathOutcome(Outcome.UNKNOWN, fr.detail, (*ev2, fr.detail),
+                                           assumptions=took2))
                 else:
-                    out.append(PathOutcome("captured", how, (
-                        *ev2, f"result: {how}; the packet never goes to the load balancer")))
+                    out.append(PathOutcome(Outcome.CAPTURED, how, (
+                        *ev2, f"result: {how}; the packet never goes to the load balancer"),
+                        assumptions=took2))
             return out
         # an IPv4-only local table (an old bundle, a pasted `ip route show table local`)
         # says nothing of IPv6 addresses
@@ -305,73 +310,83 @@ class NftPathFinder:
         results: list[PathOutcome] = []
         if local is None:
             table = "ip -6 route" if p.v6 else "ip route"
+            took = (*took, assumption.local_address(p.dst, f"`{table} show table local`"))
             results += self._to_node(p, (*ev, f"routing{ASSUMED} {p.dst} is a local "
                                           f"address [not given: `{table} show table local` "
-                                          "decides it] -> input"))
+                                          "decides it] -> input"), took)
             ev = (*ev, f"routing{ASSUMED} {p.dst} is NOT a local address")
         elif local:
-            return self._to_node(p, (*ev, f"routing: {p.dst} is local -> input"))
+            return self._to_node(p, (*ev, f"routing: {p.dst} is local -> input"), took)
         out_iface = self._uplink(p.v6)
         leaving = out_iface or "(uplink unknown)"
         ev = (*ev, f"routing: {p.dst} is not a local address -> forwarded out {leaving}")
         p = p._replace(out_iface=out_iface)
         for fr in self.walker.walk_hook("forward", p):
             ev2 = ev + tuple(_rendered(s) for s in fr.steps)
+            took2 = took + fr.assumed
             if fr.verdict == "UNKNOWN":
-                results.append(PathOutcome("unknown", fr.detail, (*ev2, fr.detail)))
+                results.append(PathOutcome(Outcome.UNKNOWN, fr.detail, (*ev2, fr.detail),
+                                           assumptions=took2))
                 continue
             if fr.verdict in ("DROP", "REJECT"):
-                results.append(PathOutcome("dropped", f"{fr.verdict.lower()} in the forward "
-                                           "hook", ev2))
+                results.append(PathOutcome(Outcome.DROPPED, f"{fr.verdict.lower()} in the "
+                                           "forward hook", ev2, assumptions=took2))
                 continue
             for pr in self.walker.walk_hook("postrouting", fr.packet):
                 ev3 = ev2 + tuple(_rendered(s) for s in pr.steps)
-                if pr.verdict == "UNKNOWN":
-                    results.append(PathOutcome("unknown", pr.detail, (*ev3, pr.detail)))
-                elif pr.verdict in ("MASQUERADE", "SNAT"):
-                    node_ip = self.facts.node_ip6 if p.v6 else self.facts.node_ip
-                    to = pr.packet.snat
-                    if pr.verdict == "SNAT" and to not in (None, "snat", "masquerade"):
-                        # `snat to ADDR`: the load balancer skips only the real server
-                        # whose address is the source (as agent.diagnose.paths decides)
-                        to = to.split("-")[0]
-                        if node_ip is None or _canon(to) != node_ip:
-                            how = (f"leaves {leaving} SNATed to {to}, " + (
-                                "and the node's address is not in the input (`ip addr` "
-                                "shows it)" if node_ip is None else
-                                f"which is not this node's address {node_ip}: the load "
-                                "balancer may still pick this node"))
-                            kind = "unknown" if node_ip is None else "not-masqueraded"
-                            results.append(PathOutcome(kind, how, (*ev3, f"result: {how}")))
-                            continue
-                    how = (f"leaves {leaving} with {node_address(node_ip)} "
-                           f"({pr.verdict.lower()}): the load balancer will not send it "
-                           "back to this node")
-                    results.append(PathOutcome("masqueraded", how, (*ev3, f"result: {how}")))
-                elif pr.verdict in ("DROP", "REJECT"):
-                    results.append(PathOutcome("dropped", f"{pr.verdict.lower()} in the "
-                                               "postrouting hook", ev3))
-                else:
-                    src = p.src if p.src_known else "(unchanged)"
-                    how = (f"leaves {leaving} with the pod's source address {src} "
-                           "(no DNAT, not local, no masquerade)")
-                    results.append(PathOutcome("not-masqueraded", how,
-                                               (*ev3, f"result: {how}")))
+                took3 = took2 + pr.assumed
+                results.append(self._postrouted(pr, p, leaving, ev3, took3))
         return results
 
-    def _to_node(self, p: NftPacket, ev: tuple[str, ...]) -> list[PathOutcome]:
+    def _postrouted(self, pr: NftHookResult, p: NftPacket, leaving: str,
+                    ev: tuple[str, ...], took: tuple[Assumption, ...]) -> PathOutcome:
+        """How a forwarded path ends after the postrouting hook."""
+        if pr.verdict == "UNKNOWN":
+            return PathOutcome(Outcome.UNKNOWN, pr.detail, (*ev, pr.detail), assumptions=took)
+        if pr.verdict in ("DROP", "REJECT"):
+            return PathOutcome(Outcome.DROPPED, f"{pr.verdict.lower()} in the postrouting "
+                               "hook", ev, assumptions=took)
+        if pr.verdict not in ("MASQUERADE", "SNAT"):
+            src = p.src if p.src_known else "(unchanged)"
+            how = (f"leaves {leaving} with the pod's source address {src} "
+                   "(no DNAT, not local, no masquerade)")
+            return PathOutcome(Outcome.NOT_MASQUERADED, how, (*ev, f"result: {how}"),
+                               assumptions=took)
+        node_ip = self.facts.node_ip6 if p.v6 else self.facts.node_ip
+        to = pr.packet.snat
+        if pr.verdict == "SNAT" and to not in (None, "snat", "masquerade"):
+            # `snat to ADDR`: the load balancer skips only the real server whose address is
+            # the source (as agent.diagnose.paths decides)
+            to = to.split("-")[0]
+            if node_ip is None or _canon(to) != node_ip:
+                how = (f"leaves {leaving} SNATed to {to}, " + (
+                    "and the node's address is not in the input (`ip addr` shows it)"
+                    if node_ip is None else
+                    f"which is not this node's address {node_ip}: the load balancer may "
+                    "still pick this node"))
+                kind = Outcome.UNKNOWN if node_ip is None else Outcome.NOT_MASQUERADED
+                return PathOutcome(kind, how, (*ev, f"result: {how}"), assumptions=took)
+        how = (f"leaves {leaving} with {node_address(node_ip)} ({pr.verdict.lower()}): the "
+               "load balancer will not send it back to this node")
+        return PathOutcome(Outcome.MASQUERADED, how, (*ev, f"result: {how}"), assumptions=took)
+
+    def _to_node(self, p: NftPacket, ev: tuple[str, ...], took: tuple[Assumption, ...]
+                 ) -> list[PathOutcome]:
         out = []
         for ir in self.walker.walk_hook("input", p):
             ev2 = ev + tuple(_rendered(s) for s in ir.steps)
+            took2 = took + ir.assumed
             if ir.verdict in ("DROP", "REJECT"):
-                out.append(PathOutcome("dropped", f"{ir.verdict.lower()} in the input hook",
-                                       ev2))
+                out.append(PathOutcome(Outcome.DROPPED, f"{ir.verdict.lower()} in the input "
+                                       "hook", ev2, assumptions=took2))
             elif ir.verdict == "UNKNOWN":
-                out.append(PathOutcome("unknown", ir.detail, (*ev2, ir.detail)))
+                out.append(PathOutcome(Outcome.UNKNOWN, ir.detail, (*ev2, ir.detail),
+                                       assumptions=took2))
             else:
                 how = "delivered to this node's own stack (local address): it does not " \
                       "leave the node"
-                out.append(PathOutcome("captured", how, (*ev2, f"result: {how}")))
+                out.append(PathOutcome(Outcome.CAPTURED, how, (*ev2, f"result: {how}"),
+                                       assumptions=took2))
         return out
 
     # -- outside client -> NodePort --------------------------------------------------
@@ -488,28 +503,3 @@ class _View:
         if ":" in addr and not self.v6_local and addr not in self.facts.assumed_local:
             return None  # which IPv6 addresses are local is not in the input
         return self.facts.addr_type(addr)
-
-
-def _merge(outcomes: list[PathOutcome]) -> PathOutcome:
-    """As agent.diagnose.paths merges a walk's paths: the worst outcome, unless the
-    answer hangs on a fact the input lacks (then undecided) or every path ends without
-    a loop (then the best of them, with a note)."""
-    if not outcomes:
-        return PathOutcome("unknown", "no path", ())
-    kinds = {o.kind for o in outcomes}
-    worst = min(outcomes, key=lambda o: _RANK[o.kind])
-    assumed = [o for o in outcomes if ASSUMED in "\n".join(o.evidence)]
-    if assumed and len(kinds) > 1 and not kinds <= _NO_LOOP:
-        facts = list(dict.fromkeys(e for o in assumed for e in o.evidence if ASSUMED in e))
-        loop = next((o for o in outcomes if o.kind == "not-masqueraded"), worst)
-        return PathOutcome("unknown", "it depends on a fact the input does not show: "
-                           + "; ".join(facts[:2]), (*loop.evidence, "the other answer: " + next(
-                               (o.how for o in outcomes if o.kind != loop.kind), "")))
-    if len(kinds) > 1 and kinds <= _NO_LOOP:
-        return PathOutcome(worst.kind, worst.how + f" ({len(outcomes)} paths over what the "
-                           "input does not show or kube-proxy's random choice: none loops)",
-                           worst.evidence, mixed=True)
-    if len(kinds) > 1:
-        return PathOutcome(worst.kind, worst.how + " (on some of the paths)", worst.evidence,
-                           mixed=True)
-    return worst

@@ -9,13 +9,13 @@ import ipaddress
 import operator
 import re
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from agent.diagnose.lb_ip import LbTarget
 from agent.diagnose.node_facts import NodeFacts
+from agent.diagnose.outcome import Outcome, PathOutcome, merge
+from agent.netfilter import assumption
+from agent.netfilter.assumption import AssumptionKind
 from agent.netfilter.walk import (
-    ASSUME,
-    SRC_UNKNOWN,
     UNSEEN_REST,
     HookResult,
     Packet,
@@ -47,30 +47,14 @@ _KUBE_HOOKS = {
                 "kubernetes externally-visible service portals", _NEW)),
 }
 
-# Marks an evidence line that assumes a fact the input lacks (a walk forked on it).
+# How an evidence line says it took a fact the input lacks (a walk forked on it): for
+# people only; the fact itself travels as an Assumption.
 ASSUMED = ": assumed"
-DECIDES_LOCAL = (" [not given: `ip addr show kube-ipvs0` or `ip route show table local` "
-                 "decides it]")
+_SHOWS_LOCAL = "`ip addr show kube-ipvs0` or `ip route show table local`"
+DECIDES_LOCAL = f" [not given: {_SHOWS_LOCAL} decides it]"
 # an endpoint chain the walk reached but an excerpt does not show
 _UNSEEN_ENDPOINT_CHAIN = re.compile(
     r"target (KUBE-(SVC|SVL|SEP|EXT|XLB|FW)-[A-Z2-7]{16}) is neither")
-# Outcomes that all mean "no loop": branches that end in different ones of these agree.
-_NO_LOOP = frozenset({"captured", "masqueraded", "dropped"})
-
-# Ranking when branches (statistic, recent) disagree: the worst one is reported.
-_RANK = {"not-masqueraded": 0, "unknown": 1, "dropped": 2, "masqueraded": 3, "captured": 4}
-
-
-class PathOutcome(NamedTuple):
-    """How one path (or, merged, all of them) of a pod's packet ended (a NamedTuple: one is
-    made per path of every LB IP's walk)."""
-
-    kind: str  # "captured" | "masqueraded" | "not-masqueraded" | "dropped" | "unknown"
-    how: str
-    evidence: tuple[str, ...]
-    mixed: bool = False  # branches disagreed
-
-
 @dataclass(frozen=True, slots=True)
 class ServedOutcome:
     """An outside client's SYN to LB IP:port arriving on the uplink."""
@@ -202,7 +186,7 @@ class PathFinder:
     def pod_to_lb(self, t: LbTarget) -> PathOutcome:
         f = self.facts
         if self.nat is None:
-            return PathOutcome("unknown", "the nat rules could not be read",
+            return PathOutcome(Outcome.UNKNOWN, "the nat rules could not be read",
                                ("nat rules could not be read",))
         if f.pod is None:
             # walk it anyway: a rule that asks the source forks the walk, and where every
@@ -216,7 +200,7 @@ class PathFinder:
                          in_iface=f.pod.iface)
             head = (f"packet: {pkt.describe()}; {f.pod.how}",)
         results = self.nat.walk("PREROUTING", pkt)
-        if len(results) > 1 and not _is_assumption(head[0]) and \
+        if len(results) > 1 and \
                 all(r.verdict in _REWRITTEN and not _assumes(r.steps) for r in results):
             # kube-proxy's random choice among a service's endpoints, each DNATing, with
             # no fact assumed: every path is "captured" and the merge would show the
@@ -225,11 +209,12 @@ class PathFinder:
         outcomes = []
         for res in results:
             outcomes.extend(self._after_prerouting(res, head))
-        return _merge(outcomes)
+        return merge(outcomes)
 
     def _after_prerouting(self, res: HookResult, head: tuple[str, ...]) -> list[PathOutcome]:
         verdict, p, steps, detail = res
         ev = head + tuple(map(_rendered, steps))
+        took = res.assumed
         unseen = _UNSEEN_ENDPOINT_CHAIN.search(detail) if verdict == "UNKNOWN" \
             and self.partial else None
         if unseen and unseen.group(2) in ("XLB", "FW"):
@@ -240,7 +225,7 @@ class PathFinder:
             why = (f"what {chain} does with a pod's packet: `iptables -t nat -S {chain}` "
                    "shows it (without kube-proxy's --cluster-cidr and a local endpoint it "
                    "lets it leave unmasqueraded)")
-            return [PathOutcome("unknown", why, (*ev, why))]
+            return [PathOutcome(Outcome.UNKNOWN, why, (*ev, why), assumptions=took)]
         if unseen:
             # kube-proxy jumps only to chains it wrote: endpoint chains DNAT to an endpoint;
             # its EXT chains (1.24+) send on to those, or leave what has no local endpoint
@@ -256,33 +241,38 @@ class PathFinder:
                        "endpoints (or drops it where there is none)")
                 does = ("to send it to the service's endpoint chain, or to drop it when "
                         "there is no (local) endpoint, as kube-proxy writes it")
-            return [PathOutcome("captured", how, (
-                *ev, f"{chain}{ASSUMED} {does} (not in the input: `iptables -t nat -S "
-                     f"{chain}` shows it)", f"result: {how}"))]
+            shows = f"iptables -t nat -S {chain}"
+            return [PathOutcome(Outcome.CAPTURED, how, (
+                *ev, f"{chain}{ASSUMED} {does} (not in the input: `{shows}` shows it)",
+                f"result: {how}"), assumptions=(*took, assumption.unseen_chain(chain, shows)))]
         if verdict == "UNKNOWN":
-            return [PathOutcome("unknown", detail, (*ev, detail))]
+            return [PathOutcome(Outcome.UNKNOWN, detail, (*ev, detail), assumptions=took)]
         if verdict in ("DROP", "REJECT"):
-            return [PathOutcome("dropped", f"{verdict} in nat PREROUTING", ev)]
+            return [PathOutcome(Outcome.DROPPED, f"{verdict} in nat PREROUTING", ev,
+                                assumptions=took)]
         if verdict in ("DNAT", "REDIRECT"):
             how = f"kube-proxy rewrites the destination to {host_port(p.dst, p.dport)} ({verdict})"
-            return [PathOutcome("captured", how, (*ev, f"result: {how}; the packet never "
-                                                  "goes to the load balancer"))]
+            return [PathOutcome(Outcome.CAPTURED, how, (*ev, f"result: {how}; the packet never "
+                                                        "goes to the load balancer"),
+                                assumptions=took)]
         local = self.facts.is_local(p.dst)
         results: list[PathOutcome] = []
         if local is None:
-            # not given the node's addresses: follow both answers (_merge decides)
+            # not given the node's addresses: follow both answers (merge decides)
             how, line = self._ipvs_capture(p)
-            results.append(PathOutcome("captured", how, (
+            took = (*took, assumption.local_address(p.dst, _SHOWS_LOCAL))
+            results.append(PathOutcome(Outcome.CAPTURED, how, (
                 *ev, f"routing{ASSUMED} {p.dst} is a local address (bound on kube-ipvs0 "
                      f"or another interface){DECIDES_LOCAL} -> INPUT", line,
-                self._once(f"result: {how}"))))
+                self._once(f"result: {how}")), assumptions=took))
             ev = (*ev, f"routing{ASSUMED} {p.dst} is NOT a local address{DECIDES_LOCAL}")
         elif local:
             how, line = self._ipvs_capture(p)
             route = self.facts.local_route(p.dst)
-            return [PathOutcome("captured", how,
+            return [PathOutcome(Outcome.CAPTURED, how,
                                 (*ev, f"routing: {p.dst} is local ({route.line if route else ''})"
-                                 " -> INPUT", line, self._once(f"result: {how}")))]
+                                 " -> INPUT", line, self._once(f"result: {how}")),
+                                assumptions=took)]
         out_iface = self.facts.uplink
         leaving = out_iface or "(uplink unknown)"
         ev = (*ev, f"routing: {p.dst} is not a local address -> forwarded out "
@@ -291,17 +281,22 @@ class PathFinder:
         p = p._replace(out_iface=out_iface)
         for fr in self._filter("FORWARD", p):
             ev2 = ev + tuple(_rendered(s) for s in fr.steps if s.table == "filter")
+            took2 = took + fr.assumed
             if fr.verdict == "UNKNOWN":
-                results.append(PathOutcome("unknown", fr.detail, (*ev2, fr.detail)))
+                results.append(PathOutcome(Outcome.UNKNOWN, fr.detail, (*ev2, fr.detail),
+                                           assumptions=took2))
                 continue
             if fr.verdict in ("DROP", "REJECT"):
-                results.append(PathOutcome("dropped", f"{fr.verdict} in filter FORWARD", ev2))
+                results.append(PathOutcome(Outcome.DROPPED, f"{fr.verdict} in filter FORWARD",
+                                           ev2, assumptions=took2))
                 continue
             assert self.nat is not None
             for pr in self.nat.walk("POSTROUTING", fr.packet):
                 ev3 = ev2 + tuple(map(_rendered, pr.steps))
+                took3 = took2 + pr.assumed
                 if pr.verdict == "UNKNOWN":
-                    results.append(PathOutcome("unknown", pr.detail, (*ev3, pr.detail)))
+                    results.append(PathOutcome(Outcome.UNKNOWN, pr.detail, (*ev3, pr.detail),
+                                               assumptions=took3))
                 elif pr.verdict in ("MASQUERADE", "SNAT"):
                     to = _snat_address(pr)
                     node_ip = self.facts.node_ip
@@ -310,26 +305,30 @@ class PathFinder:
                         how = (f"leaves {leaving} SNATed to {to}; whether that is the "
                                "node's address the load balancer sends to is not in the "
                                "input (`ip addr` shows it)")
-                        results.append(PathOutcome("unknown", how, (*ev3, how)))
+                        results.append(PathOutcome(Outcome.UNKNOWN, how, (*ev3, how),
+                                                   assumptions=took3))
                         continue
                     if pr.verdict == "SNAT" and to != node_ip:
                         # the LB only skips the real server whose IP equals the source
                         how = (f"leaves {leaving} SNATed to {to}, which is not this node's "
                                f"address {node_ip}: the load balancer may still pick this node")
-                        results.append(PathOutcome("not-masqueraded", how,
-                                                   (*ev3, f"result: {how}")))
+                        results.append(PathOutcome(Outcome.NOT_MASQUERADED, how,
+                                                   (*ev3, f"result: {how}"), assumptions=took3))
                         continue
                     how = (f"leaves {leaving} with {node_address(node_ip)} ({pr.verdict}): the "
                            "load balancer will not send it back to this node")
-                    results.append(PathOutcome("masqueraded", how, (*ev3, f"result: {how}")))
+                    results.append(PathOutcome(Outcome.MASQUERADED, how, (*ev3, f"result: {how}"),
+                                               assumptions=took3))
                 elif pr.verdict in ("DROP", "REJECT"):
-                    results.append(PathOutcome("dropped", f"{pr.verdict} in nat POSTROUTING",
-                                               ev3))
+                    results.append(PathOutcome(Outcome.DROPPED,
+                                               f"{pr.verdict} in nat POSTROUTING", ev3,
+                                               assumptions=took3))
                 else:
                     src = p.src if p.src_known else "(unchanged)"
                     how = (f"leaves {leaving} with the pod's source address {src} "
                            "(no DNAT, not local, no SNAT/MASQUERADE)")
-                    results.append(PathOutcome("not-masqueraded", how, (*ev3, f"result: {how}")))
+                    results.append(PathOutcome(Outcome.NOT_MASQUERADED, how,
+                                               (*ev3, f"result: {how}"), assumptions=took3))
         return results
 
     def _members(self, s: IpSet) -> frozenset[str]:
@@ -482,17 +481,12 @@ def _undecided(res: HookResult) -> str:
     NodePort "served" on such a path only may not be served at all."""
     if res.verdict == "UNKNOWN":
         return res.detail
-    for s in res.steps:
-        m = _IFACE_ASSUMED.search(s.text) if s.action == ASSUME else None
-        if m:
+    for a in res.assumed:
+        if a.kind == AssumptionKind.INTERFACE:
             return ("a rule asks an interface of the load balancer's packet (the node's "
                     "uplink or the pods' interface) that the input does not show (`ip addr` "
-                    f"and `ip route` show them): {m.group(1)} {m.group(2)}")
+                    f"and `ip route` show them): {a.subject}")
     return ""
-
-
-# an assumption on an interface the input lacks (the walker's "interface -i azv+: ...")
-_IFACE_ASSUMED = re.compile(r"interface (-[io]) (\S+):")
 
 
 def node_address(node_ip: str | None) -> str:
@@ -520,94 +514,17 @@ _network = functools.lru_cache(maxsize=64)(functools.partial(ipaddress.ip_networ
                                                              strict=False))
 
 
-def _merge(outcomes: list[PathOutcome]) -> PathOutcome:
-    if not outcomes:
-        return PathOutcome("unknown", "no path", ())
-    kinds = {o.kind for o in outcomes}
-    # (one kind: min would return the first; the key costs a call per outcome)
-    worst = outcomes[0] if len(kinds) == 1 else min(outcomes, key=lambda o: _RANK[o.kind])
-    # (an assumption line holds ASSUMED, which holds no line break: one search of the
-    # lines joined, at C speed, passes over the paths that hold none, most of them)
-    assumed = [o for o in outcomes if ASSUMED in "\n".join(o.evidence)
-               and any(map(_is_assumption, o.evidence))]
-    if assumed and len(kinds) > 1 and not kinds <= _NO_LOOP:
-        # the answer depends on a fact the input lacks: name it, decide nothing
-        facts = list(dict.fromkeys(_fact(a) for o in assumed for a in _assumptions(o)))
-        loop = next((o for o in outcomes if o.kind == "not-masqueraded"), worst)
-        return PathOutcome("unknown", "it depends on a fact the input does not show: "
-                           + "; ".join(facts[:2]),
-                           (*loop.evidence, "the other answer: " + next(
-                               (o.how for o in outcomes if o.kind != loop.kind), "")))
-    if assumed:
-        notes = tuple(dict.fromkeys(
-            f"either way ({len(outcomes)} paths over what the input does not show): "
-            f"{_fact(a)}" for o in assumed for a in _assumptions(o)))
-        if len(kinds) > 1:
-            # no loop on any answer, but not the same end (served here on one, dropped on
-            # another): say both, claim neither
-            shown = worst  # (as a decision would be: the end that is least served)
-            other = next(o for o in outcomes if o.kind != shown.kind)
-            return PathOutcome(shown.kind, f"{shown.how}; or, depending on a fact the input "
-                               f"lacks, {other.kind}: {other.how} (no loop either way)",
-                               (*shown.evidence, f"the other answer: {other.how}", *notes))
-        return PathOutcome(worst.kind, worst.how + " (decided without a fact the input "
-                           "lacks: every answer to it leads here)", (*worst.evidence, *notes))
-    if len(kinds) > 1:
-        return PathOutcome(worst.kind, worst.how + " (on some of the paths kube-proxy's "
-                           "random endpoint choice can take)", worst.evidence, mixed=True)
-    return worst
-
-
 _REWRITTEN = ("DNAT", "REDIRECT")
-_ACTION = operator.itemgetter(4)  # Step.action
 
 
 def _assumes(steps: tuple[Step, ...]) -> bool:
     """Did a path assume a fact (a match the input could not decide)?"""
-    return ASSUME in map(_ACTION, steps)
+    return any(map(_ASSUMPTION, steps))
 
 
-def _assumptions(o: PathOutcome) -> list[str]:
-    return [e for e in o.evidence if _is_assumption(e)]
-
-
-def _is_assumption(line: str) -> bool:
-    """Does an evidence line record an answer the walk assumed ("nat CHAIN: assumed
-    matching: ...", "routing: assumed ADDRESS is ...", "KUBE-SVC-X: assumed to ...")? Its
-    first ": " is followed by "assumed "; a rule's line whose comment or file name holds
-    ": assumed" (its first ": " is followed by "-A ") is none."""
-    at = line.find(": ")
-    return at >= 0 and line.startswith("assumed ", at + 2)
+_ASSUMPTION = operator.itemgetter(5)  # Step.assumption (at C speed: walked per LB IP)
 
 
 # A step's evidence line, made once for the steps many walks share (kube-proxy's jumps
 # from the built-in chains, KUBE-MARK-MASQ): one string for every finding that shows it.
 _rendered = functools.lru_cache(maxsize=4096)(Step.render)
-
-
-def _fact(line: str) -> str:
-    """What an assumption line asks, and the command that shows it."""
-    if SRC_UNKNOWN in line:
-        return ("this node's pod CIDR; `kubectl get node NODE -o jsonpath='{.spec.podCIDR}'` "
-                "shows it (or give --pod-cidr)")
-    # (the match a step assumed first: its line starts "nat KUBE-EXT-X: assumed ...", which
-    # an unseen chain's "KUBE-SVL-X: assumed to ..." would otherwise be taken for)
-    m = _IFACE_ASSUMED.search(line)
-    if m:
-        return (f"whether the pod's packet {'enters' if m.group(1) == '-i' else 'leaves'} by "
-                f"an interface {m.group(2)} names (kube-proxy's --detect-local-mode); "
-                "`ip route` and `ip addr` on the node show the pods' interfaces")
-    m = re.search(r"(KUBE-(?:SVC|SVL|SEP|EXT|XLB|FW)-\S+): assumed to ", line)
-    if m:
-        return f"what {m.group(1)} does; `iptables -t nat -S {m.group(1)}` shows it"
-    if "addrtype" in line:
-        return ("which addresses are local on this node (an `addrtype` match); "
-                "`ip route show table local` shows it")
-    m = re.search(r"ipset (\S+) is not known", line)
-    if m:
-        return f"the members of ipset {m.group(1)}; `ipset list {m.group(1)}` shows them"
-    m = re.search(r"assumed (\S+) is", line)
-    if m:
-        return (f"whether {m.group(1)} is bound on this node; `ip addr show kube-ipvs0` or "
-                "`ip route show table local` shows it")
-    return line

@@ -19,6 +19,8 @@ import ipaddress
 from collections.abc import Callable, Mapping
 from typing import NamedTuple, Protocol
 
+from agent.netfilter import assumption
+from agent.netfilter.assumption import Assumption
 from agent.netfilter.nft_model import NftChain, NftRule, NftRuleset, NftSet, NftTable
 from agent.netfilter.nft_text import render, split_elements
 from agent.netfilter.walk import HookResult, Packet
@@ -91,6 +93,7 @@ class NftStep(NamedTuple):
     where: str  # "nft ip kube-proxy services" | "iptables nat PREROUTING"
     text: str
     source: str
+    assumptions: tuple[Assumption, ...] = ()  # facts this rule's answer took
 
     def render(self) -> str:
         return f"{self.where}: {self.text}" + (f" ({self.source})" if self.source else "")
@@ -103,11 +106,14 @@ class NftHookResult(NamedTuple):
     detail: str = ""
 
     @property
-    def assumed(self) -> bool:
-        return any(ASSUMED in s.text for s in self.steps)
+    def assumed(self) -> tuple[Assumption, ...]:
+        """The facts this path took without the input (a match it could not decide)."""
+        return tuple(a for s in self.steps for a in s.assumptions)
 
 
 IptablesWalk = Callable[[str, Packet], list[HookResult]]
+# one answer of a rule: action (None: on to the next rule), packet, notes, facts assumed
+_Answer = tuple[tuple | None, NftPacket, tuple[str, ...], tuple[Assumption, ...]]
 
 
 class _Budget:
@@ -215,7 +221,8 @@ class NftWalker:
                       src_known=p.src_known)
         out = []
         for r in walk(hook.upper(), ipkt):
-            steps = tuple(NftStep(f"iptables {s.table} {s.chain}", s.text, s.source)
+            steps = tuple(NftStep(f"iptables {s.table} {s.chain}", s.text, s.source,
+                                  () if s.assumption is None else (s.assumption,))
                           for s in r.steps)
             q = r.packet
             p2 = p._replace(dst=q.dst, dport=q.dport, mark=q.mark)
@@ -270,12 +277,12 @@ class NftWalker:
             rule = c.rules[i]
             outcomes = self._eval(t, rule, p)
             results = []
-            for action, p2, notes in outcomes:
+            for action, p2, notes, took in outcomes:
                 st = steps
                 if action is not None or notes:
                     shown = [x for x in notes if x]
                     text = rule.text + ("" if not shown else " [" + "; ".join(shown) + "]")
-                    st = (*steps, NftStep(where, text, rule.source))
+                    st = (*steps, NftStep(where, text, rule.source, took))
                 if action is None:
                     if len(outcomes) == 1:
                         p, steps = p2, st
@@ -311,45 +318,47 @@ class NftWalker:
 
     # -- one rule ------------------------------------------------------------------------
 
-    def _eval(self, t: NftTable, rule: NftRule, p: NftPacket
-              ) -> list[tuple[tuple | None, NftPacket, tuple[str, ...]]]:
+    def _eval(self, t: NftTable, rule: NftRule, p: NftPacket) -> list[_Answer]:
         """The rule's outcomes: (action or None for "on to the next rule", packet,
-        notes). More than one when a match is undecidable or a choice is random."""
+        notes, facts assumed). More than one when a match is undecidable or a choice is
+        random."""
         ops = self._compiled.get(id(rule))
         if ops is None:  # (by the rule's identity: its tokens' hash is a walk of them)
             ops = self._by_tokens.get(rule.tokens)
             if ops is None:
                 ops = self._by_tokens[rule.tokens] = _compile(rule.tokens)
             self._compiled[id(rule)] = ops
-        got = self._ops(t, rule, ops, 0, p, ())
+        got = self._ops(t, rule, ops, 0, p, (), ())
         return got if len(got) == 1 else _dedupe(got)
 
     def _ops(self, t: NftTable, rule: NftRule, ops: list, k: int, q: NftPacket,
-             notes: tuple[str, ...]) -> list[tuple[tuple | None, NftPacket, tuple[str, ...]]]:
+             notes: tuple[str, ...], took: tuple[Assumption, ...]) -> list[_Answer]:
         while k < len(ops):
             op = ops[k]
             kind = op[0]
             if kind == "match":
                 r = self._match(t, op, q)
                 if r is False:
-                    return [(None, q, ())]
+                    return [(None, q, (), ())]
                 if r == "either":
                     what = op[-1]
                     return [(None, q, (*notes, f"{what}: either (a set the datapath fills, "
-                                                "e.g. session affinity): any branch")),
+                                                "e.g. session affinity): any branch"), took),
                             *self._ops(t, rule, ops, k + 1, q,
-                                       (*notes, f"{what}: either: any branch"))]
+                                       (*notes, f"{what}: either: any branch"), took)]
                 if r is None:
                     what = op[-1]
+                    fact = (*took, _assumption(t, op))
                     return [(None, q, (*notes, f"{what}{ASSUMED} false (the input does not "
-                                                "decide it)")),
+                                                "decide it)"), fact),
                             *self._ops(t, rule, ops, k + 1, q,
-                                       (*notes, f"{what}{ASSUMED} true"))]
+                                       (*notes, f"{what}{ASSUMED} true"), fact)]
             elif kind == "vmap":
-                out: list[tuple[tuple | None, NftPacket, tuple[str, ...]]] = []
-                for verdict, note in self._vmap(t, op, q):
+                out: list[_Answer] = []
+                for verdict, note, guess in self._vmap(t, op, q):
                     n2 = (*notes, note) if note else notes
-                    out.append((None if verdict is None else _verdict(verdict), q, n2))
+                    out.append((None if verdict is None else _verdict(verdict), q, n2,
+                                took if guess is None else (*took, guess)))
                 return out
             elif kind == "mark":
                 q = q._replace(mark=_mark(op, q.mark))
@@ -357,24 +366,24 @@ class NftWalker:
                 q = q._replace(untracked=True)
             elif kind == "unknown":
                 return [(("UNKNOWN", f"'{op[1]}' in '{rule.text}' is not evaluated by "
-                          "this agent"), q, notes)]
+                          "this agent"), q, notes, took)]
             elif kind == "dnat":
                 addr, port = op[1], op[2]
                 q = q._replace(dst=addr, dport=port or q.dport,
                                dnat_to=host_port(addr, port or q.dport))
-                return [(("DNAT",), q, notes)]
+                return [(("DNAT",), q, notes, took)]
             elif kind == "snat":
-                return [(("SNAT", op[1]), q._replace(snat=op[1]), notes)]
+                return [(("SNAT", op[1]), q._replace(snat=op[1]), notes, took)]
             elif kind == "masquerade":
-                return [(("MASQUERADE",), q._replace(snat="masquerade"), notes)]
+                return [(("MASQUERADE",), q._replace(snat="masquerade"), notes, took)]
             elif kind == "verdict":
                 v = op[1]
                 action = (v, op[2]) if v in ("jump", "goto") else (
                     (v.upper(),) if v in ("accept", "drop", "reject") else (v,))
-                return [(action, q, notes)]
+                return [(action, q, notes, took)]
             k += 1
         # every match held and no verdict: marks were set, on to the next rule
-        return [(None, q, notes or ("",))]
+        return [(None, q, notes or ("",), took)]
 
     def _value(self, sel: str, p: NftPacket) -> tuple[str, object]:
         """(kind, value) of one selector for the packet; value None = not known."""
@@ -492,26 +501,27 @@ class NftWalker:
 
 
     def _vmap(self, t: NftTable, op: tuple, p: NftPacket
-              ) -> list[tuple[str | None, str]]:
-        """The verdicts a verdict map gives the packet, with a note each; None = no
-        element matched (on to the next rule)."""
+              ) -> list[tuple[str | None, str, Assumption | None]]:
+        """The verdicts a verdict map gives the packet, with a note each and the fact
+        taken where the input does not decide it; None = no element matched (on to the
+        next rule)."""
         _, sels, ref = op
         if sels and sels[0].startswith("numgen"):
             elements = ref if isinstance(ref, list) else (
                 [(e[0], e[1]) for e in t.set(ref[1:]).elements] if t.set(ref[1:]) else [])
             n = len(elements)
-            return [(v, f"any branch: {n} of a random choice, this one {k[0] if k else '?'}")
-                    for k, v in elements if v] or [(None, "")]
+            return [(v, f"any branch: {n} of a random choice, this one {k[0] if k else '?'}",
+                     None) for k, v in elements if v] or [(None, "", None)]
         values = [self._value(s, p) for s in sels]
         if any(k == "other-family" for k, _ in values):
-            return [(None, "")]  # the other family's key: never this packet's
+            return [(None, "", None)]  # the other family's key: never this packet's
         if isinstance(ref, list):
             elements = ref
             index = None
         else:
             s = t.set(ref[1:])
             if s is None:
-                return [("UNKNOWN-MAP", f"map {ref} is not in the input")]
+                return [("UNKNOWN-MAP", f"map {ref} is not in the input", None)]
             elements = s.elements  # type: ignore[assignment]
             index = self._index(s)
         if index is not None and all(v is not None and not isinstance(v, tuple)
@@ -519,21 +529,23 @@ class NftWalker:
             key = tuple(_norm(k, v) for k, v in values)
             hit = index.get(key)
             if hit is not None:
-                return [(hit, f"{ref} has {' . '.join(key)}")]
+                return [(hit, f"{ref} has {' . '.join(key)}", None)]
             inexact = self._inexact(s) if not isinstance(ref, list) else elements
             elements = inexact
-        out: list[tuple[str | None, str]] = []
+        out: list[tuple[str | None, str, Assumption | None]] = []
+        fact = _map_assumption(sels, ref)
         for parts, verdict in elements:
             if len(parts) != len(values):
                 continue
             rs = [_one(k, v, part) for (k, v), part in zip(values, parts, strict=False)]
             if all(r is True for r in rs):
-                out.append((verdict, f"{ref} has {' . '.join(parts)}"))
+                out.append((verdict, f"{ref} has {' . '.join(parts)}", None))
                 return out
             if all(r is not False for r in rs):
                 out.append((verdict, f"{ref} has {' . '.join(parts)}{ASSUMED} to match "
-                                     "(the input does not decide it)"))
-        out.append((None, f"{ref}: no element matches{ASSUMED}" if out else ""))
+                                     "(the input does not decide it)", fact))
+        out.append((None, f"{ref}: no element matches{ASSUMED}", fact) if out
+                   else (None, "", None))
         return out
 
     def _index(self, s: NftSet) -> dict[tuple[str, ...], str | None]:
@@ -570,14 +582,40 @@ def iptables_nft_table(t: NftTable) -> bool:
         c.name in _IPTABLES_CHAINS for c in t.chains if c.hook is not None)
 
 
-def _dedupe(items: list) -> list:
+def _dedupe(items: list[_Answer]) -> list[_Answer]:
     seen, out = set(), []
-    for a, q, n in items:
-        key = (a, q, n)
-        if key not in seen:
-            seen.add(key)
-            out.append((a, q, n))
+    for item in items:
+        if item not in seen:
+            seen.add(item)
+            out.append(item)
     return out
+
+
+def _selector_assumption(sel: str, what: str) -> Assumption:
+    """The fact a match on ``sel`` takes when the input does not decide it."""
+    if sel in ("ip saddr", "ip6 saddr"):
+        return assumption.pod_source()
+    if sel.startswith("fib ") and sel.endswith(" type"):
+        return assumption.addrtype()
+    if sel in ("iifname", "meta iifname", "iif", "oifname", "meta oifname", "oif"):
+        pattern = what.split()[-1].strip('"').replace("*", "+")
+        return assumption.interface("-i" if "ii" in sel else "-o", pattern)
+    return assumption.match(what)
+
+
+def _assumption(t: NftTable, op: tuple) -> Assumption:
+    """The fact an undecided match (``op``: "match", selectors, negate, value, mask,
+    text) takes."""
+    _, sels, _, value, _, what = op
+    if isinstance(value, str) and value.startswith("@") and t.set(value[1:]) is None:
+        return assumption.match(f"{what} (set {value} is not in the input)")
+    return _selector_assumption(sels[0], what) if len(sels) == 1 else assumption.match(what)
+
+
+def _map_assumption(sels: tuple, ref: object) -> Assumption:
+    """The fact an element of a map (``sels`` its key) is taken to match on."""
+    what = f"{' . '.join(sels)} vmap {ref if isinstance(ref, str) else '{ ... }'}"
+    return _selector_assumption(sels[0], what) if len(sels) == 1 else assumption.match(what)
 
 
 def _verdict(text: str) -> tuple:

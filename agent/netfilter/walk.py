@@ -17,6 +17,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
+from agent.netfilter import assumption
+from agent.netfilter.assumption import Assumption
 from agent.netfilter.rules import (
     BUILTIN_TARGETS,
     PASSIVE_TARGETS,
@@ -94,6 +96,7 @@ class Step(NamedTuple):
     text: str
     source: str
     action: str
+    assumption: Assumption | None = None  # action ASSUME: the fact taken
 
     def render(self) -> str:
         where = f" ({self.source})" if self.source else ""
@@ -109,9 +112,9 @@ class HookResult(NamedTuple):
     detail: str = ""
 
     @property
-    def assumed(self) -> tuple[str, ...]:
+    def assumed(self) -> tuple[Assumption, ...]:
         """The facts this path assumed (a match the input could not decide)."""
-        return tuple(s.text for s in self.steps if s.action == ASSUME)
+        return tuple(s.assumption for s in self.steps if s.assumption is not None)
 
 
 # NamedTuple(...) through its generated __new__ costs three times this, for each step
@@ -279,7 +282,8 @@ class TableWalker:
                         f"the rest of {self.tname} {chain} is not in the input (an excerpt): "
                         f"`iptables -t {self.tname} -S {chain}` shows it")))
                     continue
-                steps = (*steps, Step(self.tname, chain, f"policy {policy}", "", policy))
+                steps = (*steps, Step(self.tname, chain, f"policy {policy}", "", policy,
+                                      None))
                 out.append(HookResult(policy, p, steps, f"end of {chain}: policy {policy}"))
             else:
                 out.append(_new_step(HookResult, (verdict, p, steps, detail)))
@@ -343,12 +347,14 @@ class TableWalker:
                 # follow both answers; the caller decides whether they agree
                 self._budget -= 1
                 where = f" ({rsource})" if rsource else ""
+                what = _assumption(why, f"{tname} {ix.name}: {rtext}{where}")
                 no = Step(tname, ix.name,
-                          f"assumed NOT matching: {rtext}{where}: {why}", rsource, ASSUME)
+                          f"assumed NOT matching: {rtext}{where}: {why}", rsource, ASSUME,
+                          what)
                 results.extend(self._run(ix, i + 1, pkt, (*steps, no), depth))
                 steps = (*steps, Step(tname, ix.name,
                                       f"assumed matching: {rtext}{where}: {why}", rsource,
-                                      ASSUME))
+                                      ASSUME, what))
                 m = TRUE
             if m is None:
                 results.append(("UNKNOWN", pkt, steps, _unknown(r, why)))
@@ -364,7 +370,7 @@ class TableWalker:
                            "this rule does not match was not followed")))
             if tgt is None:
                 continue
-            step = _new_step(Step, (tname, ix.name, rtext, rsource, tgt))
+            step = _new_step(Step, (tname, ix.name, rtext, rsource, tgt, None))
             kind = kind_of(tgt)
             if kind is None:
                 pass  # a chain (below)
@@ -394,7 +400,7 @@ class TableWalker:
                     return results
                 pkt = new_pkt
                 steps = (*steps, _new_step(Step, (tname, ix.name, rtext, rsource,
-                                                  f"mark {pkt.mark:#x}")))
+                                                  f"mark {pkt.mark:#x}", None)))
                 continue
             elif kind == _CONNMARK:
                 new_pkt, err = _connmark(r, pkt)
@@ -707,6 +713,24 @@ def _in_prefix(addr: str, net_text: str) -> int | None:
         return None
     a = _addr(addr)
     return TRUE if a.version == net.version and a in net else FALSE
+
+
+_IPSET_UNKNOWN = re.compile(r"ipset (\S+) is not known")
+
+
+def _assumption(why: str, line: str) -> Assumption:
+    """The fact behind a reason in ASSUMABLE (``line``: the rule, for one no kind names)."""
+    if why == SRC_UNKNOWN:
+        return assumption.pod_source()
+    if why.startswith("interface "):
+        flag, pattern = why.removeprefix("interface ").split(":", 1)[0].split(" ", 1)
+        return assumption.interface(flag, pattern)
+    if why.startswith("addrtype --"):
+        return assumption.addrtype()
+    m = _IPSET_UNKNOWN.match(why)
+    if m:
+        return assumption.ipset(m.group(1))
+    return assumption.match(f"{line}: {why}")
 
 
 def _unknown(r: ParsedRule, why: str) -> str:

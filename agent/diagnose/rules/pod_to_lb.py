@@ -7,7 +7,7 @@ from dataclasses import replace
 from agent.diagnose.context import Context
 from agent.diagnose.lb_ip import infer_service
 from agent.diagnose.model import Finding
-from agent.diagnose.paths import PathOutcome
+from agent.diagnose.outcome import Outcome, PathOutcome
 from agent.diagnose.remedies import for_not_masqueraded
 from agent.diagnose.rules.common import (
     has_kube_proxy_rules,
@@ -31,12 +31,12 @@ def check(ctx: Context) -> list[Finding]:
         if not walkable:
             # kube-proxy's rules are not in this backend's dump (nftables mode, a
             # kube-proxy replacement, the other backend): walking them would prove nothing
-            o = PathOutcome("unknown", no_kube_proxy_rules(ctx), ())
+            o = PathOutcome(Outcome.UNKNOWN, no_kube_proxy_rules(ctx), ())
         else:
             try:
                 o = ctx.paths.pod_to_lb(t)
             except Exception as e:  # one target's bug must not hide the others
-                o = PathOutcome("unknown", f"internal error walking it: "
+                o = PathOutcome(Outcome.UNKNOWN, f"internal error walking it: "
                                 f"{type(e).__name__}: {e}", ())
             if ctx.family == 6:
                 o = ipv6_commands(o)
@@ -56,7 +56,7 @@ def check(ctx: Context) -> list[Finding]:
             ev.append(line)
         ev.append("learned from " + "; ".join(t.learned_from))
         ev += t.disagreements
-        if o.kind == "not-masqueraded" and t.ip_mode == "Proxy":
+        if o.kind == Outcome.NOT_MASQUERADED and t.ip_mode == "Proxy":
             # kube-proxy writes no rule for an ipMode: Proxy address (every mode: its
             # service tracker skips it) and hands pod traffic to the load balancer on
             # purpose; a proxying load balancer opens its own connection to the node, so
@@ -72,7 +72,7 @@ def check(ctx: Context) -> list[Finding]:
                                f"Could not decide whether pods reaching {what} loop back: "
                                f"{why}", evidence=tuple(ev),
                                remedy=for_not_masqueraded(t, ctx), **common))
-        elif o.kind == "not-masqueraded":
+        elif o.kind == Outcome.NOT_MASQUERADED:
             v6 = ":" in t.ip  # also an IPv6 target walked beside IPv4 ones (nftables)
             rp = rp_filter_effective(ctx) if not v6 else None
             if v6:
@@ -91,16 +91,16 @@ def check(ctx: Context) -> list[Finding]:
                 "balancer may pick this node as real server and the connection loops back "
                 "and fails (4 s retries on layer 7, resets or timeouts on layer 4)",
                 evidence=tuple(ev), remedy=for_not_masqueraded(t, ctx), **common))
-        elif o.kind == "captured":
+        elif o.kind == Outcome.CAPTURED:
             out.append(Finding(CAPTURED, "info",
                                f"Pods reaching {what} are served inside the node: {o.how}",
                                evidence=tuple(ev), remedy=None, **common))
-        elif o.kind == "masqueraded":
+        elif o.kind == Outcome.MASQUERADED:
             out.append(Finding(MASQUERADED, "info",
                                f"Pods reaching {what} go through the load balancer but "
                                "with the node's address: no loop",
                                evidence=tuple(ev), remedy=None, **common))
-        elif o.kind == "dropped":
+        elif o.kind == Outcome.DROPPED:
             out.append(Finding(DROPPED, "info",
                                f"Pods of this node cannot reach {what}: the node drops the "
                                f"packet ({o.how}); not a loopback",

@@ -1,0 +1,87 @@
+"""How a pod's packet to an LB IP ends, one path at a time, and how the paths of one walk
+merge into one answer: the same for every kube-proxy mode (iptables, IPVS, nftables).
+
+A walk forks where the input cannot decide a match (an assumption: which fact, see
+agent.netfilter.assumption) or where kube-proxy chooses at random (an endpoint). Merged:
+
+- one end on every path: that end; where paths assumed a fact, each fact is named as
+  not deciding it ("either way");
+- ends that differ, one of them a loop, where a path assumed a fact: undecided, naming the
+  fact it hangs on;
+- ends that differ, none a loop: the least served one, with the other said beside it;
+- ends that differ only over kube-proxy's random choice: the worst, said to be on some
+  paths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import StrEnum
+from typing import NamedTuple
+
+from agent.netfilter.assumption import Assumption
+
+
+class Outcome(StrEnum):
+    CAPTURED = "captured"  # DNAT or a local address: served inside the node
+    MASQUERADED = "masqueraded"  # leaves with the node's address: no loop
+    NOT_MASQUERADED = "not-masqueraded"  # leaves with the pod's address: a loop
+    DROPPED = "dropped"
+    UNKNOWN = "unknown"
+
+
+# Outcomes that all mean "no loop": paths that end in different ones of these agree.
+NO_LOOP = frozenset({Outcome.CAPTURED, Outcome.MASQUERADED, Outcome.DROPPED})
+# Ranking when paths disagree: the worst one is reported.
+_RANK = {Outcome.NOT_MASQUERADED: 0, Outcome.UNKNOWN: 1, Outcome.DROPPED: 2,
+         Outcome.MASQUERADED: 3, Outcome.CAPTURED: 4}
+
+
+class PathOutcome(NamedTuple):
+    """How one path (or, merged, all of them) of a pod's packet ended (a NamedTuple: one is
+    made per path of every LB IP's walk)."""
+
+    kind: Outcome
+    how: str
+    evidence: tuple[str, ...]
+    mixed: bool = False  # paths disagreed
+    assumptions: tuple[Assumption, ...] = ()  # what the path took without the input
+
+
+def _rank(o: PathOutcome) -> int:
+    return _RANK[o.kind]
+
+
+def merge(outcomes: Sequence[PathOutcome]) -> PathOutcome:
+    if not outcomes:
+        return PathOutcome(Outcome.UNKNOWN, "no path", ())
+    kinds = {o.kind for o in outcomes}
+    # (one kind: min would return the first; the key costs a call per outcome)
+    worst = outcomes[0] if len(kinds) == 1 else min(outcomes, key=_rank)
+    assumed = [o for o in outcomes if o.assumptions]
+    facts = list(dict.fromkeys(a.fact for o in assumed for a in o.assumptions))
+    if assumed and len(kinds) > 1 and not kinds <= NO_LOOP:
+        # the answer depends on a fact the input lacks: name it, decide nothing
+        loop = next((o for o in outcomes if o.kind == Outcome.NOT_MASQUERADED), worst)
+        return PathOutcome(Outcome.UNKNOWN, "it depends on a fact the input does not show: "
+                           + "; ".join(facts[:2]),
+                           (*loop.evidence, "the other answer: " + next(
+                               (o.how for o in outcomes if o.kind != loop.kind), "")),
+                           assumptions=loop.assumptions)
+    if assumed:
+        notes = tuple(f"either way ({len(outcomes)} paths over what the input does not "
+                      f"show): {fact}" for fact in facts)
+        if len(kinds) > 1:
+            # no loop on any answer, but not the same end (served here on one, dropped on
+            # another): say both, claim neither
+            shown = worst  # (as a decision would be: the end that is least served)
+            other = next(o for o in outcomes if o.kind != shown.kind)
+            return PathOutcome(shown.kind, f"{shown.how}; or, depending on a fact the input "
+                               f"lacks, {other.kind}: {other.how} (no loop either way)",
+                               (*shown.evidence, f"the other answer: {other.how}", *notes))
+        return PathOutcome(worst.kind, worst.how + " (decided without a fact the input "
+                           "lacks: every answer to it leads here)", (*worst.evidence, *notes))
+    if len(kinds) > 1:
+        return PathOutcome(worst.kind, worst.how + " (on some of the paths kube-proxy's "
+                           "random endpoint choice can take)", worst.evidence, mixed=True)
+    return worst
