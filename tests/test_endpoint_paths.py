@@ -165,3 +165,31 @@ def test_bad_chain_declarations_are_named_by_line(line: str) -> None:
     assert into.chains == {}
     assert [(src, p.line, p.why.split(" ", 3)[:3]) for src, p in into.problems] == \
         [("t.txt", 2, ["bad", "chain", "declaration"])]
+
+
+@pytest.mark.parametrize("mode", ["iptables", "nftables"])
+@pytest.mark.parametrize("n", [33, 300, 1200])
+def test_a_service_of_many_endpoints_is_decided(mode: str, n: int) -> None:
+    """kube-proxy forks a pod's packet once per endpoint (`statistic` rules, `numgen
+    random mod N vmap`). The walkers stopped at 32 (iptables) and 256 (nftables) paths and
+    called the rest unknown, so a Service of 33 (or 257) endpoints, an ingress controller
+    or a big Deployment, made the node "at risk" with pod-to-lb-undetermined. Rules from
+    the lab's generators (kube-proxy's layouts), the pods' addresses unknown as in a pasted
+    dump (each endpoint chain's hairpin match then forks once more)."""
+    from lab.kube_proxy_rules.common import LbService
+    from lab.kube_proxy_rules.iptables import iptables_mode
+    from lab.kube_proxy_rules.nftables import nftables_mode
+
+    svc = LbService(namespace="app", name="big", cluster_ip="10.96.0.10", lb_ip=LB,
+                    node_port=30080, remote_endpoints=tuple(
+                        f"10.244.{i // 200}.{i % 200 + 2}" for i in range(n)))
+    if mode == "iptables":
+        name = "iptables-save.txt"
+        text = iptables_mode([svc], cluster_cidr="10.244.0.0/16", node_ip="10.0.0.5")
+    else:
+        name = "nft-list-ruleset.txt"
+        text = nftables_mode([svc], cluster_cidr="10.244.0.0/16", node_ip="10.0.0.5",
+                             service_cidr="10.96.0.0/16")
+    v = diagnose(load_texts([(name, text, "")], origin="bundle:t"), "n").to_dict()
+    assert v["status"] == "healthy", v["findings"]
+    assert {f["id"] for f in v["findings"] if f["lb_ip"] == LB} == {"pod-to-lb-captured"}

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from agent.bundle import load_texts
 from agent.diagnose import diagnose, prepare
+from agent.diagnose.iptables_backend import iptables_paths
 from agent.diagnose.lb_ip import LbTarget
-from agent.diagnose.paths import PathFinder
 
 LB = "4.225.209.242"
 HEAD = """*filter
@@ -93,7 +93,7 @@ def _outside(snap):  # type: ignore[no-untyped-def]
     facts = prepare(snap).facts
     target = LbTarget(LB, 80, "TCP", "loadbalancer", "app/nginx", ("test",), etp="Local",
                       node_port=31806)
-    return facts, PathFinder(facts).outside_to_lb(target)
+    return facts, iptables_paths(facts).outside_to_lb(target)
 
 
 def test_a_nodeport_served_only_on_an_assumed_interface_is_not_served() -> None:

@@ -22,8 +22,8 @@ import pytest
 
 from agent.bundle import load_bundle
 from agent.diagnose import prepare
-from agent.diagnose.nft_paths import NftPathFinder
-from agent.netfilter.nft_walk import NftPacket
+from agent.diagnose.nft_paths import NftBackend
+from agent.netfilter.packet import Packet
 from lab.netns import Netns
 from lab.nft_node import connect, nft_node, serve
 from tests.nodestate import capture
@@ -124,11 +124,11 @@ def test_kernel_and_agent_agree_on_an_nftables_mode_node(case: str, tmp_path: Pa
 
     # the walker on the saved node state, for the outside clients (no finding asks it)
     facts = prepare(load_bundle(bundle)).facts
-    walker = NftPathFinder(facts).walker
+    walker = NftBackend(facts).walker
 
     def walked(src: str, dst: str) -> set[str]:
         out = set()
-        for r in walker.walk_hook("prerouting", NftPacket(src=src, dst=dst, dport=80,
+        for r in walker.walk_hook("prerouting", Packet(src=src, dst=dst, dport=80,
                                                           in_iface="eth0")):
             if r.verdict not in ("DNAT", "ACCEPT"):
                 out.add(r.verdict)
@@ -282,9 +282,9 @@ def test_constructed_source_ranges_listed_as_a_range(tmp_path: Path) -> None:
     assert kernel == {"203.0.113.150": "peer=10.99.0.1 local=10.180.0.3",
                       "203.0.113.200": "timeout", "pod": "timeout"}, kernel
     assert got["5.6.7.8"] == {"pod-to-lb-dropped"}, got
-    walker = NftPathFinder(prepare(load_bundle(bundle)).facts).walker
+    walker = NftBackend(prepare(load_bundle(bundle)).facts).walker
     for src, want in (("203.0.113.150", {("DNAT", False)}), ("203.0.113.200", {("DROP", False)})):
-        res = walker.walk_hook("prerouting", NftPacket(src=src, dst="5.6.7.8", in_iface="eth0"))
+        res = walker.walk_hook("prerouting", Packet(src=src, dst="5.6.7.8", in_iface="eth0"))
         assert {(r.verdict, bool(r.assumed)) for r in res} == want, (src, res)
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from agent.netfilter.nft_text import read_nft_text
-from agent.netfilter.nft_walk import NftPacket, NftWalker
+from agent.netfilter.nft_walk import NftWalker
+from agent.netfilter.packet import MAX_PATHS, Packet
 from tests.test_nft import OVERALL, ids_by_ip, verdict_of
 
 CONSTRUCTED = Path(__file__).parent / "data" / "constructed"
@@ -50,7 +51,7 @@ def test_ip6_rules_of_an_inet_table_never_match_an_ipv4_packet() -> None:
     assert ids_by_ip(v)["9.9.9.9"] == {"pod-to-lb-not-masqueraded"}, ids_by_ip(v)
     rs = read_nft_text(fw, "fw")
     w = NftWalker(rs, _View())
-    pkt = NftPacket(src="10.0.1.5", dst="9.9.9.9", in_iface="cni0", out_iface="eth0")
+    pkt = Packet(src="10.0.1.5", dst="9.9.9.9", in_iface="cni0", out_iface="eth0")
     [r] = w.walk_hook("forward", pkt)
     assert r.verdict == "ACCEPT", r
     # negated ip6 matches are false too (the implicit nfproto dependency), and nfproto
@@ -76,7 +77,7 @@ def test_source_ranges_nft_lists_as_an_address_range() -> None:
     w = NftWalker(read_nft_text(listing, "l"), _View())
     for src, want in (("203.0.113.150", {"DNAT"}), ("203.0.113.200", {"DROP"}),
                       ("10.0.1.5", {"DROP"})):
-        got = {r.verdict for r in w.walk_hook("prerouting", NftPacket(
+        got = {r.verdict for r in w.walk_hook("prerouting", Packet(
             src=src, dst="5.6.7.8", in_iface="eth0"))}
         assert got == want, (src, got)
 
@@ -93,11 +94,11 @@ def test_a_concatenation_matched_against_a_set() -> None:
                            ("203.0.113.130", "5.6.7.8", "DROP"),
                            ("10.0.1.5", "5.6.7.8", "DROP"),
                            ("203.0.113.130", "1.2.3.4", "ACCEPT")):
-        got = [(r.verdict, bool(r.assumed)) for r in w.walk_hook("prerouting", NftPacket(
+        got = [(r.verdict, bool(r.assumed)) for r in w.walk_hook("prerouting", Packet(
             src=src, dst=dst, in_iface="eth0"))]
         assert got == [(want, False)], (src, dst, got)
     # a pod inside the cluster CIDR, its exact address unknown: decided by the prefix
-    pod = NftPacket(src="10.0.0.1", dst="5.6.7.8", src_known=False, src_within="10.0.0.0/8",
+    pod = Packet(src="10.0.0.1", dst="5.6.7.8", src_known=False, src_within="10.0.0.0/8",
                     src_is_pod=True)
     assert [r.verdict for r in w.walk_hook("prerouting", pod)] == ["DROP"]
 
@@ -250,7 +251,7 @@ def test_set_elements_with_counters() -> None:
     text = (CONSTRUCTED / "nft-set-elements-with-counters" / "nft-list-ruleset.txt").read_text()
     w = NftWalker(read_nft_text(text, "t"), _View())
     for dst, want in (("9.9.9.9", "ACCEPT"), ("203.0.113.7", "DROP"), ("198.51.100.9", "DROP")):
-        got = [(r.verdict, bool(r.assumed)) for r in w.walk_hook("forward", NftPacket(
+        got = [(r.verdict, bool(r.assumed)) for r in w.walk_hook("forward", Packet(
             src="10.0.1.5", dst=dst, in_iface="cni0", out_iface="eth0"))]
         assert got == [(want, False)], (dst, got)
 
@@ -274,7 +275,7 @@ def test_hostile_goto_loops_end_in_unknown_not_an_exception() -> None:
     for body in ("chain b {\n goto a\n}\n", "chain b {\n ip saddr 10.0.0.0/8 accept\n goto b\n}\n"):
         rs = read_nft_text("table ip t {\n" + body + "chain a {\n type filter hook prerouting"
                            " priority 0; policy accept;\n goto b\n}\n}\n", "t")
-        res = NftWalker(rs, _View()).walk_hook("prerouting", NftPacket(
+        res = NftWalker(rs, _View()).walk_hook("prerouting", Packet(
             src="10.0.1.5", dst="9.9.9.9", src_known=False))
         assert res and all(r.verdict in ("UNKNOWN", "ACCEPT") for r in res), res
         assert any(r.verdict == "UNKNOWN" for r in res)
@@ -300,20 +301,21 @@ def test_ct_state_flag_lists() -> None:
     the packet's one state and said no."""
     rs = read_nft_text("table ip t {\n chain f {\n  type filter hook forward priority 0;\n"
                        "  ct state new,established drop\n }\n}\n", "t")
-    pkt = NftPacket(src="10.0.1.5", dst="9.9.9.9", in_iface="cni0", out_iface="eth0")
+    pkt = Packet(src="10.0.1.5", dst="9.9.9.9", in_iface="cni0", out_iface="eth0")
     assert [r.verdict for r in NftWalker(rs, _View()).walk_hook("forward", pkt)] == ["DROP"]
 
 
 def test_paths_past_the_bound_are_said_not_dropped() -> None:
-    """Undecided matches fork the walk; past 256 paths the walk kept the first 256 and
-    said nothing of the others: here the one path the kernel may take to DROP (all nine
-    marks set) was among those thrown away, and every result said ACCEPT."""
+    """Undecided matches fork the walk; past the bound (then 256 paths) the walk kept the
+    first ones and said nothing of the others: here the one path the kernel may take to
+    DROP (every mark set) was among those thrown away, and every result said ACCEPT."""
+    n = MAX_PATHS.bit_length()  # 2**n paths: past the bound
     rules = "".join(f"  ip saddr 10.0.{k}.0/24 meta mark set meta mark | {1 << k:#x}\n"
-                    for k in range(9))
+                    for k in range(n))
     rs = read_nft_text("table ip t {\n chain p {\n  type filter hook prerouting priority 0;\n"
                        + rules + " }\n chain q {\n  type filter hook prerouting priority 10;\n"
-                       "  meta mark 0x1ff drop\n }\n}\n", "t")
-    res = NftWalker(rs, _View()).walk_hook("prerouting", NftPacket(
+                       f"  meta mark {(1 << n) - 1:#x} drop\n }}\n}}\n", "t")
+    res = NftWalker(rs, _View()).walk_hook("prerouting", Packet(
         src="10.0.0.1", dst="9.9.9.9", src_known=False))
     assert {r.verdict for r in res} & {"DROP", "UNKNOWN"}, {r.verdict for r in res}
 
@@ -426,7 +428,7 @@ def test_a_postrouting_rule_the_walk_cannot_follow_leaves_the_source_undecided()
     ruleset) is undecided, not 'client source kept'."""
     from agent.bundle import load_texts
     from agent.diagnose import prepare
-    from agent.diagnose.nft_paths import NftPathFinder
+    from agent.diagnose.nft_paths import nft_paths
 
     case = CONSTRUCTED.parent / "realworld" / "k8s-nftables-overall-rules-lb-etp-local-sourceranges"
     script = (case / "nft-transaction.txt").read_text() + (
@@ -434,6 +436,6 @@ def test_a_postrouting_rule_the_walk_cannot_follow_leaves_the_source_undecided()
         "policy accept;\n\t\tjump not-in-the-paste\n\t}\n}\n")
     prep = prepare(load_texts([("nft.txt", script, "unknown")], origin="bundle:t"))
     target = next(t for t in prep.all_targets if t.ip == "5.6.7.8")
-    served = NftPathFinder(prep.facts).outside_to_lb(target)
+    served = nft_paths(prep.facts).outside_to_lb(target)
     assert served.served is None and served.source_kept is None, served
     assert "not-in-the-paste" in served.how, served

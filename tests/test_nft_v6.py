@@ -14,7 +14,8 @@ from agent.bundle.sections import name_format
 from agent.diagnose import diagnose
 from agent.netfilter.nft_model import NftError
 from agent.netfilter.nft_text import read_nft_text
-from agent.netfilter.nft_walk import NftPacket, NftWalker
+from agent.netfilter.nft_walk import NftWalker
+from agent.netfilter.packet import Packet
 from lab.nft_node import V6_ADDRESSES, ipv6_of
 
 REAL = Path(__file__).parent / "data" / "realworld"
@@ -117,15 +118,15 @@ table ip6 six {
 }
 """
     w = NftWalker(read_nft_text(text, "t"), _Remote())
-    six = NftPacket(src="2001:db8::9", dst="2001:db8::6")
+    six = Packet(src="2001:db8::9", dst="2001:db8::6")
     r = w.walk_hook("prerouting", six)
     # not the ip table's drop policy, not the inet table's IPv4 rules (`ip saddr !=` is
     # never an IPv6 packet's), the ip6 table's DNAT
     assert [(x.verdict, x.packet.dnat_to) for x in r] == [("DNAT", "[fd00::6]:8080")]
     assert [s.where for s in r[0].steps] == ["nft ip6 six nat"]
-    r = w.walk_hook("prerouting", NftPacket(src="2001:db8::9", dst="2001:db8::5"))
+    r = w.walk_hook("prerouting", Packet(src="2001:db8::9", dst="2001:db8::5"))
     assert [x.verdict for x in r] == ["DROP"]
-    r = w.walk_hook("prerouting", NftPacket(src="198.51.100.1", dst="198.51.100.2"))
+    r = w.walk_hook("prerouting", Packet(src="198.51.100.1", dst="198.51.100.2"))
     assert [x.verdict for x in r] == ["DROP"]  # the ip table's policy: IPv4 meets it
 
 
@@ -138,9 +139,9 @@ def test_meta_protocol_is_the_packets_ethertype() -> None:
 }
 """
     w = NftWalker(read_nft_text(text, "t"), _Remote())
-    assert [r.verdict for r in w.walk_hook("prerouting", NftPacket(
+    assert [r.verdict for r in w.walk_hook("prerouting", Packet(
         src="2001:db8::9", dst="2001:db8::6"))] == ["DROP"]
-    assert [r.verdict for r in w.walk_hook("prerouting", NftPacket(
+    assert [r.verdict for r in w.walk_hook("prerouting", Packet(
         src="198.51.100.1", dst="198.51.100.2"))] == ["ACCEPT"]
 
 

@@ -377,7 +377,8 @@ def test_an_address_on_kube_ipvs0_in_the_nodes_subnet_is_an_lb_ip() -> None:
 
 
 def test_a_rules_only_nodeport_walk_stands_in_for_the_nodes_address() -> None:
-    from agent.diagnose import PathFinder, prepare
+    from agent.diagnose import prepare
+    from agent.diagnose.iptables_backend import iptables_paths
 
     snap = load(real("k8s-1.26era-iptables-overall-multiple-services", "iptables-save.txt"))
     v = diagnose(snap, "n").to_dict()
@@ -387,7 +388,7 @@ def test_a_rules_only_nodeport_walk_stands_in_for_the_nodes_address() -> None:
     # traffic takes agrees, with a stand-in for the node's address the dump lacks
     prep = prepare(snap)
     target = next(t for t in prep.all_targets if t.ip == "1.2.3.4")
-    served = PathFinder(prep.facts).outside_to_lb(target)
+    served = iptables_paths(prep.facts).outside_to_lb(target)
     ev = " ".join(served.evidence)
     assert served.served is False
     assert "stands for it" in ev and "has no local endpoints" in ev and "--dport 3001" in ev

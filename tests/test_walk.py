@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 import pytest
 
 from agent.netfilter.assumption import AssumptionKind
+from agent.netfilter.packet import MAX_PATHS, Packet
 from agent.netfilter.rules import parse_rule, tokenize
 from agent.netfilter.rules_text import parse_iptables_save
-from agent.netfilter.walk import Packet, TableWalker
+from agent.netfilter.walk import TableWalker
 from agent.snapshot import Rule
 
 
@@ -165,7 +166,7 @@ def test_missing_ipset_forks_and_names_the_assumption() -> None:
         (assumed,) = r.assumed
         assert (assumed.kind, assumed.subject) == (AssumptionKind.IPSET, "NOPE")
         assert "`ipset list NOPE`" in assumed.fact
-        (step,) = [s for s in r.steps if s.assumption]
+        (step,) = [s for s in r.steps if s.assumptions]
         assert "ipset NOPE is not known" in step.text
     drop = next(r for r in paths if r.verdict == "DROP")
     assert drop.steps[0].text.startswith("assumed matching:")
@@ -210,12 +211,12 @@ def test_an_unknown_interface_forks_and_names_the_assumption() -> None:
     dnat = next(r for r in paths if r.verdict == "DNAT")
     (assumed,) = dnat.assumed
     assert (assumed.kind, assumed.subject) == (AssumptionKind.INTERFACE, "-i azv+")
-    (step,) = [s for s in dnat.steps if s.assumption]
+    (step,) = [s for s in dnat.steps if s.assumptions]
     assert step.text.startswith("assumed matching: -A PREROUTING -i azv+") and \
         "interface -i azv+: the interface the packet enters by is not in the input" in step.text
     drop = next(r for r in paths if r.verdict == "DROP")
     assert [a.subject for a in drop.assumed] == ["-i azv+", "-o eth0"]
-    assert [s.text.split(":")[0] for s in drop.steps if s.assumption] == [
+    assert [s.text.split(":")[0] for s in drop.steps if s.assumptions] == [
         "assumed NOT matching", "assumed matching"]
     assert "leaves by an interface eth0 names" in drop.assumed[1].fact
     # a known interface is matched, not assumed
@@ -262,8 +263,10 @@ def test_insert_with_position_and_incompatible_tables() -> None:
 
 
 def test_too_many_branches_end_in_unknown_not_silence() -> None:
+    n = MAX_PATHS + 8  # random branches, one path each: past the bound
     body = "\n".join(f"-A PREROUTING -m statistic --mode random --probability 0.01 "
-                     f"-j DNAT --to-destination 1.0.0.{i}:80" for i in range(1, 41))
+                     f"-j DNAT --to-destination 1.0.{i // 250}.{i % 250 + 1}:80"
+                     for i in range(n))
     w = nat(":PREROUTING ACCEPT [0:0]\n" + body)
     verdicts = [r.verdict for r in w.walk("PREROUTING", POD)]
     assert "UNKNOWN" in verdicts and "ACCEPT" not in verdicts

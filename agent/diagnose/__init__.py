@@ -12,12 +12,12 @@ from agent.capture.model import CaptureResult
 from agent.diagnose import parallel
 from agent.diagnose.context import Context, Unknowns
 from agent.diagnose.family import ipv6_facts, ipv6_snapshot, v6_local_known
+from agent.diagnose.iptables_backend import iptables_paths
 from agent.diagnose.lb_ip import ChainServices, LbTarget, discover, split_by_family
 from agent.diagnose.model import Finding, LbIpReport, Verdict, status_of
-from agent.diagnose.nft_paths import NftPathFinder, nft_mode, nft_targets
+from agent.diagnose.nft_paths import NftBackend, nft_mode, nft_paths, nft_targets
 from agent.diagnose.node_facts import NodeFacts, build_facts, kube_proxy_mode
 from agent.diagnose.parallel import SplitRules, usable_jobs
-from agent.diagnose.paths import PathFinder
 from agent.diagnose.rules import etp_local, pod_to_lb
 from agent.snapshot import NodeSnapshot
 
@@ -76,11 +76,12 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
     targets, v6_targets, skipped = split_by_family(list(prepared.all_targets))
     unknowns = Unknowns([*({"source": u.source, "reason": u.reason} for u in snap.unknowns),
                          *({"source": "LB IPs", "reason": r} for r in skipped)])
-    paths = NftPathFinder(facts) if mode == "nftables" else PathFinder(facts)
-    if isinstance(paths, NftPathFinder):  # its ip6 kube-proxy table is walked as the ip one
-        targets += [t for t in v6_targets if paths.walks(t.ip)]
-        v6_targets = [t for t in v6_targets if not paths.walks(t.ip)]
-    ctx = Context(snap, facts, targets, paths, mode, mode_how, unknowns,  # type: ignore[arg-type]
+    paths = nft_paths(facts) if mode == "nftables" else iptables_paths(facts)
+    if isinstance(paths.backend, NftBackend):  # its ip6 table is walked as the ip one
+        nft = paths.backend
+        targets += [t for t in v6_targets if nft.walks(t.ip)]
+        v6_targets = [t for t in v6_targets if not nft.walks(t.ip)]
+    ctx = Context(snap, facts, targets, paths, mode, mode_how, unknowns,
                   ChainServices(snap), capture, v6_targets)
     findings: list[Finding] = []
     manifests = _manifests_only(snap)
@@ -245,7 +246,7 @@ def _ipv6_context(ctx: Context, v6_targets: list[LbTarget]) -> Context | None:
     if snap.ip6tables is None or ctx.mode == "nftables":
         return None
     f6 = ipv6_facts(ctx.facts)
-    return Context(f6.snapshot, f6, v6_targets, PathFinder(f6), ctx.mode, ctx.mode_how,
+    return Context(f6.snapshot, f6, v6_targets, iptables_paths(f6), ctx.mode, ctx.mode_how,
                    ctx.unknowns, ChainServices(f6.snapshot), None, [], family=6)
 
 

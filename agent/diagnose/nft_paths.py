@@ -8,36 +8,27 @@ same way. An IPv6 LB IP is walked with an IPv6 packet through the `ip6` and `ine
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import re
 from dataclasses import replace
 
 from agent.diagnose.family import v6_local_known
+from agent.diagnose.iptables_backend import IptablesBackend
 from agent.diagnose.lb_ip import LbTarget
 from agent.diagnose.node_facts import (
     NODE_STAND_IN,
     NODE_STAND_IN6,
-    OUTSIDE_CLIENT,
     OUTSIDE_CLIENT6,
-    POD_STAND_IN,
-    POD_STAND_IN6,
     NodeFacts,
-    uplink6,
 )
-from agent.diagnose.outcome import Outcome, PathOutcome, merge
-from agent.diagnose.paths import ASSUMED, PathFinder, ServedOutcome, node_address
+from agent.diagnose.outcome import Outcome, PathOutcome
+from agent.diagnose.paths import ASSUMED, ModeBackend, PathFinder
 from agent.netfilter import assumption
 from agent.netfilter.assumption import Assumption
 from agent.netfilter.nft_model import NftRuleset, NftTable
 from agent.netfilter.nft_read import ruleset_of
-from agent.netfilter.nft_walk import (
-    NftHookResult,
-    NftPacket,
-    NftStep,
-    NftWalker,
-    iptables_nft_table,
-)
+from agent.netfilter.nft_walk import NftWalker, iptables_nft_table
+from agent.netfilter.packet import Hook, HookResult, Packet
 from agent.snapshot import NodeSnapshot
 
 # kube-proxy's chain names: "external-42NFTM6N-ns2/svc2/tcp/p80"
@@ -46,10 +37,6 @@ _CHAIN = re.compile(r"^(service|external|firewall|endpoint)-[A-Z0-9]{8}-"
 # "ip saddr != 10.0.0.0/8 jump mark-for-masquerade" ("ip6 saddr != fd00:10::/64 ..."):
 # kube-proxy's cluster CIDR
 _CIDR_MASQ = re.compile(r"ip6? saddr != ([0-9a-fA-F:.]+/\d+) jump mark-for-masquerade")
-
-# a step's evidence line, made once for the many walks that share the step (the
-# services map, mark-for-masquerade, the filter chains)
-_rendered = functools.lru_cache(maxsize=4096)(NftStep.render)
 
 
 def nft_mode(snap: NodeSnapshot, mode: str, how: str) -> tuple[str, str]:
@@ -186,24 +173,28 @@ def _etp(t: NftTable, chain_name: str) -> tuple[str | None, str]:
     return None, ""
 
 
-class NftPathFinder:
-    """PathFinder's walks for kube-proxy's nftables mode. iptables tables of the same
-    node (a CNI's iptables-nft or legacy rules) are walked at their hook priorities."""
+class NftBackend(ModeBackend):
+    """kube-proxy's nftables tables, walked hook by hook. iptables tables of the same node
+    (a CNI's iptables-nft or legacy rules) are walked at their hook priorities."""
+
+    forward_after_dnat = True
+    where = {"prerouting": "the prerouting hook", "input": "the input hook",
+             "forward": "the forward hook", "output": "the output hook",
+             "postrouting": "the postrouting hook"}
 
     def __init__(self, facts: NodeFacts) -> None:
         self.facts = facts
         snap = facts.snapshot
         rs, problems = ruleset_of(snap)
         self.ruleset: NftRuleset = rs or NftRuleset()
-        ipt = PathFinder(facts) if snap.netfilter is not None else None
+        ipt = IptablesBackend(facts) if snap.netfilter is not None else None
         walkers = {}
         if ipt is not None:
             if ipt.nat is not None and snap.netfilter and snap.netfilter.table("nat"):
                 walkers["nat"] = ipt.nat.walk
             if ipt.filter is not None:
                 walkers["filter"] = ipt.filter.walk
-        self._v6_local = v6_local_known(snap)
-        self.walker = NftWalker(self.ruleset, _View(facts, self._v6_local), walkers)
+        self.walker = NftWalker(self.ruleset, _View(facts, v6_local_known(snap)), walkers)
         kp = self.ruleset.kube_proxy
         self.cidr = cluster_cidr(kp) if kp else None
         kp6 = self.ruleset.kube_proxy_for(True)
@@ -226,48 +217,72 @@ class NftPathFinder:
                          + ", ".join(other[:10]))
         self.notes: tuple[str, ...] = tuple(notes)
 
-    # -- pod -> LB ----------------------------------------------------------------------
+    def walk_hook(self, hook: Hook, pkt: Packet) -> list[HookResult]:
+        return self.walker.walk_hook(hook, pkt)
 
-    def _uplink(self, v6: bool) -> str | None:
-        """Where the packet leaves (or the load balancer's enters): IPv6 by the interface
-        holding the node's IPv6 address (an IPv6-only node has no IPv4 uplink)."""
-        return (uplink6(self.facts) or self.facts.uplink) if v6 else self.facts.uplink
-
-    def _local_known(self, addr: str) -> bool:
-        return ":" not in addr or self._v6_local
+    def word(self, verdict: str) -> str:
+        return verdict.lower()
 
     def walks(self, ip: str) -> bool:
         """Whether kube-proxy's table of this address's family is in the input."""
         return self.ruleset.kube_proxy_for(":" in ip) is not None
 
-    def pod_to_lb(self, t: LbTarget) -> PathOutcome:
-        f = self.facts
-        v6 = ":" in t.ip
+    def _missing(self, v6: bool) -> str | None:
         fam = "ip6" if v6 else "ip"
         kp = self.ruleset.kube_proxy_for(v6)
         if kp is None:
-            return PathOutcome(Outcome.UNKNOWN, f"kube-proxy's nft table ({fam} kube-proxy) is not "
-                               f"in the input: `nft list table {fam} kube-proxy` shows it", ())
+            return (f"kube-proxy's nft table ({fam} kube-proxy) is not in the input: `nft list "
+                    f"table {fam} kube-proxy` shows it")
         if not _has_nat_prerouting(kp):
-            return PathOutcome(Outcome.UNKNOWN, _EXCERPT.format(fam=fam), ())
-        pod, pod_unknown = (f.pod6, f.pod6_unknown) if v6 else (f.pod, f.pod_unknown)
-        cidr = self.cidr6 if v6 else self.cidr
-        if pod is None:
-            pkt = NftPacket(src=POD_STAND_IN6 if v6 else POD_STAND_IN, dst=t.ip,
-                            proto=t.protocol.lower(), dport=t.port, src_known=False,
-                            src_within=cidr, src_is_pod=True)
-            head = (f"packet: {pkt.describe()}; {pod_unknown}"
-                    + (f"; kube-proxy's rules name the cluster CIDR {cidr} ('{fam} saddr "
-                       f"!= {cidr} jump mark-for-masquerade')" if cidr else ""),)
+            return _EXCERPT.format(fam=fam)
+        return None
+
+    def cannot_walk(self, t: LbTarget) -> PathOutcome | None:
+        why = self._missing(":" in t.ip)
+        return None if why is None else PathOutcome(Outcome.UNKNOWN, why, ())
+
+    def cannot_serve(self, t: LbTarget) -> str | None:
+        return self._missing(":" in t.ip)
+
+    def cluster_cidr(self, v6: bool) -> str | None:
+        return self.cidr6 if v6 else self.cidr
+
+    def local_assumption(self, p: Packet) -> Assumption:
+        return assumption.local_address(
+            p.dst, f"`{'ip -6 route' if p.v6 else 'ip route'} show table local`")
+
+    def unknown_local(self, p: Packet) -> str:
+        return (f" [not given: `{'ip -6 route' if p.v6 else 'ip route'} show table local` "
+                "decides it]")
+
+    def to_local(self, finder: PathFinder, p: Packet, known: bool, ev: tuple[str, ...],
+                 took: tuple[Assumption, ...]) -> list[PathOutcome]:
+        if known:
+            route = self.facts.local_route(p.dst)
+            routing = f"routing: {p.dst} is local ({route.line if route else ''}) -> input"
         else:
-            pkt = NftPacket(src=pod.pod_ip, dst=t.ip, proto=t.protocol.lower(),
-                            dport=t.port, in_iface=pod.iface, src_is_pod=True)
-            head = (f"packet: {pkt.describe()}; {pod.how}",)
-        outcomes: list[PathOutcome] = []
-        for res in self.walker.walk_hook("prerouting", pkt):
-            outcomes.extend(self._after_prerouting(res, head))
-        got = merge(outcomes)
-        if got.kind == "not-masqueraded" and self.problems:
+            routing = f"routing{ASSUMED} {p.dst} is a local address{self.unknown_local(p)} " \
+                      "-> input"
+        out = []
+        for ir in self.walker.walk_hook("input", p):
+            ev2 = (*ev, routing, *(step.render() for step in ir.steps))
+            took2 = took + ir.assumed
+            if ir.verdict in ("DROP", "REJECT"):
+                out.append(PathOutcome(Outcome.DROPPED, self.ended(ir.verdict, "input"), ev2,
+                                       assumptions=took2))
+            elif ir.verdict == "UNKNOWN":
+                out.append(PathOutcome(Outcome.UNKNOWN, ir.detail, (*ev2, ir.detail),
+                                       assumptions=took2))
+            else:
+                how = "delivered to this node's own stack (local address): it does not " \
+                      "leave the node"
+                out.append(PathOutcome(Outcome.CAPTURED, how,
+                                       (*ev2, finder.once(f"result: {how}")),
+                                       assumptions=took2))
+        return out
+
+    def finish(self, got: PathOutcome) -> PathOutcome:
+        if got.kind == Outcome.NOT_MASQUERADED and self.problems:
             # the loop may be built on a rule or map element the reader had to skip
             why = (f"the walk finds no DNAT and no masquerade, but {len(self.problems)} "
                    f"nft line(s) could not be read ({self.problems[0]}): what they hold "
@@ -276,124 +291,9 @@ class NftPathFinder:
                                assumptions=got.assumptions)
         return got
 
-    def _after_prerouting(self, res: NftHookResult, head: tuple[str, ...]
-                          ) -> list[PathOutcome]:
-        ev = head + tuple(_rendered(s) for s in res.steps)
-        took = res.assumed
-        p = res.packet
-        if res.verdict == "UNKNOWN":
-            return [PathOutcome(Outcome.UNKNOWN, res.detail, (*ev, res.detail),
-                                assumptions=took)]
-        if res.verdict in ("DROP", "REJECT"):
-            return [PathOutcome(Outcome.DROPPED, f"{res.verdict.lower()} in the prerouting "
-                                "hook (before DNAT)", ev, assumptions=took)]
-        if res.verdict == "DNAT":
-            how = f"kube-proxy's nftables rules rewrite the destination to {p.dnat_to} (DNAT)"
-            out = []
-            for fr in self.walker.walk_hook("forward", p._replace(out_iface=None)):
-                ev2 = ev + tuple(_rendered(s) for s in fr.steps)
-                took2 = took + fr.assumed
-                if fr.verdict in ("DROP", "REJECT"):
-                    out.append(PathOutcome(Outcome.DROPPED, f"{fr.verdict.lower()} in the "
-                                           "forward hook", ev2, assumptions=took2))
-                elif fr.verdict == "UNKNOWN":
-                    out.append(PathOutcome(Outcome.UNKNOWN, fr.detail, (*ev2, fr.detail),
-                                           assumptions=took2))
-                else:
-                    out.append(PathOutcome(Outcome.CAPTURED, how, (
-                        *ev2, f"result: {how}; the packet never goes to the load balancer"),
-                        assumptions=took2))
-            return out
-        # an IPv4-only local table (an old bundle, a pasted `ip route show table local`)
-        # says nothing of IPv6 addresses
-        local = self.facts.is_local(p.dst) if self._local_known(p.dst) else None
-        results: list[PathOutcome] = []
-        if local is None:
-            table = "ip -6 route" if p.v6 else "ip route"
-            took = (*took, assumption.local_address(p.dst, f"`{table} show table local`"))
-            results += self._to_node(p, (*ev, f"routing{ASSUMED} {p.dst} is a local "
-                                          f"address [not given: `{table} show table local` "
-                                          "decides it] -> input"), took)
-            ev = (*ev, f"routing{ASSUMED} {p.dst} is NOT a local address")
-        elif local:
-            return self._to_node(p, (*ev, f"routing: {p.dst} is local -> input"), took)
-        out_iface = self._uplink(p.v6)
-        leaving = out_iface or "(uplink unknown)"
-        ev = (*ev, f"routing: {p.dst} is not a local address -> forwarded out {leaving}")
-        p = p._replace(out_iface=out_iface)
-        for fr in self.walker.walk_hook("forward", p):
-            ev2 = ev + tuple(_rendered(s) for s in fr.steps)
-            took2 = took + fr.assumed
-            if fr.verdict == "UNKNOWN":
-                results.append(PathOutcome(Outcome.UNKNOWN, fr.detail, (*ev2, fr.detail),
-                                           assumptions=took2))
-                continue
-            if fr.verdict in ("DROP", "REJECT"):
-                results.append(PathOutcome(Outcome.DROPPED, f"{fr.verdict.lower()} in the "
-                                           "forward hook", ev2, assumptions=took2))
-                continue
-            for pr in self.walker.walk_hook("postrouting", fr.packet):
-                ev3 = ev2 + tuple(_rendered(s) for s in pr.steps)
-                took3 = took2 + pr.assumed
-                results.append(self._postrouted(pr, p, leaving, ev3, took3))
-        return results
-
-    def _postrouted(self, pr: NftHookResult, p: NftPacket, leaving: str,
-                    ev: tuple[str, ...], took: tuple[Assumption, ...]) -> PathOutcome:
-        """How a forwarded path ends after the postrouting hook."""
-        if pr.verdict == "UNKNOWN":
-            return PathOutcome(Outcome.UNKNOWN, pr.detail, (*ev, pr.detail), assumptions=took)
-        if pr.verdict in ("DROP", "REJECT"):
-            return PathOutcome(Outcome.DROPPED, f"{pr.verdict.lower()} in the postrouting "
-                               "hook", ev, assumptions=took)
-        if pr.verdict not in ("MASQUERADE", "SNAT"):
-            src = p.src if p.src_known else "(unchanged)"
-            how = (f"leaves {leaving} with the pod's source address {src} "
-                   "(no DNAT, not local, no masquerade)")
-            return PathOutcome(Outcome.NOT_MASQUERADED, how, (*ev, f"result: {how}"),
-                               assumptions=took)
-        node_ip = self.facts.node_ip6 if p.v6 else self.facts.node_ip
-        to = pr.packet.snat
-        if pr.verdict == "SNAT" and to not in (None, "snat", "masquerade"):
-            # `snat to ADDR`: the load balancer skips only the real server whose address is
-            # the source (as agent.diagnose.paths decides)
-            to = to.split("-")[0]
-            if node_ip is None or _canon(to) != node_ip:
-                how = (f"leaves {leaving} SNATed to {to}, " + (
-                    "and the node's address is not in the input (`ip addr` shows it)"
-                    if node_ip is None else
-                    f"which is not this node's address {node_ip}: the load balancer may "
-                    "still pick this node"))
-                kind = Outcome.UNKNOWN if node_ip is None else Outcome.NOT_MASQUERADED
-                return PathOutcome(kind, how, (*ev, f"result: {how}"), assumptions=took)
-        how = (f"leaves {leaving} with {node_address(node_ip)} ({pr.verdict.lower()}): the "
-               "load balancer will not send it back to this node")
-        return PathOutcome(Outcome.MASQUERADED, how, (*ev, f"result: {how}"), assumptions=took)
-
-    def _to_node(self, p: NftPacket, ev: tuple[str, ...], took: tuple[Assumption, ...]
-                 ) -> list[PathOutcome]:
-        out = []
-        for ir in self.walker.walk_hook("input", p):
-            ev2 = ev + tuple(_rendered(s) for s in ir.steps)
-            took2 = took + ir.assumed
-            if ir.verdict in ("DROP", "REJECT"):
-                out.append(PathOutcome(Outcome.DROPPED, f"{ir.verdict.lower()} in the input "
-                                       "hook", ev2, assumptions=took2))
-            elif ir.verdict == "UNKNOWN":
-                out.append(PathOutcome(Outcome.UNKNOWN, ir.detail, (*ev2, ir.detail),
-                                       assumptions=took2))
-            else:
-                how = "delivered to this node's own stack (local address): it does not " \
-                      "leave the node"
-                out.append(PathOutcome(Outcome.CAPTURED, how, (*ev2, f"result: {how}"),
-                                       assumptions=took2))
-        return out
-
-    # -- outside client -> NodePort --------------------------------------------------
-
-    def node_address(self, v6: bool = False) -> tuple[str | None, str]:
+    def node_address(self, finder: PathFinder, v6: bool) -> tuple[str | None, str]:
         f = self.facts
-        own = f.node_ip6 if v6 else f.node_ip
+        own = finder.node_ip(v6)
         if own:
             return own, ""
         kp = self.ruleset.kube_proxy_for(v6)
@@ -410,73 +310,15 @@ class NftPathFinder:
                               "address of the node is)")
         return None, ""
 
-    def outside_to_lb(self, t: LbTarget) -> ServedOutcome:
-        v6 = ":" in t.ip
-        kp = self.ruleset.kube_proxy_for(v6)
-        if kp is None:
-            return ServedOutcome(None, None, (), "kube-proxy's nft table is not in the input")
-        if not _has_nat_prerouting(kp):
-            return ServedOutcome(None, None, (), _EXCERPT.format(fam="ip6" if v6 else "ip"))
-        if t.node_port is None:
-            return ServedOutcome(None, None, (), "the NodePort is unknown")
-        node_ip, how = self.node_address(v6)
-        if node_ip is None:
-            return ServedOutcome(None, None, (), "the node's address is unknown")
-        pkt = NftPacket(src=OUTSIDE_CLIENT6 if v6 else OUTSIDE_CLIENT, dst=node_ip,
-                        proto=t.protocol.lower(), dport=t.node_port, in_iface=self._uplink(v6))
-        head = ((how,) if how else ()) + (
-            f"packet: {pkt.describe()} (the load balancer forwarding a client)",)
-        served_any = False
-        kept: bool | None = None
-        evidence = head
-        for res in self.walker.walk_hook("prerouting", pkt):
-            ev = head + tuple(_rendered(s) for s in res.steps)
-            if res.verdict == "UNKNOWN" or res.assumed:
-                return ServedOutcome(None, None, (*ev, res.detail), res.detail or
-                                     "it depends on what the input does not show")
-            if res.verdict in ("DROP", "REJECT"):
-                evidence = (*ev, f"{res.verdict.lower()} in the prerouting hook")
-                continue
-            p = res.packet
-            if res.verdict != "DNAT":
-                for ir in self.walker.walk_hook("input", p):
-                    if ir.verdict == "UNKNOWN":
-                        return ServedOutcome(None, None, (*ev, ir.detail), ir.detail)
-                    evidence = (*ev, *(_rendered(s) for s in ir.steps),
-                                f"no DNAT to an endpoint: {ir.verdict.lower()} in the input "
-                                "hook")
-                continue
-            for fr in self.walker.walk_hook("forward", p):
-                ev2 = ev + tuple(_rendered(s) for s in fr.steps)
-                if fr.verdict == "UNKNOWN":
-                    return ServedOutcome(None, None, (*ev2, fr.detail), fr.detail)
-                if fr.verdict in ("DROP", "REJECT"):
-                    evidence = ev2
-                    continue
-                served_any = True
-                for pr in self.walker.walk_hook("postrouting", fr.packet):
-                    if pr.verdict == "UNKNOWN":  # (as the iptables walk: not "kept")
-                        return ServedOutcome(None, None, (*ev2, pr.detail), pr.detail)
-                    masq = pr.verdict in ("MASQUERADE", "SNAT")
-                    kept = (not masq) if kept is None else (kept and not masq)
-                    evidence = ev2 + tuple(_rendered(s) for s in pr.steps)
-        if served_any:
-            how2 = "served here" + ("" if kept is None else (
-                ", client source kept" if kept else ", source masqueraded"))
-            return ServedOutcome(True, kept, evidence, how2)
-        return ServedOutcome(False, None, evidence, "not served on this node")
+
+def nft_paths(facts: NodeFacts) -> PathFinder:
+    """The path finder of an nftables-mode node (both families)."""
+    return PathFinder(facts, NftBackend(facts))
 
 
 _EXCERPT = ("kube-proxy's nft table ({fam} kube-proxy) in the input has no nat prerouting "
             "chain (an excerpt of it?): walking it would miss its DNAT; `nft list table "
             "{fam} kube-proxy` shows it whole")
-
-
-def _canon(addr: str) -> str:
-    try:
-        return str(ipaddress.ip_address(addr))
-    except ValueError:
-        return addr
 
 
 def _has_nat_prerouting(t: NftTable) -> bool:

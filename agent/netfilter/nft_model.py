@@ -21,7 +21,9 @@ HOOKS = ("prerouting", "input", "forward", "output", "postrouting", "ingress")
 
 # Hostile input bounds: a real kube-proxy table of 10k services has ~100k rules.
 MAX_LINES = 2_000_000
-MAX_TOKENS_PER_RULE = 4096
+# kube-proxy writes one rule per Service that lists every endpoint (`numgen random mod N
+# vmap { 0 : goto endpoint-..., ... }`, four tokens each): 4096 refused a Service of 1,000
+MAX_TOKENS_PER_RULE = 1 << 16
 MAX_ELEMENTS = 2_000_000
 
 

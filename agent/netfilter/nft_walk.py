@@ -23,16 +23,15 @@ from agent.netfilter import assumption
 from agent.netfilter.assumption import Assumption
 from agent.netfilter.nft_model import NftChain, NftRule, NftRuleset, NftSet, NftTable
 from agent.netfilter.nft_text import render, split_elements
-from agent.netfilter.walk import HookResult, Packet
+from agent.netfilter.packet import MAX_PATHS, MAX_RULES, Hook, HookResult, Packet
+from agent.netfilter.walk import Step
 from agent.parse.ip_text import PLAIN_V4, host_port
 
 ASSUMED = ": assumed"
-_MAX_RULES_PER_WALK = 200_000
 _MAX_DEPTH = 64
 # nested _run calls along one path (a goto, a return, a forking rule each add one): goto
 # loops never grow the return stack, and Python's own limit is 1000 frames
 _MAX_NESTING = 300
-_MAX_PATHS = 256
 # iptables' tables and their priority on each hook (what iptables-nft registers)
 IPTABLES_PRIORITY = {
     ("raw", "prerouting"): -300, ("raw", "output"): -300,
@@ -49,71 +48,29 @@ class NodeView(Protocol):
     def addr_type(self, addr: str) -> str | None: ...
 
 
-class NftPacket(NamedTuple):
-    src: str
-    dst: str
-    proto: str = "tcp"
-    dport: int = 80
-    sport: int = 45678
-    in_iface: str | None = None
-    out_iface: str | None = None
-    mark: int = 0
-    src_known: bool = True
-    # the source is a pod whose exact address is unknown but lies in this prefix (the
-    # cluster CIDR kube-proxy's own rules name): matches decide when the prefix does
-    src_within: str | None = None
-    src_is_pod: bool = False  # a pod address is never a local address of the node
-    dnat_to: str | None = None  # "ip:port" once DNATed
-    snat: str | None = None  # "masquerade" | address once source-NATed
-    untracked: bool = False  # `notrack`: conntrack skips it, so every nat chain does
-
-    @property
-    def v6(self) -> bool:
-        """An IPv6 packet (its destination says the family): `ip6` and `inet` tables see
-        it, `ip` ones do not, and only `ip6 ...` keys match it."""
-        return ":" in self.dst
-
-    def describe(self) -> str:
-        src = self.src if self.src_known else (
-            f"(a pod of this node{', in ' + self.src_within if self.src_within else ''})")
-        if self.v6:
-            if self.src_known:
-                src = f"[{src}]"
-            s = f"{self.proto} {src}:{self.sport} -> [{self.dst}]:{self.dport}"
-        else:
-            s = f"{self.proto} {src}:{self.sport} -> {self.dst}:{self.dport}"
-        if self.in_iface:
-            s += f" in {self.in_iface}"
-        if self.out_iface:
-            s += f" out {self.out_iface}"
-        return s
-
-
 class NftStep(NamedTuple):
     where: str  # "nft ip kube-proxy services" | "iptables nat PREROUTING"
-    text: str
+    text: str  # the rule's own text (shared by every path through it, never copied)
     source: str
     assumptions: tuple[Assumption, ...] = ()  # facts this rule's answer took
+    notes: str = ""  # what this path's answer was (the map element, the fork taken)
 
     def render(self) -> str:
-        return f"{self.where}: {self.text}" + (f" ({self.source})" if self.source else "")
+        text = self.text
+        if len(text) > _LONGEST_SHOWN:
+            # one Service's endpoints in one rule (`numgen random mod N vmap {...}`): the
+            # element this path took is in the notes
+            text = f"{text[:_LONGEST_SHOWN]} ... ({len(text)} characters)"
+        return (f"{self.where}: {text}" + (f" [{self.notes}]" if self.notes else "")
+                + (f" ({self.source})" if self.source else ""))
 
 
-class NftHookResult(NamedTuple):
-    verdict: str  # ACCEPT DROP REJECT DNAT MASQUERADE SNAT UNKNOWN
-    packet: NftPacket
-    steps: tuple[NftStep, ...]
-    detail: str = ""
-
-    @property
-    def assumed(self) -> tuple[Assumption, ...]:
-        """The facts this path took without the input (a match it could not decide)."""
-        return tuple(a for s in self.steps for a in s.assumptions)
+_LONGEST_SHOWN = 600  # characters of a rule in the evidence
 
 
 IptablesWalk = Callable[[str, Packet], list[HookResult]]
 # one answer of a rule: action (None: on to the next rule), packet, notes, facts assumed
-_Answer = tuple[tuple | None, NftPacket, tuple[str, ...], tuple[Assumption, ...]]
+_Answer = tuple[tuple | None, Packet, tuple[str, ...], tuple[Assumption, ...]]
 
 
 class _Budget:
@@ -174,11 +131,11 @@ class NftWalker:
         got = self._stages[(hook, v6)] = [(p, label, obj) for p, _, label, obj in out]
         return got
 
-    def walk_hook(self, hook: str, pkt: NftPacket) -> list[NftHookResult]:
-        paths: list[tuple[NftPacket, tuple[NftStep, ...], str | None]] = [(pkt, (), None)]
-        finished: list[NftHookResult] = []
+    def walk_hook(self, hook: Hook, pkt: Packet) -> list[HookResult]:
+        paths: list[tuple[Packet, tuple[NftStep, ...], str | None]] = [(pkt, (), None)]
+        finished: list[HookResult] = []
         for _prio, _label, obj in self.stages(hook, pkt.v6):
-            nxt: list[tuple[NftPacket, tuple[NftStep, ...], str | None]] = []
+            nxt: list[tuple[Packet, tuple[NftStep, ...], str | None]] = []
             for p, steps, nat in paths:
                 nat_chain = (isinstance(obj, tuple) and obj[1].type == "nat") or \
                     obj == "nat"
@@ -194,43 +151,41 @@ class NftWalker:
                 for verdict, p2, st, detail in results:
                     steps2 = steps + st
                     if verdict in ("DROP", "REJECT", "UNKNOWN"):
-                        finished.append(NftHookResult(verdict, p2, steps2, detail))
+                        finished.append(HookResult(verdict, p2, steps2, detail))
                     elif verdict in ("DNAT", "MASQUERADE", "SNAT"):
                         nxt.append((p2, steps2, verdict))
                     else:
                         nxt.append((p2, steps2, nat))
-            if len(nxt) > _MAX_PATHS:
+            if len(nxt) > MAX_PATHS:
                 # the rest are paths the kernel may take too: say they were not walked
-                p0, steps0, _ = nxt[_MAX_PATHS]
-                finished.append(NftHookResult(
-                    "UNKNOWN", p0, steps0, f"more than {_MAX_PATHS} paths through the "
+                p0, steps0, _ = nxt[MAX_PATHS]
+                finished.append(HookResult(
+                    "UNKNOWN", p0, steps0, f"more than {MAX_PATHS} paths through the "
                     f"{hook} hook over what the input does not decide: the others were "
                     "not walked"))
-            paths = nxt[:_MAX_PATHS]
+            paths = nxt[:MAX_PATHS]
         for p, steps, nat in paths:
-            finished.append(NftHookResult(nat or "ACCEPT", p, steps))
+            finished.append(HookResult(nat or "ACCEPT", p, steps))
         return finished
 
     # -- iptables in between -----------------------------------------------------------
 
-    def _iptables(self, table: str, hook: str, p: NftPacket
-                  ) -> list[tuple[str, NftPacket, tuple[NftStep, ...], str]]:
+    def _iptables(self, table: str, hook: str, p: Packet
+                  ) -> list[tuple[str, Packet, tuple[NftStep, ...], str]]:
         walk = self.iptables[table]
-        ipkt = Packet(src=p.src, dst=p.dst, proto=p.proto, sport=p.sport, dport=p.dport,
-                      in_iface=p.in_iface, out_iface=p.out_iface, mark=p.mark,
-                      src_known=p.src_known)
         out = []
-        for r in walk(hook.upper(), ipkt):
+        for r in walk(hook.upper(), p):
             steps = tuple(NftStep(f"iptables {s.table} {s.chain}", s.text, s.source,
-                                  () if s.assumption is None else (s.assumption,))
-                          for s in r.steps)
+                                  s.assumptions)
+                          for s in r.steps if isinstance(s, Step))
             q = r.packet
             p2 = p._replace(dst=q.dst, dport=q.dport, mark=q.mark)
             if r.verdict in ("DNAT", "REDIRECT"):
                 p2 = p2._replace(dnat_to=host_port(q.dst, q.dport))
                 out.append(("DNAT", p2, steps, r.detail))
             elif r.verdict in ("MASQUERADE", "SNAT"):
-                out.append((r.verdict, p2._replace(snat=r.verdict.lower()), steps, r.detail))
+                out.append((r.verdict, p2._replace(snat=q.snat or r.verdict.lower()), steps,
+                            r.detail))
             else:
                 out.append((r.verdict if r.verdict != "RETURN" else "ACCEPT", p2, steps,
                             r.detail))
@@ -238,8 +193,8 @@ class NftWalker:
 
     # -- nft chains --------------------------------------------------------------------
 
-    def _base_chain(self, t: NftTable, c: NftChain, p: NftPacket
-                    ) -> list[tuple[str, NftPacket, tuple[NftStep, ...], str]]:
+    def _base_chain(self, t: NftTable, c: NftChain, p: Packet
+                    ) -> list[tuple[str, Packet, tuple[NftStep, ...], str]]:
         budget = _Budget()
         out = []
         for end, p2, steps, detail in self._run(t, c, 0, p, (), (), budget, 0):
@@ -251,10 +206,10 @@ class NftWalker:
             out.append((end, p2, steps, detail))
         return out
 
-    def _run(self, t: NftTable, c: NftChain, i: int, p: NftPacket,
+    def _run(self, t: NftTable, c: NftChain, i: int, p: Packet,
              stack: tuple[tuple[NftChain, int], ...], steps: tuple[NftStep, ...],
              budget: _Budget, forks: int
-             ) -> list[tuple[str, NftPacket, tuple[NftStep, ...], str]]:
+             ) -> list[tuple[str, Packet, tuple[NftStep, ...], str]]:
         """Run chain ``c`` from rule ``i``; ``stack`` holds where a return goes back to.
         Ends: ACCEPT DROP REJECT DNAT MASQUERADE SNAT UNKNOWN, or FALLOFF (the base chain
         ended: its policy decides)."""
@@ -271,8 +226,8 @@ class NftWalker:
                 where = f"nft {t.family} {t.name} {c.name}"
                 continue
             budget.rules += 1
-            if budget.rules > _MAX_RULES_PER_WALK:
-                return [("UNKNOWN", p, steps, f"walk stopped after {_MAX_RULES_PER_WALK} "
+            if budget.rules > MAX_RULES:
+                return [("UNKNOWN", p, steps, f"walk stopped after {MAX_RULES} "
                          "rules (a loop or a huge ruleset)")]
             rule = c.rules[i]
             outcomes = self._eval(t, rule, p)
@@ -280,9 +235,8 @@ class NftWalker:
             for action, p2, notes, took in outcomes:
                 st = steps
                 if action is not None or notes:
-                    shown = [x for x in notes if x]
-                    text = rule.text + ("" if not shown else " [" + "; ".join(shown) + "]")
-                    st = (*steps, NftStep(where, text, rule.source, took))
+                    st = (*steps, NftStep(where, rule.text, rule.source, took,
+                                          "; ".join(x for x in notes if x)))
                 if action is None:
                     if len(outcomes) == 1:
                         p, steps = p2, st
@@ -318,7 +272,7 @@ class NftWalker:
 
     # -- one rule ------------------------------------------------------------------------
 
-    def _eval(self, t: NftTable, rule: NftRule, p: NftPacket) -> list[_Answer]:
+    def _eval(self, t: NftTable, rule: NftRule, p: Packet) -> list[_Answer]:
         """The rule's outcomes: (action or None for "on to the next rule", packet,
         notes, facts assumed). More than one when a match is undecidable or a choice is
         random."""
@@ -331,7 +285,7 @@ class NftWalker:
         got = self._ops(t, rule, ops, 0, p, (), ())
         return got if len(got) == 1 else _dedupe(got)
 
-    def _ops(self, t: NftTable, rule: NftRule, ops: list, k: int, q: NftPacket,
+    def _ops(self, t: NftTable, rule: NftRule, ops: list, k: int, q: Packet,
              notes: tuple[str, ...], took: tuple[Assumption, ...]) -> list[_Answer]:
         while k < len(ops):
             op = ops[k]
@@ -385,7 +339,7 @@ class NftWalker:
         # every match held and no verdict: marks were set, on to the next rule
         return [(None, q, notes or ("",), took)]
 
-    def _value(self, sel: str, p: NftPacket) -> tuple[str, object]:
+    def _value(self, sel: str, p: Packet) -> tuple[str, object]:
         """(kind, value) of one selector for the packet; value None = not known."""
         if sel.startswith(("ip ", "icmp ")) if p.v6 else sel.startswith(("ip6 ", "icmpv6 ")):
             # the other family's header field (inet tables: firewalld's): nft adds `meta
@@ -433,7 +387,7 @@ class NftWalker:
             return "word", p.out_iface
         return "word", None
 
-    def _match(self, t: NftTable, op: tuple, p: NftPacket) -> bool | None:
+    def _match(self, t: NftTable, op: tuple, p: Packet) -> bool | None:
         _, sels, negate, value, mask, _what = op
         if len(sels) != 1:
             return self._match_concat(t, sels, negate, value, mask, p)
@@ -466,7 +420,7 @@ class NftWalker:
         return (not r) if negate else r
 
     def _match_concat(self, t: NftTable, sels: tuple, negate: bool, value: object,
-                      mask: int | None, p: NftPacket) -> bool | None:
+                      mask: int | None, p: Packet) -> bool | None:
         """`a . b . c @set` (kube-proxy's first LoadBalancerSourceRanges rules) or `a . b
         { x . y, ... }`: true when one element matches every part."""
         values = [self._value(sel, p) for sel in sels]
@@ -500,7 +454,7 @@ class NftWalker:
         return (not r) if negate else r
 
 
-    def _vmap(self, t: NftTable, op: tuple, p: NftPacket
+    def _vmap(self, t: NftTable, op: tuple, p: Packet
               ) -> list[tuple[str | None, str, Assumption | None]]:
         """The verdicts a verdict map gives the packet, with a note each and the fact
         taken where the input does not decide it; None = no element matched (on to the

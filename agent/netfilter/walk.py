@@ -19,6 +19,7 @@ from typing import NamedTuple, Protocol
 
 from agent.netfilter import assumption
 from agent.netfilter.assumption import Assumption
+from agent.netfilter.packet import MAX_PATHS, MAX_RULES, HookResult, Packet
 from agent.netfilter.rules import (
     BUILTIN_TARGETS,
     PASSIVE_TARGETS,
@@ -43,7 +44,6 @@ SRC_UNKNOWN = ("source address: the pods' addresses on this node are not in the 
 # kube-proxy always installs: a packet falling off its end meets rules nobody has seen
 UNSEEN_REST = "(unseen)"
 MAX_DEPTH = 64
-MAX_PATHS = 32
 
 
 class NodeView(Protocol):
@@ -56,38 +56,6 @@ class NodeView(Protocol):
         """(set type, members) or None when the set is unknown."""
 
 
-class Packet(NamedTuple):
-    """The packet being walked (a transient value: NamedTuple for cheap copies)."""
-
-    src: str
-    dst: str
-    proto: str = "tcp"
-    sport: int = 45678
-    dport: int = 80
-    in_iface: str | None = None
-    out_iface: str | None = None
-    mark: int = 0
-    ctmark: int = 0
-    orig_dst: str | None = None  # set once DNAT happened
-    orig_dport: int | None = None
-    src_known: bool = True  # False: src stands for a pod whose address is not known
-
-    def describe(self) -> str:
-        src = self.src if self.src_known else "(a pod of this node)"
-        if ":" in self.dst:  # IPv6: "[addr]:port"
-            src = f"[{src}]" if self.src_known else src
-            s = f"{self.proto} {src}:{self.sport} -> [{self.dst}]:{self.dport}"
-        else:
-            s = f"{self.proto} {src}:{self.sport} -> {self.dst}:{self.dport}"
-        if self.in_iface:
-            s += f" in {self.in_iface}"
-        if self.out_iface:
-            s += f" out {self.out_iface}"
-        if self.mark:
-            s += f" mark {self.mark:#x}"
-        return s
-
-
 class Step(NamedTuple):
     """One rule that matched and acted on the packet (evidence)."""
 
@@ -96,25 +64,11 @@ class Step(NamedTuple):
     text: str
     source: str
     action: str
-    assumption: Assumption | None = None  # action ASSUME: the fact taken
+    assumptions: tuple[Assumption, ...] = ()  # action ASSUME: the fact taken
 
     def render(self) -> str:
         where = f" ({self.source})" if self.source else ""
         return f"{self.table} {self.chain}: {self.text}{where}"
-
-
-class HookResult(NamedTuple):
-    """How one path through a hook ended (a transient value: one per path of a walk)."""
-
-    verdict: str  # ACCEPT DROP REJECT DNAT SNAT MASQUERADE REDIRECT UNKNOWN
-    packet: Packet
-    steps: tuple[Step, ...]
-    detail: str = ""
-
-    @property
-    def assumed(self) -> tuple[Assumption, ...]:
-        """The facts this path assumed (a match the input could not decide)."""
-        return tuple(s.assumption for s in self.steps if s.assumption is not None)
 
 
 # NamedTuple(...) through its generated __new__ costs three times this, for each step
@@ -235,7 +189,8 @@ class TableWalker:
         # again goes back to the young)
         self._young: dict[str, _ChainIndex] = {}
         self._old: dict[str, _ChainIndex] = {}
-        self._budget = MAX_PATHS
+        self._budget = MAX_PATHS - 1  # forks: each adds one path
+        self._rules = MAX_RULES
         self._sets: dict[str, tuple[str, frozenset[str]] | None] = {}  # what the view said
         # a net set's members indexed for lookup, by (set, net dimensions, dimensions):
         # the walker's own (a module-wide LRU kept 64 sets' members past their snapshot)
@@ -264,7 +219,8 @@ class TableWalker:
 
     def walk(self, chain: str, pkt: Packet) -> list[HookResult]:
         """All paths of ``pkt`` through built-in ``chain``; a fall-through takes the policy."""
-        self._budget = MAX_PATHS
+        self._budget = MAX_PATHS - 1  # forks: each adds one path
+        self._rules = MAX_RULES
         ix = self._index(chain)
         if ix is None and self.partial:
             return [HookResult("UNKNOWN", pkt, (), f"{self.tname} {chain} is not in the "
@@ -282,8 +238,7 @@ class TableWalker:
                         f"the rest of {self.tname} {chain} is not in the input (an excerpt): "
                         f"`iptables -t {self.tname} -S {chain}` shows it")))
                     continue
-                steps = (*steps, Step(self.tname, chain, f"policy {policy}", "", policy,
-                                      None))
+                steps = (*steps, Step(self.tname, chain, f"policy {policy}", "", policy))
                 out.append(HookResult(policy, p, steps, f"end of {chain}: policy {policy}"))
             else:
                 out.append(_new_step(HookResult, (verdict, p, steps, detail)))
@@ -293,145 +248,197 @@ class TableWalker:
 
     def _run(self, ix: _ChainIndex, start: int, pkt: Packet, steps: tuple[Step, ...],
              depth: int) -> list[tuple[str | None, Packet, tuple[Step, ...], str]]:
-        if depth > MAX_DEPTH:
-            return [("UNKNOWN", pkt, steps, f"more than {MAX_DEPTH} nested jumps "
-                     f"(a loop through {ix.name}?)")]
+        """Every path of ``pkt`` from rule ``start`` of chain ``ix``: (verdict, or None
+        where it fell off the chain's end or RETURNed; packet; steps; detail).
+
+        Without recursion: a path is a thread (chain, rule, packet, steps, depth, the
+        chains to return to), and a fork pushes the branch where the rule does not match
+        to be run before the one where it does, so paths come out in the order a
+        depth-first walk finds them. Python's recursion limit bounded the walk before:
+        1,200 endpoints of one Service (one fork each), or 1,500 rules jumping to a chain
+        that returns, ended in RecursionError."""
         results: list[tuple[str | None, Packet, tuple[Step, ...], str]] = []
         tname = self.tname
-        parsed = ix.parsed
         tests = _WALKER_TESTS
         kind_of = _TARGET_KIND.get
-        cands = range(start, ix.n) if ix.generic is None else \
-            ix.candidates(pkt.dst, pkt.dport, start)
-        rules = ix.rules
-        texts = rules.texts
-        keep = ix.keep
-        for i in cands:
-            r = parsed[i]
-            if r is None:
-                text = texts[i]
-                if "-s " in text and _src_rules_out(text, pkt):
-                    continue  # not parsed: its first match, on the source, fails
-                r = parse_rule_text(text, rules.source(i))  # (ix.rule, inline)
-                if keep is None or i in keep:
-                    parsed[i] = r
-            # (one unpacking: a NamedTuple's fields by name cost a descriptor call each)
-            _, conds, tgt, goto, _, _, rtext, rsource, problem = r
-            # does it match? TRUE / FALSE / MAYBE, or None with the reason when it
-            # cannot be decided (inline: this runs for every rule reached)
-            m: int | None = TRUE
-            why = ""
-            for c in conds:
-                k, negate, a = c
-                test = tests.get(k)
-                try:
-                    v, reason = self._cond(c, pkt) if test is None else test(self, a, pkt)
-                except (ValueError, TypeError, IndexError) as e:  # a malformed value
-                    v, reason = None, f"cannot read {k} {' '.join(a)!r}: {e}"
-                if negate and v is not None and v != MAYBE:
-                    v = TRUE if v == FALSE else FALSE
-                if v == FALSE:
-                    m = FALSE
+        # (chain, first rule, packet, steps, depth, return stack, rule start matched):
+        # the return stack holds (chain, next rule, depth) of each chain jumped from
+        threads: list[tuple[_ChainIndex, int, Packet, tuple[Step, ...], int,
+                            tuple[tuple[_ChainIndex, int, int], ...], bool]] = [
+            (ix, start, pkt, steps, depth, (), False)]
+        while threads:
+            ix, start, pkt, steps, depth, back, matched = threads.pop()
+            if depth > MAX_DEPTH:
+                results.append(("UNKNOWN", pkt, steps, f"more than {MAX_DEPTH} nested jumps "
+                                f"(a loop through {ix.name}?)"))
+                continue
+            parsed = ix.parsed
+            cands = range(start, ix.n) if ix.generic is None else \
+                ix.candidates(pkt.dst, pkt.dport, start)
+            rules = ix.rules
+            texts = rules.texts
+            keep = ix.keep
+            jumped = False
+            for i in cands:
+                self._rules -= 1
+                if self._rules < 0:
+                    results.append(("UNKNOWN", pkt, steps, f"walk stopped after {MAX_RULES} "
+                                    "rules (a loop of jumps or a huge rule set)"))
+                    jumped = True
                     break
-                if v is None and m is not None:
-                    m, why = None, reason
-                elif v == MAYBE and m == TRUE:
-                    m = MAYBE
-            if problem and m != FALSE:
-                results.append(("UNKNOWN", pkt, steps, _unknown(r, problem)))
-                return results
-            if m == FALSE:
-                continue
-            if m is None and why.startswith(ASSUMABLE) and self._budget > 0:
-                # a fact of the node we were not given (its addresses, a set's members):
-                # follow both answers; the caller decides whether they agree
-                self._budget -= 1
-                where = f" ({rsource})" if rsource else ""
-                what = _assumption(why, f"{tname} {ix.name}: {rtext}{where}")
-                no = Step(tname, ix.name,
-                          f"assumed NOT matching: {rtext}{where}: {why}", rsource, ASSUME,
-                          what)
-                results.extend(self._run(ix, i + 1, pkt, (*steps, no), depth))
-                steps = (*steps, Step(tname, ix.name,
-                                      f"assumed matching: {rtext}{where}: {why}", rsource,
-                                      ASSUME, what))
-                m = TRUE
-            if m is None:
-                results.append(("UNKNOWN", pkt, steps, _unknown(r, why)))
-                return results
-            if m == MAYBE:
-                if self._budget > 0:
-                    self._budget -= 1
-                    results.extend(self._run(ix, i + 1, pkt, steps, depth))
+                r = parsed[i]
+                if r is None:
+                    text = texts[i]
+                    if not matched and "-s " in text and _src_rules_out(text, pkt):
+                        continue  # not parsed: its first match, on the source, fails
+                    r = parse_rule_text(text, rules.source(i))  # (ix.rule, inline)
+                    if keep is None or i in keep:
+                        parsed[i] = r
+                # (one unpacking: a NamedTuple's fields by name cost a descriptor call each)
+                _, conds, tgt, goto, _, _, rtext, rsource, problem = r
+                if matched:  # a fork's branch where this rule matches: its target acts
+                    matched = False
                 else:
-                    # never drop a branch silently: the one not followed is unknown
-                    results.append(("UNKNOWN", pkt, steps, _unknown(
-                        r, f"more than {MAX_PATHS} random/recent branches: the branch where "
-                           "this rule does not match was not followed")))
-            if tgt is None:
-                continue
-            step = _new_step(Step, (tname, ix.name, rtext, rsource, tgt, None))
-            kind = kind_of(tgt)
-            if kind is None:
-                pass  # a chain (below)
-            elif kind == _VERDICT:
-                results.append((tgt, pkt, (*steps, step), f"{tgt} in {ix.name}"))
-                return results
-            elif kind == _RETURN:
-                results.append((None, pkt, (*steps, step), ""))
-                return results
-            elif kind == _TO or (kind == _NETMAP and pkt.out_iface is None):
-                try:
-                    new = _dnat(r, pkt)
-                except ValueError as e:
-                    results.append(("UNKNOWN", pkt, steps, _unknown(r, f"bad NAT target: {e}")))
-                    return results
-                results.append((tgt if tgt != "NETMAP" else "DNAT", new, (*steps, step),
-                                f"{tgt} to {host_port(new.dst, new.dport)}"))
-                return results
-            elif kind in (_FROM, _NETMAP):
-                results.append((tgt if tgt != "NETMAP" else "SNAT", pkt, (*steps, step),
-                                f"{tgt} {r.target_opts.get('--to-source', '')}".strip()))
-                return results
-            elif kind == _MARK:
-                new_pkt, err = _mark(r, pkt)
-                if err:
-                    results.append(("UNKNOWN", pkt, steps, _unknown(r, err)))
-                    return results
-                pkt = new_pkt
-                steps = (*steps, _new_step(Step, (tname, ix.name, rtext, rsource,
-                                                  f"mark {pkt.mark:#x}", None)))
-                continue
-            elif kind == _CONNMARK:
-                new_pkt, err = _connmark(r, pkt)
-                if err:
-                    results.append(("UNKNOWN", pkt, steps, _unknown(r, err)))
-                    return results
-                pkt = new_pkt
-                continue
-            elif kind == _PASSIVE:
-                continue
-            else:  # _QUEUE
-                results.append(("UNKNOWN", pkt, steps,
-                                 _unknown(r, f"target {tgt} hands the packet to user space")))
-                return results
-            sub = self._index(tgt)
-            if sub is None:
-                if tgt in BUILTIN_TARGETS:
+                    # does it match? TRUE / FALSE / MAYBE, or None with the reason when it
+                    # cannot be decided (inline: this runs for every rule reached)
+                    m: int | None = TRUE
+                    why = ""
+                    for c in conds:
+                        k, negate, a = c
+                        test = tests.get(k)
+                        try:
+                            v, reason = self._cond(c, pkt) if test is None else \
+                                test(self, a, pkt)
+                        except (ValueError, TypeError, IndexError) as e:  # a malformed value
+                            v, reason = None, f"cannot read {k} {' '.join(a)!r}: {e}"
+                        if negate and v is not None and v != MAYBE:
+                            v = TRUE if v == FALSE else FALSE
+                        if v == FALSE:
+                            m = FALSE
+                            break
+                        if v is None and m is not None:
+                            m, why = None, reason
+                        elif v == MAYBE and m == TRUE:
+                            m = MAYBE
+                    if problem and m != FALSE:
+                        results.append(("UNKNOWN", pkt, steps, _unknown(r, problem)))
+                        jumped = True
+                        break
+                    if m == FALSE:
+                        continue
+                    if m is None and why.startswith(ASSUMABLE) and self._budget > 0:
+                        # a fact of the node we were not given (its addresses, a set's
+                        # members): follow both answers; the caller decides whether they
+                        # agree. The branch where it does not match runs first.
+                        self._budget -= 1
+                        where = f" ({rsource})" if rsource else ""
+                        what = (_assumption(why, f"{tname} {ix.name}: {rtext}{where}"),)
+                        yes = Step(tname, ix.name, f"assumed matching: {rtext}{where}: {why}",
+                                   rsource, ASSUME, what)
+                        no = Step(tname, ix.name,
+                                  f"assumed NOT matching: {rtext}{where}: {why}", rsource,
+                                  ASSUME, what)
+                        threads.append((ix, i, pkt, (*steps, yes), depth, back, True))
+                        threads.append((ix, i + 1, pkt, (*steps, no), depth, back, False))
+                        jumped = True
+                        break
+                    if m is None:
+                        results.append(("UNKNOWN", pkt, steps, _unknown(r, why)))
+                        jumped = True
+                        break
+                    if m == MAYBE:
+                        if self._budget > 0:
+                            self._budget -= 1
+                            threads.append((ix, i, pkt, steps, depth, back, True))
+                            threads.append((ix, i + 1, pkt, steps, depth, back, False))
+                            jumped = True
+                            break
+                        # never drop a branch silently: the one not followed is unknown
+                        results.append(("UNKNOWN", pkt, steps, _unknown(
+                            r, f"more than {MAX_PATHS} random/recent branches: the branch "
+                               "where this rule does not match was not followed")))
+                if tgt is None:
                     continue
-                results.append(("UNKNOWN", pkt, steps, _unknown(
-                    r, f"target {tgt} is neither a chain of table {tname} "
-                       "nor a target this walker knows" + (
-                           f" (not in the input: `iptables -t {tname} -S {tgt}` "
-                           "shows it)" if self.partial else ""))))
-                return results
-            for res in self._run(sub, 0, pkt, (*steps, step), depth + 1):
-                if res[0] is not None or goto:
-                    results.append(res)
-                else:
-                    results.extend(self._run(ix, i + 1, res[1], res[2], depth))
-            return results
-        results.append((None, pkt, steps, ""))
+                step = _new_step(Step, (tname, ix.name, rtext, rsource, tgt, ()))
+                kind = kind_of(tgt)
+                if kind is None:
+                    pass  # a chain (below)
+                elif kind == _VERDICT:
+                    results.append((tgt, pkt, (*steps, step), f"{tgt} in {ix.name}"))
+                    jumped = True
+                    break
+                elif kind == _RETURN:
+                    steps = (*steps, step)
+                    break  # (as falling off the end: back to the chain jumped from)
+                elif kind == _TO or (kind == _NETMAP and pkt.out_iface is None):
+                    try:
+                        new = _dnat(r, pkt)
+                    except ValueError as e:
+                        results.append(("UNKNOWN", pkt, steps,
+                                        _unknown(r, f"bad NAT target: {e}")))
+                    else:
+                        results.append((tgt if tgt != "NETMAP" else "DNAT", new,
+                                        (*steps, step),
+                                        f"{tgt} to {host_port(new.dst, new.dport)}"))
+                    jumped = True
+                    break
+                elif kind in (_FROM, _NETMAP):
+                    to = r.target_opts.get("--to-source") or r.target_opts.get("--to") or ""
+                    results.append((tgt if tgt != "NETMAP" else "SNAT",
+                                    pkt._replace(snat=to or tgt.lower()), (*steps, step),
+                                    f"{tgt} {r.target_opts.get('--to-source', '')}".strip()))
+                    jumped = True
+                    break
+                elif kind == _MARK:
+                    new_pkt, err = _mark(r, pkt)
+                    if err:
+                        results.append(("UNKNOWN", pkt, steps, _unknown(r, err)))
+                        jumped = True
+                        break
+                    pkt = new_pkt
+                    steps = (*steps, _new_step(Step, (tname, ix.name, rtext, rsource,
+                                                      f"mark {pkt.mark:#x}", ())))
+                    continue
+                elif kind == _CONNMARK:
+                    new_pkt, err = _connmark(r, pkt)
+                    if err:
+                        results.append(("UNKNOWN", pkt, steps, _unknown(r, err)))
+                        jumped = True
+                        break
+                    pkt = new_pkt
+                    continue
+                elif kind == _PASSIVE:
+                    continue
+                else:  # _QUEUE
+                    results.append(("UNKNOWN", pkt, steps,
+                                    _unknown(r, f"target {tgt} hands the packet to user "
+                                                "space")))
+                    jumped = True
+                    break
+                sub = self._index(tgt)
+                if sub is None:
+                    if tgt in BUILTIN_TARGETS:
+                        continue
+                    results.append(("UNKNOWN", pkt, steps, _unknown(
+                        r, f"target {tgt} is neither a chain of table {tname} "
+                           "nor a target this walker knows" + (
+                               f" (not in the input: `iptables -t {tname} -S {tgt}` "
+                               "shows it)" if self.partial else ""))))
+                    jumped = True
+                    break
+                # a goto returns to where this chain would have returned to
+                threads.append((sub, 0, pkt, (*steps, step), depth + 1,
+                                back if goto else (*back, (ix, i + 1, depth)), False))
+                jumped = True
+                break
+            if jumped:
+                continue
+            # fell off the chain's end (or RETURNed): back to the chain jumped from
+            if back:
+                caller, resume, caller_depth = back[-1]
+                threads.append((caller, resume, pkt, steps, caller_depth, back[:-1], False))
+            else:
+                results.append((None, pkt, steps, ""))
         return results
 
     # -- matching ----------------------------------------------------------------------
@@ -756,7 +763,7 @@ def _dnat(r: ParsedRule, pkt: Packet) -> Packet:
     # positional construction: NamedTuple._replace costs more than the whole DNAT
     return _new_step(Packet, (pkt.src, host or pkt.dst, pkt.proto, pkt.sport, dport,
                               pkt.in_iface, pkt.out_iface, pkt.mark, pkt.ctmark, pkt.dst,
-                              pkt.dport, pkt.src_known))
+                              pkt.dport, *pkt[11:]))
 
 
 def _mark(r: ParsedRule, pkt: Packet) -> tuple[Packet, str]:
