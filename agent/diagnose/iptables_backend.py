@@ -16,10 +16,10 @@ import re
 from agent.diagnose.lb_ip import LbTarget
 from agent.diagnose.node_facts import NodeFacts
 from agent.diagnose.outcome import Outcome, PathOutcome
-from agent.diagnose.paths import ASSUMED, ModeBackend, PathFinder
+from agent.diagnose.paths import ASSUMED, ModeBackend, PathFinder, rendered
 from agent.netfilter import assumption
 from agent.netfilter.assumption import Assumption
-from agent.netfilter.packet import Hook, HookResult, Packet
+from agent.netfilter.packet import DROPPED, Hook, HookResult, Packet
 from agent.netfilter.walk import UNSEEN_REST, TableWalker
 from agent.parse.ip_text import host_port
 from agent.snapshot import Chain, IpSet, Netfilter, Rule, Table
@@ -226,16 +226,30 @@ class IptablesBackend(ModeBackend):
 
     def to_local(self, finder: PathFinder, p: Packet, known: bool, ev: tuple[str, ...],
                  took: tuple[Assumption, ...]) -> list[PathOutcome]:
-        how, line = self._ipvs_capture(p)
+        """filter INPUT first (kube-proxy's KUBE-PROXY-FIREWALL drops sources outside
+        loadBalancerSourceRanges there), then IPVS takes it at LOCAL_IN."""
         if known:
             route = self.facts.local_route(p.dst)
             routing = f"routing: {p.dst} is local ({route.line if route else ''}) -> INPUT"
         else:
             routing = (f"routing{ASSUMED} {p.dst} is a local address (bound on kube-ipvs0 "
                        f"or another interface){DECIDES_LOCAL} -> INPUT")
-        return [PathOutcome(Outcome.CAPTURED, how, (*ev, routing, line,
-                                                    finder.once(f"result: {how}")),
-                            assumptions=took)]
+        out = []
+        for ir in self.walk_hook("input", p):
+            ev2 = (*ev, routing, *map(rendered, ir.steps))
+            took2 = took + ir.assumed
+            if ir.verdict in DROPPED:
+                out.append(PathOutcome(Outcome.DROPPED, self.ended(ir.verdict, "input"), ev2,
+                                       assumptions=took2))
+            elif ir.verdict == "UNKNOWN":
+                out.append(PathOutcome(Outcome.UNKNOWN, ir.detail, (*ev2, ir.detail),
+                                       assumptions=took2))
+            else:
+                how, line = self._ipvs_capture(p)
+                out.append(PathOutcome(Outcome.CAPTURED, how,
+                                       (*ev2, line, finder.once(f"result: {how}")),
+                                       assumptions=took2))
+        return out
 
     def _members(self, s: IpSet) -> frozenset[str]:
         """A set's members to look up (a tuple of 10k members is searched from the start

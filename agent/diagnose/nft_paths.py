@@ -22,7 +22,7 @@ from agent.diagnose.node_facts import (
     NodeFacts,
 )
 from agent.diagnose.outcome import Outcome, PathOutcome
-from agent.diagnose.paths import ASSUMED, ModeBackend, PathFinder
+from agent.diagnose.paths import ASSUMED, ModeBackend, PathFinder, rendered
 from agent.netfilter import assumption
 from agent.netfilter.assumption import Assumption
 from agent.netfilter.nft_model import NftRuleset, NftTable
@@ -265,7 +265,7 @@ class NftBackend(ModeBackend):
                       "-> input"
         out = []
         for ir in self.walker.walk_hook("input", p):
-            ev2 = (*ev, routing, *(step.render() for step in ir.steps))
+            ev2 = (*ev, routing, *map(rendered, ir.steps))
             took2 = took + ir.assumed
             if ir.verdict in ("DROP", "REJECT"):
                 out.append(PathOutcome(Outcome.DROPPED, self.ended(ir.verdict, "input"), ev2,

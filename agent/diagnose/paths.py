@@ -195,7 +195,7 @@ class PathFinder:
     def _after_prerouting(self, res: HookResult, head: tuple[str, ...]) -> list[PathOutcome]:
         b = self.backend
         verdict, p, steps, detail = res
-        ev = head + tuple(map(_rendered, steps))
+        ev = head + tuple(map(rendered, steps))
         took = res.assumed
         if verdict == "UNKNOWN":
             got = b.unseen(res, ev, took)
@@ -211,7 +211,7 @@ class PathFinder:
                 return [PathOutcome(Outcome.CAPTURED, how, (*ev, result), assumptions=took)]
             out = []
             for fr in b.walk_hook("forward", p._replace(out_iface=None)):
-                ev2 = ev + tuple(map(_rendered, fr.steps))
+                ev2 = ev + tuple(map(rendered, fr.steps))
                 took2 = took + fr.assumed
                 if fr.verdict in DROPPED:
                     out.append(PathOutcome(Outcome.DROPPED, b.ended(fr.verdict, "forward"),
@@ -240,7 +240,7 @@ class PathFinder:
               + (f" [{uplink_how}]" if uplink_how else ""))
         p = p._replace(out_iface=out_iface)
         for fr in b.walk_hook("forward", p):
-            ev2 = ev + tuple(map(_rendered, fr.steps))
+            ev2 = ev + tuple(map(rendered, fr.steps))
             took2 = took + fr.assumed
             if fr.verdict == "UNKNOWN":
                 results.append(PathOutcome(Outcome.UNKNOWN, fr.detail, (*ev2, fr.detail),
@@ -251,7 +251,7 @@ class PathFinder:
                                            ev2, assumptions=took2))
                 continue
             for pr in b.walk_hook("postrouting", fr.packet):
-                ev3 = ev2 + tuple(map(_rendered, pr.steps))
+                ev3 = ev2 + tuple(map(rendered, pr.steps))
                 results.append(self._postrouted(pr, p, leaving, ev3, took2 + pr.assumed))
         return results
 
@@ -367,7 +367,7 @@ def _evidence(head: tuple[str, ...], steps: tuple[tuple[WalkStep, ...], ...], ta
     """A path's evidence: ``head``, each step's line, then ``tail`` (if any)."""
     lines = [*head]
     for part in steps:
-        lines += map(_rendered, part)
+        lines += map(rendered, part)
     if tail:
         lines.append(tail)
     return tuple(lines)
@@ -432,7 +432,7 @@ _network = functools.lru_cache(maxsize=64)(functools.partial(ipaddress.ip_networ
 
 
 @functools.lru_cache(maxsize=4096)
-def _rendered(step: WalkStep) -> str:
+def rendered(step: WalkStep) -> str:
     """A step's evidence line, made once for the steps many walks share (kube-proxy's
     jumps from the built-in chains, KUBE-MARK-MASQ): one string for every finding that
     shows it."""

@@ -14,7 +14,7 @@ from agent.diagnose.rules.common import (
     ipv6_commands,
     no_kube_proxy_rules,
 )
-from agent.snapshot import NodeSnapshot
+from agent.snapshot import IpvsVirtualServer, NodeSnapshot
 
 ID = "etp-local-no-local-endpoint"
 _NO_LOCAL = "has no local endpoints"
@@ -102,7 +102,15 @@ def check(ctx: Context) -> list[Finding]:
                             "Local services have endpoints on this node")
                 continue
             vs = ctx.facts.virtual_server(t.protocol, t.ip, t.port)
-            host = f"[{t.ip}]" if ":" in t.ip else t.ip
+            host, port = (f"[{t.ip}]" if ":" in t.ip else t.ip), t.port
+            if vs is None and t.ip_mode == "Proxy" and t.node_port:
+                # kube-proxy writes no virtual server for an ipMode: Proxy address (its
+                # service tracker skips it, pkg/proxy/serviceport.go): the proxying load
+                # balancer opens its connection to NodeIP:NodePort, whose server decides
+                vs = _node_port_server(ctx, t.protocol, t.node_port)
+                if vs is not None:
+                    host = f"[{vs.address}]" if ":" in vs.address else vs.address
+                    port = vs.port
             if vs is not None and vs.real_servers:
                 # kube-proxy (1.21+, kubernetes#97081) lists the whole cluster's endpoints
                 # when the node has none, for its own pods: only a real server on this
@@ -115,7 +123,7 @@ def check(ctx: Context) -> list[Finding]:
                 if any(on_node(r.address) for r in vs.real_servers):
                     continue
                 ev.append(f"externalTrafficPolicy=Local ({t.etp_how})")
-                ev.append(f"IPVS virtual server {t.protocol} {host}:{t.port}: real servers "
+                ev.append(f"IPVS virtual server {t.protocol} {host}:{port}: real servers "
                           + ", ".join(r.address for r in vs.real_servers[:5])
                           + (f" (+{len(vs.real_servers) - 5} more)"
                              if len(vs.real_servers) > 5 else "")
@@ -124,7 +132,7 @@ def check(ctx: Context) -> list[Finding]:
                           "endpoints when the node has none")
             else:
                 ev.append(f"externalTrafficPolicy=Local ({t.etp_how})")
-                ev.append(f"IPVS virtual server {t.protocol} {host}:{t.port} "
+                ev.append(f"IPVS virtual server {t.protocol} {host}:{port} "
                           + ("has no real servers" if vs else "does not exist"))
         elif t.service in stated and (said := _stated_for(t, stated[t.service])):
             # the rule that says so is kube-proxy's statement of the endpoints it has: no
@@ -161,6 +169,18 @@ def check(ctx: Context) -> list[Finding]:
             lb_ip=t.ip, port=t.port, protocol=t.protocol, service=t.service,
             evidence=tuple(ev), remedy=None))
     return out
+
+
+def _node_port_server(ctx: Context, protocol: str, node_port: int
+                      ) -> IpvsVirtualServer | None:
+    """The virtual server of a NodePort: on the node's address, else the first on any
+    address (kube-proxy makes one per node address, all alike)."""
+    node_ip = ctx.facts.node_ip
+    if node_ip is not None:
+        return ctx.facts.virtual_server(protocol, node_ip, node_port)
+    protocol = protocol.upper()
+    return next((vs for vs in ctx.snapshot.ipvs or ()
+                 if vs.port == node_port and vs.protocol == protocol), None)
 
 
 class _OnThisNode:
