@@ -476,7 +476,7 @@ def test_a_flood_at_the_fd_limit_does_not_spin(tmp_path: Path) -> None:
 
 EMFILE_SCRIPT = """
 import resource, sys, threading
-from agent.collector.server import serve
+from agent.collector.web import serve
 from agent.collector.store import open_store
 server = serve("127.0.0.1:" + sys.argv[1], open_store(sys.argv[2]))
 # the limit lowered after the server sized itself: accept() meets EMFILE for real

@@ -68,7 +68,7 @@ def old_store_module(tmp_path: Path) -> Any:
 # the collector of today's code over the schema-2 store: the reference for the answers
 OLD_SERVER = """
 import importlib.util, sys
-from agent.collector.server import serve
+from agent.collector.web import serve
 spec = importlib.util.spec_from_file_location("store_schema2", sys.argv[3])
 old = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(old)

@@ -48,8 +48,8 @@ def authenticator(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.collector.server import serve
     from agent.collector.store import open_store
+    from agent.collector.web import serve
 
     tls_cert, tls_key = getattr(args, "tls_cert", None), getattr(args, "tls_key", None)
     if bool(tls_cert) != bool(tls_key):

@@ -5,7 +5,7 @@ POST /v1/verdicts (one verdict or a batch), GET /v1/nodes, /v1/nodes/{node},
 The caller is authenticated from the headers before the body is read (401/403); bodies
 are limited in size (413), must be plain JSON (400) and valid verdicts (422 naming the
 field). ``Collector`` is what the requests do (thread-safe, no HTTP in it); the HTTP
-server is agent.collector.web.
+server is agent.collector.web (which imports this module, never the other way).
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ from agent.collector.docs import Body, split
 from agent.collector.intake import MAX_BATCH, MAX_BODY, BadRequest, Intake
 from agent.collector.page import render_page
 from agent.collector.store import Store
-from agent.listen import on_every_address, split_listen
 
-__all__ = ["MAX_BATCH", "MAX_BODY", "BadRequest", "Collector", "serve"]
+__all__ = ["MAX_BATCH", "MAX_BODY", "BadRequest", "Collector"]
 
 # loopback_collector_node_last_seen_timestamp_seconds: one series per node, at most this many
 MAX_NODE_SERIES = 10_000
@@ -133,19 +132,3 @@ class Collector:
 
 def dumps(doc: Any) -> bytes:
     return json.dumps(doc, allow_nan=False).encode()
-
-
-def serve(listen: str, store: Store, token_file: str | None = None, *,
-          tls_cert: str | None = None, tls_key: str | None = None,
-          authenticator: Authenticator | None = None) -> Any:
-    """Bind ``listen`` now (an OSError says why not); ``serve_forever()`` then serves
-    until ``shutdown()``."""
-    from agent.collector.tls import TLSFiles
-    from agent.collector.web import CollectorServer
-
-    host, port = split_listen(listen)
-    tls = TLSFiles(tls_cert, tls_key) if tls_cert and tls_key else None
-    collector = Collector(store, token_file, authenticator)
-    if host:
-        return CollectorServer(collector, host, port, tls)
-    return on_every_address(lambda h: CollectorServer(collector, h, port, tls))

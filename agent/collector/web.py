@@ -41,12 +41,13 @@ from tornado.ioloop import IOLoop
 from tornado.web import Application, RequestHandler, stream_request_body
 
 from agent.collector import views
-from agent.collector.auth import Caller
+from agent.collector.auth import Authenticator, Caller
 from agent.collector.intake import MAX_BODY, MAX_INFLATED, BadRequest
 from agent.collector.page import CSP
 from agent.collector.server import Collector, dumps
+from agent.collector.store import Store
 from agent.collector.tls import TLSFiles
-from agent.listen import bind_address, dual_stack
+from agent.listen import bind_address, dual_stack, on_every_address, split_listen
 from agent.ship.gz import GzipError, inflate_chunks
 
 _RESOURCE_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
@@ -558,3 +559,16 @@ def _routes(server: CollectorServer) -> list[Any]:
     return [(r"/", Page, kw), (r"/v1/verdicts", Verdicts, kw), (r"/v1/nodes", Nodes, kw),
             (r"/v1/nodes/([^/]+)", History, kw), (r"/v1/services", Services, kw),
             (r"/metrics", Metrics, kw), (r"/healthz", Health, kw), (r"/openapi.json", OpenAPI, kw)]
+
+
+def serve(listen: str, store: Store, token_file: str | None = None, *,
+          tls_cert: str | None = None, tls_key: str | None = None,
+          authenticator: Authenticator | None = None) -> Any:
+    """Bind ``listen`` now (an OSError says why not); ``serve_forever()`` then serves
+    until ``shutdown()``."""
+    host, port = split_listen(listen)
+    tls = TLSFiles(tls_cert, tls_key) if tls_cert and tls_key else None
+    collector = Collector(store, token_file, authenticator)
+    if host:
+        return CollectorServer(collector, host, port, tls)
+    return on_every_address(lambda h: CollectorServer(collector, h, port, tls))

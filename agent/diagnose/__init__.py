@@ -170,7 +170,7 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
     ip_keys = {ip: _ip_key(ip) for ip in {f.lb_ip for f in findings}}
     findings.sort(key=lambda f: (_SEVERITY_ORDER[f.severity], ip_keys[f.lb_ip], f.port or 0,
                                  f.id))
-    lb_ips: dict[str, list] = {}
+    lb_ips: dict[str, list[LbTarget]] = {}
     for t in (*targets, *v6_targets):
         lb_ips.setdefault(t.ip, []).append(t)
     # 10k LB IPs share a few port lists ("TCP/80") and each has one Service: one tuple

@@ -22,7 +22,7 @@ from agent.netfilter.assumption import Assumption
 from agent.netfilter.packet import DROPPED, Hook, HookResult, Packet
 from agent.netfilter.walk import UNSEEN_REST, TableWalker
 from agent.parse.ip_text import host_port
-from agent.snapshot import Chain, IpSet, Netfilter, Rule, Table
+from agent.snapshot import Chain, IpSet, Netfilter, Rule, Rules, Table
 
 # kube-proxy installs these jumps from the built-in chains itself (iptablesJumpChains,
 # each prepended), outside the iptables-restore input it writes; a dump of that input
@@ -70,7 +70,7 @@ def with_kube_proxy_hooks(nf: Netfilter) -> tuple[Netfilter, tuple[str, ...]]:
         for name, rule, owner in _STANDARD_CHAINS.get(t.name, ()):
             if t.chain(name) is None and _referenced(t, name):
                 src = f"assumed: {owner}'s standard {name} (not in the input)"
-                chains.append(Chain(name, None, (Rule(rule, src),)))
+                chains.append(Chain(name, None, Rules.of((Rule(rule, src),))))
                 notes.append(f"{t.name} {name}: {src}")
         added: dict[str, list[Rule]] = {}
         for builtin, target, comment, extra in _KUBE_HOOKS.get(t.name, ()):
@@ -96,10 +96,10 @@ def with_kube_proxy_hooks(nf: Netfilter) -> tuple[Netfilter, tuple[str, ...]]:
                 # an excerpt's unseen built-in chain holds more than kube-proxy's jump (a
                 # CNI's masquerade in POSTROUTING): falling off its end is not ACCEPT
                 chains.append(Chain(builtin, UNSEEN_REST if nf.partial else "ACCEPT",
-                                    tuple(rules)))
+                                    Rules.of(rules)))
             else:
                 chains[chains.index(existing)] = Chain(builtin, existing.policy,
-                                                       (*rules, *existing.rules))
+                                                       Rules.of((*rules, *existing.rules)))
         tables.append(Table(t.name, tuple(chains)))
     if marks_drop and not any(c.name == "KUBE-FIREWALL" for t in tables if t.name == "filter"
                               for c in t.chains):
@@ -111,10 +111,11 @@ def with_kube_proxy_hooks(nf: Netfilter) -> tuple[Netfilter, tuple[str, ...]]:
         inp = next((c for c in chains if c.name == "INPUT"), None)
         hook = Rule("-A INPUT -j KUBE-FIREWALL", src)
         if inp is None:
-            chains.append(Chain("INPUT", "ACCEPT", (hook,)))
+            chains.append(Chain("INPUT", "ACCEPT", Rules.of((hook,))))
         else:
-            chains[chains.index(inp)] = Chain("INPUT", inp.policy, (hook, *inp.rules))
-        chains.append(Chain("KUBE-FIREWALL", None, (Rule(_FIREWALL_DROP, src),)))
+            chains[chains.index(inp)] = Chain("INPUT", inp.policy,
+                                              Rules.of((hook, *inp.rules)))
+        chains.append(Chain("KUBE-FIREWALL", None, Rules.of((Rule(_FIREWALL_DROP, src),))))
         new = Table("filter", tuple(chains))
         tables = [new if t is flt else t for t in tables] if flt else [*tables, new]
     return Netfilter(nf.backend, tuple(tables), nf.partial), tuple(notes)

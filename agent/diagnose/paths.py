@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from agent.diagnose.family import v6_local_known
 from agent.diagnose.lb_ip import LbTarget
@@ -431,9 +433,10 @@ _network = functools.lru_cache(maxsize=64)(functools.partial(ipaddress.ip_networ
                                                              strict=False))
 
 
-@functools.lru_cache(maxsize=4096)
-def rendered(step: WalkStep) -> str:
-    """A step's evidence line, made once for the steps many walks share (kube-proxy's
-    jumps from the built-in chains, KUBE-MARK-MASQ): one string for every finding that
-    shows it."""
+def _render(step: WalkStep) -> str:
     return step.render()
+
+
+# A step's evidence line, made once for the steps many walks share (kube-proxy's jumps from
+# the built-in chains, KUBE-MARK-MASQ): one string for every finding that shows it.
+rendered = cast(Callable[[WalkStep], str], functools.lru_cache(maxsize=4096)(_render))

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from collections.abc import Callable, Mapping
-from typing import NamedTuple, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, NamedTuple, Protocol
 
 from agent.netfilter import assumption
 from agent.netfilter.assumption import Assumption
@@ -70,7 +70,14 @@ _LONGEST_SHOWN = 600  # characters of a rule in the evidence
 
 IptablesWalk = Callable[[str, Packet], list[HookResult]]
 # one answer of a rule: action (None: on to the next rule), packet, notes, facts assumed
-_Answer = tuple[tuple | None, Packet, tuple[str, ...], tuple[Assumption, ...]]
+# A rule compiled for the walk: one op per statement, a tuple of the statement's parts
+# ("match", selectors, negate, value, mask, text), ("vmap", selectors, map), ("mark",
+# ...), ("dnat", address, port), ("verdict", word[, chain]), ...: _compile writes each
+# shape and _ops reads it. nft_text's tokens are strings and nested tuples of them.
+Op = tuple[Any, ...]
+Tokens = tuple[Any, ...]
+Action = tuple[str, ...]  # ("jump", chain) ("DNAT",) ("UNKNOWN", why) ...
+_Answer = tuple[Action | None, Packet, tuple[str, ...], tuple[Assumption, ...]]
 
 
 class _Budget:
@@ -94,8 +101,8 @@ class NftWalker:
         # and by tokens, so that rules written alike compile once. The walker's own: a
         # module-wide cache kept 100k compiled rules (35 MB) in a daemon between cycles,
         # to save 0.4 s when the rules change
-        self._compiled: dict[int, list] = {}
-        self._by_tokens: dict[tuple, list] = {}
+        self._compiled: dict[int, list[Op]] = {}
+        self._by_tokens: dict[Tokens, list[Op]] = {}
 
     # -- the hooks ------------------------------------------------------------------
 
@@ -285,7 +292,7 @@ class NftWalker:
         got = self._ops(t, rule, ops, 0, p, (), ())
         return got if len(got) == 1 else _dedupe(got)
 
-    def _ops(self, t: NftTable, rule: NftRule, ops: list, k: int, q: Packet,
+    def _ops(self, t: NftTable, rule: NftRule, ops: list[Op], k: int, q: Packet,
              notes: tuple[str, ...], took: tuple[Assumption, ...]) -> list[_Answer]:
         while k < len(ops):
             op = ops[k]
@@ -387,7 +394,7 @@ class NftWalker:
             return "word", p.out_iface
         return "word", None
 
-    def _match(self, t: NftTable, op: tuple, p: Packet) -> bool | None:
+    def _match(self, t: NftTable, op: Op, p: Packet) -> bool | Literal["either"] | None:
         _, sels, negate, value, mask, _what = op
         if len(sels) != 1:
             return self._match_concat(t, sels, negate, value, mask, p)
@@ -403,7 +410,7 @@ class NftWalker:
             if s is None:
                 return None
             if s.dynamic:
-                return "either"  # type: ignore[return-value]
+                return "either"
             exact, inexact = self._members(s)
             if isinstance(actual, (str, int)) and str(actual) in exact:
                 r: bool | None = True
@@ -419,8 +426,8 @@ class NftWalker:
             return None
         return (not r) if negate else r
 
-    def _match_concat(self, t: NftTable, sels: tuple, negate: bool, value: object,
-                      mask: int | None, p: Packet) -> bool | None:
+    def _match_concat(self, t: NftTable, sels: Tokens, negate: bool, value: object,
+                      mask: int | None, p: Packet) -> bool | Literal["either"] | None:
         """`a . b . c @set` (kube-proxy's first LoadBalancerSourceRanges rules) or `a . b
         { x . y, ... }`: true when one element matches every part."""
         values = [self._value(sel, p) for sel in sels]
@@ -433,7 +440,7 @@ class NftWalker:
             if s is None:
                 return None
             if s.dynamic:
-                return "either"  # type: ignore[return-value]
+                return "either"
             elements = [parts for parts, _ in s.elements]
         elif isinstance(value, tuple):
             elements = [parts for parts, _, _ in split_elements(value)]
@@ -454,21 +461,24 @@ class NftWalker:
         return (not r) if negate else r
 
 
-    def _vmap(self, t: NftTable, op: tuple, p: Packet
+    def _vmap(self, t: NftTable, op: Op, p: Packet
               ) -> list[tuple[str | None, str, Assumption | None]]:
         """The verdicts a verdict map gives the packet, with a note each and the fact
         taken where the input does not decide it; None = no element matched (on to the
         next rule)."""
         _, sels, ref = op
         if sels and sels[0].startswith("numgen"):
-            elements = ref if isinstance(ref, list) else (
-                [(e[0], e[1]) for e in t.set(ref[1:]).elements] if t.set(ref[1:]) else [])
-            n = len(elements)
+            named = None if isinstance(ref, list) else t.set(ref[1:])
+            branches = ref if isinstance(ref, list) else (
+                [(e[0], e[1]) for e in named.elements] if named else [])
+            n = len(branches)
             return [(v, f"any branch: {n} of a random choice, this one {k[0] if k else '?'}",
-                     None) for k, v in elements if v] or [(None, "", None)]
+                     None) for k, v in branches if v] or [(None, "", None)]
         values = [self._value(s, p) for s in sels]
         if any(k == "other-family" for k, _ in values):
             return [(None, "", None)]  # the other family's key: never this packet's
+        s: NftSet | None = None
+        elements: Sequence[tuple[tuple[str, ...], str | None]]
         if isinstance(ref, list):
             elements = ref
             index = None
@@ -476,7 +486,7 @@ class NftWalker:
             s = t.set(ref[1:])
             if s is None:
                 return [("UNKNOWN-MAP", f"map {ref} is not in the input", None)]
-            elements = s.elements  # type: ignore[assignment]
+            elements = s.elements
             index = self._index(s)
         if index is not None and all(v is not None and not isinstance(v, tuple)
                                      for _, v in values):
@@ -484,8 +494,7 @@ class NftWalker:
             hit = index.get(key)
             if hit is not None:
                 return [(hit, f"{ref} has {' . '.join(key)}", None)]
-            inexact = self._inexact(s) if not isinstance(ref, list) else elements
-            elements = inexact
+            elements = self._inexact(s) if s is not None else elements
         out: list[tuple[str | None, str, Assumption | None]] = []
         fact = _map_assumption(sels, ref)
         for parts, verdict in elements:
@@ -557,7 +566,7 @@ def _selector_assumption(sel: str, what: str) -> Assumption:
     return assumption.match(what)
 
 
-def _assumption(t: NftTable, op: tuple) -> Assumption:
+def _assumption(t: NftTable, op: Op) -> Assumption:
     """The fact an undecided match (``op``: "match", selectors, negate, value, mask,
     text) takes."""
     _, sels, _, value, _, what = op
@@ -566,13 +575,13 @@ def _assumption(t: NftTable, op: tuple) -> Assumption:
     return _selector_assumption(sels[0], what) if len(sels) == 1 else assumption.match(what)
 
 
-def _map_assumption(sels: tuple, ref: object) -> Assumption:
+def _map_assumption(sels: Tokens, ref: object) -> Assumption:
     """The fact an element of a map (``sels`` its key) is taken to match on."""
     what = f"{' . '.join(sels)} vmap {ref if isinstance(ref, str) else '{ ... }'}"
     return _selector_assumption(sels[0], what) if len(sels) == 1 else assumption.match(what)
 
 
-def _verdict(text: str) -> tuple:
+def _verdict(text: str) -> Action:
     words = text.split()
     if not words:
         return ("UNKNOWN", "empty verdict")
@@ -628,16 +637,17 @@ def _one(kind: str, actual: object, pattern: object) -> bool | None:
             if lo <= first and last <= hi:
                 return True
             return None if first <= hi and lo <= last else False
-        got = _address(actual)  # type: ignore[arg-type]
+        got = _address(str(actual))
         if got is None:
             return None
         return got[0] == version and lo <= got[1] <= hi
     if kind == "int":
         try:
+            got_int = actual if isinstance(actual, int) else int(str(actual))
             if "-" in pat.lstrip("-"):
-                lo, hi = pat.split("-", 1)
-                return int(lo, 0) <= int(actual) <= int(hi, 0)  # type: ignore[call-overload]
-            return int(actual) == int(pat, 0)  # type: ignore[call-overload]
+                p_lo, p_hi = pat.split("-", 1)
+                return int(p_lo, 0) <= got_int <= int(p_hi, 0)
+            return got_int == int(pat, 0)
         except ValueError:
             return None
     if kind == "proto":
@@ -651,7 +661,7 @@ def _one(kind: str, actual: object, pattern: object) -> bool | None:
     return pat == actual or str(actual) in pat.split(",")
 
 
-def _any_of(kind: str, actual: object, patterns: list) -> bool | None:
+def _any_of(kind: str, actual: object, patterns: list[Any]) -> bool | None:
     unknown = False
     for pat in patterns:
         if pat == ",":
@@ -709,8 +719,9 @@ def _span(pat: str) -> tuple[int, int, int]:
     return net.version, int(net.network_address), int(net.broadcast_address)
 
 
-def _mark(op: tuple, mark: int) -> int:
-    _, how, value = op
+def _mark(op: Op, mark: int) -> int:
+    how: str = op[1]
+    value: int = op[2]
     if how == "or":
         return mark | value
     if how == "xor":
@@ -735,7 +746,7 @@ _VERDICT_WORDS = frozenset({"accept", "drop", "reject", "return", "continue"})
 _PASSIVE = frozenset({"counter", "log", "<passive:log>", "<passive:limit>"})
 
 
-def _selector(toks: tuple, i: int) -> tuple[str | None, int]:
+def _selector(toks: Tokens, i: int) -> tuple[str | None, int]:
     w = toks[i] if i < len(toks) else None
     if not isinstance(w, str):
         return None, i
@@ -760,8 +771,8 @@ def _selector(toks: tuple, i: int) -> tuple[str | None, int]:
     return None, i
 
 
-def _compile(toks: tuple) -> list:
-    ops: list = []
+def _compile(toks: Tokens) -> list[Op]:
+    ops: list[Op] = []
     i, n = 0, len(toks)
     while i < n:
         w = toks[i]
@@ -900,5 +911,5 @@ def _compile(toks: tuple) -> list:
     return ops
 
 
-def render_tok(toks: tuple) -> str:
+def render_tok(toks: Tokens) -> str:
     return render(tuple(toks))

@@ -548,10 +548,11 @@ class TableWalker:
         if module == "iprange" and opt in ("--src-range", "--dst-range"):
             if opt == "--src-range" and not pkt.src_known:
                 return None, SRC_UNKNOWN
-            addr = ipaddress.ip_address(pkt.src if opt == "--src-range" else pkt.dst)
+            at = ipaddress.ip_address(pkt.src if opt == "--src-range" else pkt.dst)
             lo, _, hi = a[0].partition("-")
             lo_a, hi_a = ipaddress.ip_address(lo), ipaddress.ip_address(hi or lo)
-            ok = addr.version == lo_a.version == hi_a.version and lo_a <= addr <= hi_a
+            ok = at.version == lo_a.version == hi_a.version and \
+                lo_a <= at <= hi_a  # type: ignore[operator]  # (versions checked first)
             return (TRUE if ok else FALSE), ""
         if module == "ipvs" and opt == "--ipvs":
             return FALSE, ""  # a packet on the netfilter path we walk is not IPVS's
@@ -747,17 +748,18 @@ def _unknown(r: ParsedRule, why: str) -> str:
 
 def _dnat(r: ParsedRule, pkt: Packet) -> Packet:
     if r.target == "REDIRECT":
-        port = r.target_opts.get("--to-ports", str(pkt.dport)).split("-")[0]
+        ports = r.target_opts.get("--to-ports", str(pkt.dport)).split("-")[0]
         return pkt._replace(orig_dst=pkt.dst, orig_dport=pkt.dport,
                             dst="::1" if ":" in pkt.dst else "127.0.0.1",
-                       dport=int(port) if port.isdigit() else pkt.dport)
+                            dport=int(ports) if ports.isdigit() else pkt.dport)
     to = r.target_opts.get("--to-destination") or r.target_opts.get("--to") or pkt.dst
-    host, port = to, None
+    host: str = to
+    port: str | None = None
     if to.startswith("["):  # IPv6 "[addr]:port" (or "[addr]")
         host, _, rest = to[1:].partition("]")
         port = rest[1:] if rest.startswith(":") else None
     elif to.count(":") == 1:
-        host, port = to.split(":")
+        host, _, port = to.partition(":")
     host = host.split("-")[0].split("/")[0]
     dport = int(port.split("-")[0]) if port and port.split("-")[0].isdigit() else pkt.dport
     # positional construction: NamedTuple._replace costs more than the whole DNAT
