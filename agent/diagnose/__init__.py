@@ -65,14 +65,45 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
     """The verdict for one node; ``capture`` adds what watched handshakes showed;
     ``prepared`` is ``prepare(snap)`` when the caller already made it; ``jobs`` 2 lets a
     forked child walk half of a big node's LB IPs (the same verdict, sooner)."""
-    from agent.diagnose.rules import CAPTURE_RULES, RULES
     from agent.diagnose.rules.observed import OBSERVED_IDS
 
     prepared = prepared or prepare(snap)
-    facts = prepared.facts
+    ctx, v6_ctx, findings = _contexts(snap, prepared, capture)
+    findings += _run_rules(ctx, v6_ctx, prepared.memo, jobs)
+    # (each LB IP's key made once: 10k LB IPs have 2-3 findings each)
+    ip_keys = {ip: _ip_key(ip) for ip in {f.lb_ip for f in findings}}
+    findings.sort(key=lambda f: (_SEVERITY_ORDER[f.severity], ip_keys[f.lb_ip], f.port or 0,
+                                 f.id))
+    now = now or dt.datetime.now(dt.UTC)
+    return Verdict(
+        node=node,
+        time=now.isoformat(timespec="seconds").replace("+00:00", "Z"),
+        agent_version=__version__,
+        status=status_of(findings, observed=any(f.id in OBSERVED_IDS for f in findings)),
+        kube_proxy_mode=ctx.mode,
+        findings=tuple(findings),
+        unknowns=tuple(ctx.unknowns),
+        lb_ips=_lb_ip_reports(ctx),
+        context=_context_record(ctx, v6_ctx),
+        capture=capture,
+    )
+
+
+def _mode(snap: NodeSnapshot) -> tuple[str, str]:
+    """kube-proxy's mode and how the input shows it."""
     mode, mode_how = kube_proxy_mode(snap)
     if snap.nft or (snap.kube_proxy and snap.kube_proxy.mode == "nftables"):
         mode, mode_how = nft_mode(snap, mode, mode_how)
+    return mode, mode_how
+
+
+def _contexts(snap: NodeSnapshot, prepared: Prepared, capture: CaptureResult | None
+              ) -> tuple[Context, Context | None, list[Finding]]:
+    """What the rules walk: the context of the mode's path finder (IPv4, and IPv6 too in
+    nftables mode), the IPv6 one of the iptables modes, and the findings that say what
+    cannot be walked at all."""
+    facts = prepared.facts
+    mode, mode_how = _mode(snap)
     targets, v6_targets, skipped = split_by_family(list(prepared.all_targets))
     unknowns = Unknowns([*({"source": u.source, "reason": u.reason} for u in snap.unknowns),
                          *({"source": "LB IPs", "reason": r} for r in skipped)])
@@ -83,38 +114,56 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
         v6_targets = [t for t in v6_targets if not nft.walks(t.ip)]
     ctx = Context(snap, facts, targets, paths, mode, mode_how, unknowns,
                   ChainServices(snap), capture, v6_targets)
-    findings: list[Finding] = []
-    manifests = _manifests_only(snap)
-    for key in manifests:
-        unknowns.add("LB IPs", f"Service {key} (type LoadBalancer) was given without its "
-                     "status (a manifest, not `kubectl get svc -o yaml`): its load balancer "
-                     "addresses are not in the input")
-    if not targets and not v6_targets and (snap.services is None or manifests):
-        # without the Service objects "none found" may just mean "not visible here"
-        findings.append(Finding(
-            "lb-ips-unknown", "warning",
-            "No LoadBalancer, external or Ingress address is visible: without the Service "
-            "objects (API access or services.json) the agent cannot rule loopback out",
-            evidence=(("no address in kube-proxy's service-ips map outside @cluster-ips"
-                       if mode == "nftables" else
-                       "no KUBE-LOAD-BALANCER ipset entry, no 'loadbalancer IP' rule"),
-                      *(f"Service {key}: a manifest without status (its address is not in "
-                        "it)" for key in manifests[:5])),
-            remedy="Run with API access, or give --kube-json DIR / services.json in the "
-                   "bundle."))
+    findings = _lb_ips_unknown(ctx)
     if mode == "unknown" and snap.ip6tables is not None:
         # an ip6tables-save alone says it
         mode6, how6 = kube_proxy_mode(ipv6_snapshot(snap))
         if mode6 != "unknown":
-            mode, mode_how = mode6, how6 + " (in the IPv6 rules)"
-            ctx.mode, ctx.mode_how = mode, mode_how
+            ctx.mode, ctx.mode_how = mode6, how6 + " (in the IPv6 rules)"
     v6_ctx = _ipv6_context(ctx, v6_targets) if v6_targets else None
     if v6_ctx is None:
-        findings += _ipv6_not_walked(v6_targets, snap, mode)
-    memo = prepared.memo
+        findings += _ipv6_not_walked(v6_targets, snap, ctx.mode)
+    return ctx, v6_ctx, findings
+
+
+def _lb_ips_unknown(ctx: Context) -> list[Finding]:
+    """Where the input cannot show the LB IPs: Services given as manifests (unknowns), and
+    none visible at all without the Service objects (a finding)."""
+    snap = ctx.snapshot
+    manifests = _manifests_only(snap)
+    for key in manifests:
+        ctx.unknown("LB IPs", f"Service {key} (type LoadBalancer) was given without its "
+                    "status (a manifest, not `kubectl get svc -o yaml`): its load balancer "
+                    "addresses are not in the input")
+    if ctx.targets or ctx.v6_targets or (snap.services is not None and not manifests):
+        return []
+    # without the Service objects "none found" may just mean "not visible here"
+    return [Finding(
+        "lb-ips-unknown", "warning",
+        "No LoadBalancer, external or Ingress address is visible: without the Service "
+        "objects (API access or services.json) the agent cannot rule loopback out",
+        evidence=(("no address in kube-proxy's service-ips map outside @cluster-ips"
+                   if ctx.mode == "nftables" else
+                   "no KUBE-LOAD-BALANCER ipset entry, no 'loadbalancer IP' rule"),
+                  *(f"Service {key}: a manifest without status (its address is not in "
+                    "it)" for key in manifests[:5])),
+        remedy="Run with API access, or give --kube-json DIR / services.json in the "
+               "bundle.")]
+
+
+Memo = dict[tuple[Callable[..., object], int], tuple[list[Finding], list[dict[str, str]]]]
+
+
+def _run_rules(ctx: Context, v6_ctx: Context | None, memo: Memo, jobs: int
+               ) -> list[Finding]:
+    """Every rule over ``ctx`` (the family rules over ``v6_ctx`` too). What each rule that
+    does not read the capture found is kept in ``memo`` from a diagnosis where every rule
+    ran, and replayed by the next ones of the same snapshot; a rule's internal error is a
+    finding, never the others' loss."""
+    from agent.diagnose.rules import CAPTURE_RULES, RULES
+
     reuse = bool(memo)  # (kept only from a diagnosis where every rule ran)
-    made: dict[tuple[Callable[..., object], int], tuple[list[Finding], list[dict[str, str]]]] \
-        = {}
+    made: Memo = {}
 
     def run(rule: Callable[[Context], list[Finding]], c: Context,
             how: Callable[[Context], list[Finding]]) -> list[Finding]:
@@ -133,51 +182,59 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
         made[key] = (got, c.unknowns[before:])
         return got
 
+    findings: list[Finding] = []
     failed = False
     split = SplitRules(ctx, FAMILY_RULES) \
-        if mode in parallel.SPLIT_MODES and usable_jobs(jobs, len(targets)) > 1 \
+        if ctx.mode in parallel.SPLIT_MODES and usable_jobs(jobs, len(ctx.targets)) > 1 \
         and not reuse else None
     for rule in RULES:
+        how = rule
+        if split is not None and rule in split.rules:
+            def how(c: Context, r: Callable[[Context], list[Finding]] = rule,
+                    s: SplitRules = split) -> list[Finding]:
+                return s.run(r, c)
         try:
-            findings.extend(run(rule, ctx, (lambda c, r=rule: split.run(r, c))  # type: ignore[misc]
-                                if split and rule in split.rules else rule))
+            findings.extend(run(rule, ctx, how))
         except Exception as e:  # a bug in one rule must not hide the others' findings
             failed = failed or rule not in CAPTURE_RULES
-            name = rule.__module__.rsplit(".", 1)[-1]
-            ctx.unknown(f"rule {name}", f"internal error: {type(e).__name__}: {e}")
-            findings.append(Finding(
-                "diagnosis-incomplete", "warning",
-                f"The {name} check failed with an internal error: its findings are missing",
-                evidence=(f"{type(e).__name__}: {e}",),
-                remedy="Report it with the bundle (loopback-agent bundle DIR)."))
+            findings.append(_internal_error(ctx, rule, e, ""))
     if split is not None:
         split.close()
     for rule in FAMILY_RULES if v6_ctx is not None else ():
+        assert v6_ctx is not None
         try:
-            findings.extend(run(rule, v6_ctx, rule))  # type: ignore[arg-type]
+            findings.extend(run(rule, v6_ctx, rule))
         except Exception as e:
             failed = True
-            name = rule.__module__.rsplit(".", 1)[-1]
-            ctx.unknown(f"rule {name} (IPv6)", f"internal error: {type(e).__name__}: {e}")
-            findings.append(Finding(
-                "diagnosis-incomplete", "warning",
-                f"The {name} check of IPv6 LB IPs failed with an internal error: its "
-                "findings are missing", evidence=(f"{type(e).__name__}: {e}",),
-                remedy="Report it with the bundle (loopback-agent bundle DIR)."))
+            findings.append(_internal_error(ctx, rule, e, " (IPv6)"))
     if not reuse and not failed:
         memo.update(made)
-    # (each LB IP's key made once: 10k LB IPs have 2-3 findings each)
-    ip_keys = {ip: _ip_key(ip) for ip in {f.lb_ip for f in findings}}
-    findings.sort(key=lambda f: (_SEVERITY_ORDER[f.severity], ip_keys[f.lb_ip], f.port or 0,
-                                 f.id))
+    return findings
+
+
+def _internal_error(ctx: Context, rule: Callable[[Context], list[Finding]], e: Exception,
+                    family: str) -> Finding:
+    name = rule.__module__.rsplit(".", 1)[-1]
+    ctx.unknown(f"rule {name}{family}", f"internal error: {type(e).__name__}: {e}")
+    what = f"The {name} check of IPv6 LB IPs" if family else f"The {name} check"
+    return Finding(
+        "diagnosis-incomplete", "warning",
+        f"{what} failed with an internal error: its findings are missing",
+        evidence=(f"{type(e).__name__}: {e}",),
+        remedy="Report it with the bundle (loopback-agent bundle DIR).")
+
+
+def _lb_ip_reports(ctx: Context) -> tuple[LbIpReport, ...]:
+    """One report per LB IP (both families), what the input says of it."""
+    facts = ctx.facts
     lb_ips: dict[str, list[LbTarget]] = {}
-    for t in (*targets, *v6_targets):
+    for t in (*ctx.targets, *ctx.v6_targets):
         lb_ips.setdefault(t.ip, []).append(t)
     # 10k LB IPs share a few port lists ("TCP/80") and each has one Service: one tuple
     # for each different one
     shared: dict[tuple[str, ...], tuple[str, ...]] = {}
-    v6_known = v6_local_known(snap)
-    reports = tuple(
+    v6_known = v6_local_known(ctx.snapshot)
+    return tuple(
         LbIpReport(
             ip=ip,
             ports=_one(shared, tuple(sorted({f"{t.protocol}/{t.port}" for t in ts if t.port}))),
@@ -191,9 +248,14 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
         )
         for ip, ts in lb_ips.items()
     )
-    context = {
+
+
+def _context_record(ctx: Context, v6_ctx: Context | None) -> dict[str, object]:
+    """The verdict's context: where the input came from and what the walk stood on."""
+    snap, facts = ctx.snapshot, ctx.facts
+    return {
         "origin": snap.origin,
-        "kube_proxy_mode_from": mode_how,
+        "kube_proxy_mode_from": ctx.mode_how,
         "node_ip": facts.node_ip,
         "uplink": facts.uplink,
         "pod_ip": facts.pod.pod_ip if facts.pod else None,
@@ -203,7 +265,7 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
             "pod_ip6": facts.pod6.pod_ip if facts.pod6 else None,
             "pod_network6": facts.pod6.prefix if facts.pod6 else None,
             "ip6tables_backend": snap.ip6tables.backend if snap.ip6tables else None}
-           if v6_targets else {}),
+           if ctx.v6_targets else {}),
         "iptables_backend": snap.netfilter.backend if snap.netfilter else None,
         # (the IPv6 walk's own: kube-proxy's jumps it assumed in an ip6tables restore input)
         "assumed_rules": list(dict.fromkeys((
@@ -211,19 +273,6 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
             *(f"IPv6 rules: {n}" for n in (v6_ctx.paths.notes if v6_ctx else ()))))),
         **({"given_by_user": dict(snap.given)} if snap.given else {}),
     }
-    now = now or dt.datetime.now(dt.UTC)
-    return Verdict(
-        node=node,
-        time=now.isoformat(timespec="seconds").replace("+00:00", "Z"),
-        agent_version=__version__,
-        status=status_of(findings, observed=any(f.id in OBSERVED_IDS for f in findings)),
-        kube_proxy_mode=mode,
-        findings=tuple(findings),
-        unknowns=tuple(ctx.unknowns),
-        lb_ips=reports,
-        context=context,
-        capture=capture,
-    )
 
 
 def _manifests_only(snap: NodeSnapshot) -> list[str]:
