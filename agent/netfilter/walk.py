@@ -44,6 +44,7 @@ SRC_UNKNOWN = ("source address: the pods' addresses on this node are not in the 
 # kube-proxy always installs: a packet falling off its end meets rules nobody has seen
 UNSEEN_REST = "(unseen)"
 MAX_DEPTH = 64
+MAX_STEPS = 2000  # rules on one path (kube-proxy's are some tens)
 
 
 class NodeView(Protocol):
@@ -191,6 +192,9 @@ class TableWalker:
         self._old: dict[str, _ChainIndex] = {}
         self._budget = MAX_PATHS - 1  # forks: each adds one path
         self._rules = MAX_RULES
+        # each chain's paths from its first rule, by (chain, packet, depth): one walk's
+        self._walked: dict[tuple[str, Packet, int],
+                           list[tuple[str | None, Packet, tuple[Step, ...], str]]] = {}
         self._sets: dict[str, tuple[str, frozenset[str]] | None] = {}  # what the view said
         # a net set's members indexed for lookup, by (set, net dimensions, dimensions):
         # the walker's own (a module-wide LRU kept 64 sets' members past their snapshot)
@@ -221,6 +225,7 @@ class TableWalker:
         """All paths of ``pkt`` through built-in ``chain``; a fall-through takes the policy."""
         self._budget = MAX_PATHS - 1  # forks: each adds one path
         self._rules = MAX_RULES
+        self._walked = {}
         ix = self._index(chain)
         if ix is None and self.partial:
             return [HookResult("UNKNOWN", pkt, (), f"{self.tname} {chain} is not in the "
@@ -251,33 +256,39 @@ class TableWalker:
         """Every path of ``pkt`` from rule ``start`` of chain ``ix``: (verdict, or None
         where it fell off the chain's end or RETURNed; packet; steps; detail).
 
-        Without recursion: a path is a thread (chain, rule, packet, steps, depth, the
-        chains to return to), and a fork pushes the branch where the rule does not match
-        to be run before the one where it does, so paths come out in the order a
-        depth-first walk finds them. Python's recursion limit bounded the walk before:
-        1,200 endpoints of one Service (one fork each), or 1,500 rules jumping to a chain
-        that returns, ended in RecursionError."""
+        A path through this chain is a thread (rule, packet, steps); a fork pushes the
+        branch where the rule does not match to run before the one where it does, and a
+        jump's paths, each continued here, go on the stack in their order, so paths come
+        out in the order a depth-first walk finds them. Only a jump recurses (at most
+        MAX_DEPTH deep), and a chain is walked once per packet state in a walk (_jump):
+        a graph of chains costs its size, not its paths. Before, the walk recursed once per
+        fork and per returning jump (1,200 endpoints of one Service, or 1,500 rules
+        jumping to a chain that returns, ended in RecursionError), and 16 levels of chains
+        each jumping twice to the next took over 60 s."""
         results: list[tuple[str | None, Packet, tuple[Step, ...], str]] = []
         tname = self.tname
         tests = _WALKER_TESTS
         kind_of = _TARGET_KIND.get
-        # (chain, first rule, packet, steps, depth, return stack, rule start matched):
-        # the return stack holds (chain, next rule, depth) of each chain jumped from
-        threads: list[tuple[_ChainIndex, int, Packet, tuple[Step, ...], int,
-                            tuple[tuple[_ChainIndex, int, int], ...], bool]] = [
-            (ix, start, pkt, steps, depth, (), False)]
+        if depth > MAX_DEPTH:
+            return [("UNKNOWN", pkt, steps, f"more than {MAX_DEPTH} nested jumps (a loop "
+                     f"through {ix.name}?)")]
+        # a thread: (first rule, packet, steps, rule start matched), or a path's end found
+        # by a jump, kept in its place: (None, result)
+        threads: list[tuple[int, Packet, tuple[Step, ...], bool]
+                      | tuple[None, tuple[str | None, Packet, tuple[Step, ...], str]]] = [
+            (start, pkt, steps, False)]
+        parsed = ix.parsed
+        rules = ix.rules
+        texts = rules.texts
+        keep = ix.keep
         while threads:
-            ix, start, pkt, steps, depth, back, matched = threads.pop()
-            if depth > MAX_DEPTH:
-                results.append(("UNKNOWN", pkt, steps, f"more than {MAX_DEPTH} nested jumps "
-                                f"(a loop through {ix.name}?)"))
+            item = threads.pop()
+            if item[0] is None:
+                results.append(item[1])
                 continue
-            parsed = ix.parsed
+            start, pkt, steps, matched = item
             cands = range(start, ix.n) if ix.generic is None else \
                 ix.candidates(pkt.dst, pkt.dport, start)
-            rules = ix.rules
-            texts = rules.texts
-            keep = ix.keep
             jumped = False
             for i in cands:
                 self._rules -= 1
@@ -338,8 +349,8 @@ class TableWalker:
                         no = Step(tname, ix.name,
                                   f"assumed NOT matching: {rtext}{where}: {why}", rsource,
                                   ASSUME, what)
-                        threads.append((ix, i, pkt, (*steps, yes), depth, back, True))
-                        threads.append((ix, i + 1, pkt, (*steps, no), depth, back, False))
+                        threads.append((i, pkt, (*steps, yes), True))
+                        threads.append((i + 1, pkt, (*steps, no), False))
                         jumped = True
                         break
                     if m is None:
@@ -349,8 +360,8 @@ class TableWalker:
                     if m == MAYBE:
                         if self._budget > 0:
                             self._budget -= 1
-                            threads.append((ix, i, pkt, steps, depth, back, True))
-                            threads.append((ix, i + 1, pkt, steps, depth, back, False))
+                            threads.append((i, pkt, steps, True))
+                            threads.append((i + 1, pkt, steps, False))
                             jumped = True
                             break
                         # never drop a branch silently: the one not followed is unknown
@@ -369,7 +380,7 @@ class TableWalker:
                     break
                 elif kind == _RETURN:
                     steps = (*steps, step)
-                    break  # (as falling off the end: back to the chain jumped from)
+                    break  # (as falling off the end)
                 elif kind == _TO or (kind == _NETMAP and pkt.out_iface is None):
                     try:
                         new = _dnat(r, pkt)
@@ -426,20 +437,38 @@ class TableWalker:
                                "shows it)" if self.partial else ""))))
                     jumped = True
                     break
-                # a goto returns to where this chain would have returned to
-                threads.append((sub, 0, pkt, (*steps, step), depth + 1,
-                                back if goto else (*back, (ix, i + 1, depth)), False))
+                # each path of the chain jumped to, in its order: an end is an end of this
+                # chain's path too; a fall-through or RETURN goes on after this rule (a
+                # goto's: where this chain would have returned to)
+                base = (*steps, step)
+                then: list[tuple[int, Packet, tuple[Step, ...], bool]
+                           | tuple[None, tuple[str | None, Packet, tuple[Step, ...], str]]] = []
+                for end, p2, st2, d in self._jump(sub, pkt, depth + 1):
+                    full = base + st2
+                    if len(full) > MAX_STEPS:
+                        then.append((None, ("UNKNOWN", p2, full[:MAX_STEPS], (
+                            f"a path of more than {MAX_STEPS} rules (through {tgt}): not "
+                            "followed further"))))
+                    elif end is not None or goto:
+                        then.append((None, (end, p2, full, d)))
+                    else:
+                        then.append((i + 1, p2, full, False))
+                threads.extend(reversed(then))
                 jumped = True
                 break
-            if jumped:
-                continue
-            # fell off the chain's end (or RETURNed): back to the chain jumped from
-            if back:
-                caller, resume, caller_depth = back[-1]
-                threads.append((caller, resume, pkt, steps, caller_depth, back[:-1], False))
-            else:
+            if not jumped:  # fell off the chain's end (or RETURNed)
                 results.append((None, pkt, steps, ""))
         return results
+
+    def _jump(self, ix: _ChainIndex, pkt: Packet, depth: int
+              ) -> list[tuple[str | None, Packet, tuple[Step, ...], str]]:
+        """Every path of ``pkt`` through chain ``ix`` from its first rule (steps from
+        there), walked once per packet state and depth in a walk."""
+        key = (ix.name, pkt, depth)
+        got = self._walked.get(key)
+        if got is None:
+            got = self._walked[key] = self._run(ix, 0, pkt, (), depth)
+        return got
 
     # -- matching ----------------------------------------------------------------------
 
