@@ -439,3 +439,18 @@ def test_a_postrouting_rule_the_walk_cannot_follow_leaves_the_source_undecided()
     served = nft_paths(prep.facts).outside_to_lb(target)
     assert served.served is None and served.source_kept is None, served
     assert "not-in-the-paste" in served.how, served
+
+
+def test_a_rule_of_many_undecided_matches_is_no_recursion_error() -> None:
+    """Each undecided match of a rule forked by a recursive call: a rule of 1,300 `ip
+    saddr` matches on a pod whose address the input lacks ended the check in "internal
+    error walking it: RecursionError". Every branch where one of them fails is a path."""
+    n = 1300
+    rule = " ".join(f"ip saddr != 10.{k // 250}.{k % 250}.0/24" for k in range(n)) + " drop"
+    rs = read_nft_text("table ip t {\n chain p {\n  type filter hook prerouting priority 0;\n"
+                       f"  {rule}\n }}\n}}\n", "t")
+    res = NftWalker(rs, _View()).walk_hook("prerouting", Packet(
+        src="10.0.0.1", dst="9.9.9.9", src_known=False))
+    assert len(res) == n + 1 and {r.verdict for r in res} == {"ACCEPT", "DROP"}
+    drop = next(r for r in res if r.verdict == "DROP")
+    assert len(drop.assumed) == n  # every match taken as true, each said

@@ -294,28 +294,30 @@ class NftWalker:
 
     def _ops(self, t: NftTable, rule: NftRule, ops: list[Op], k: int, q: Packet,
              notes: tuple[str, ...], took: tuple[Assumption, ...]) -> list[_Answer]:
+        """The rule's answers from statement ``k`` on. An undecided match answers "no
+        match" for its false branch and goes on with its true one (a loop, not a call
+        per match: 1,300 undecided matches in one rule were a RecursionError)."""
+        out: list[_Answer] = []
         while k < len(ops):
             op = ops[k]
             kind = op[0]
             if kind == "match":
                 r = self._match(t, op, q)
                 if r is False:
-                    return [(None, q, (), ())]
+                    out.append((None, q, (), ()))
+                    return out
                 if r == "either":
                     what = op[-1]
-                    return [(None, q, (*notes, f"{what}: either (a set the datapath fills, "
-                                                "e.g. session affinity): any branch"), took),
-                            *self._ops(t, rule, ops, k + 1, q,
-                                       (*notes, f"{what}: either: any branch"), took)]
-                if r is None:
+                    out.append((None, q, (*notes, f"{what}: either (a set the datapath "
+                                          "fills, e.g. session affinity): any branch"), took))
+                    notes = (*notes, f"{what}: either: any branch")
+                elif r is None:
                     what = op[-1]
-                    fact = (*took, _assumption(t, op))
-                    return [(None, q, (*notes, f"{what}{ASSUMED} false (the input does not "
-                                                "decide it)"), fact),
-                            *self._ops(t, rule, ops, k + 1, q,
-                                       (*notes, f"{what}{ASSUMED} true"), fact)]
+                    took = (*took, _assumption(t, op))
+                    out.append((None, q, (*notes, f"{what}{ASSUMED} false (the input does "
+                                          "not decide it)"), took))
+                    notes = (*notes, f"{what}{ASSUMED} true")
             elif kind == "vmap":
-                out: list[_Answer] = []
                 for verdict, note, guess in self._vmap(t, op, q):
                     n2 = (*notes, note) if note else notes
                     out.append((None if verdict is None else _verdict(verdict), q, n2,
@@ -326,25 +328,31 @@ class NftWalker:
             elif kind == "notrack":
                 q = q._replace(untracked=True)
             elif kind == "unknown":
-                return [(("UNKNOWN", f"'{op[1]}' in '{rule.text}' is not evaluated by "
-                          "this agent"), q, notes, took)]
+                out.append((("UNKNOWN", f"'{op[1]}' in '{rule.text}' is not evaluated by "
+                             "this agent"), q, notes, took))
+                return out
             elif kind == "dnat":
                 addr, port = op[1], op[2]
                 q = q._replace(dst=addr, dport=port or q.dport,
                                dnat_to=host_port(addr, port or q.dport))
-                return [(("DNAT",), q, notes, took)]
+                out.append((("DNAT",), q, notes, took))
+                return out
             elif kind == "snat":
-                return [(("SNAT", op[1]), q._replace(snat=op[1]), notes, took)]
+                out.append((("SNAT", op[1]), q._replace(snat=op[1]), notes, took))
+                return out
             elif kind == "masquerade":
-                return [(("MASQUERADE",), q._replace(snat="masquerade"), notes, took)]
+                out.append((("MASQUERADE",), q._replace(snat="masquerade"), notes, took))
+                return out
             elif kind == "verdict":
                 v = op[1]
                 action = (v, op[2]) if v in ("jump", "goto") else (
                     (v.upper(),) if v in ("accept", "drop", "reject") else (v,))
-                return [(action, q, notes, took)]
+                out.append((action, q, notes, took))
+                return out
             k += 1
         # every match held and no verdict: marks were set, on to the next rule
-        return [(None, q, notes or ("",), took)]
+        out.append((None, q, notes or ("",), took))
+        return out
 
     def _value(self, sel: str, p: Packet) -> tuple[str, object]:
         """(kind, value) of one selector for the packet; value None = not known."""
