@@ -60,27 +60,27 @@ DEMO_ARGS ?=
 demo: deps venv
 	$(PY) -m lab.demo $(DEMO_ARGS)
 
+# ruff, mypy --strict on the walk engine and the diagnosis (pyproject's [tool.mypy]),
+# vermin at the supported Python floor; make test runs the same checks
+# (tests/test_static_checks.py, tests/test_python_floor.py)
 lint: venv
 	$(VENV)/bin/ruff check agent lab tests
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q tests/test_python_floor.py
 
 bench: deps venv
 	@for p in time tcpdump; do dpkg -s $$p >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive \
 	  apt-get install -y -qq $$p >/dev/null; done
-	$(PY) tests/bench/check_from.py
-	$(PY) tests/bench/capture_rate.py
-	$(PY) tests/bench/collector_load.py
-	$(PY) tests/bench/agent_idle.py
-	$(PY) tests/bench/api_requests.py
-	$(PY) tests/bench/live_read.py
-	$(PY) tests/bench/nft_live.py
-	$(PY) tests/bench/daemon_cost.py
-	$(PY) tests/bench/daemon_cost.py --backend legacy
-	$(PY) tests/bench/daemon_cost.py --capture
-	$(PY) tests/bench/daemon_cost.py --resync
-	$(PY) tests/bench/daemon_cost.py --churn 10 --seconds 600
-	$(PY) tests/bench/ipv6_scale.py
-	$(PY) tests/bench/big_verdict.py
+	@# every bench runs, and the target fails at the end if one missed a target (a miss
+	@# in the first one used to leave the others unmeasured)
+	@missed=""; for b in "check_from.py" "capture_rate.py" "collector_load.py" \
+	  "agent_idle.py" "api_requests.py" "live_read.py" "nft_live.py" "daemon_cost.py" \
+	  "daemon_cost.py --backend legacy" "daemon_cost.py --capture" \
+	  "daemon_cost.py --resync" "daemon_cost.py --churn 10 --seconds 600" \
+	  "ipv6_scale.py" "big_verdict.py"; do \
+	  echo "== tests/bench/$$b"; $(PY) tests/bench/$$b || missed="$$missed; $$b"; done; \
+	  if [ -n "$$missed" ]; then echo "make bench: missed a target in:$${missed#;}" >&2; \
+	  exit 1; fi
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 _NO_ARG: Any = object()  # a default_factory field's parameter when it was not passed
 
@@ -31,7 +34,7 @@ def quick_init(cls: type[T]) -> type[T]:
         raise TypeError(f"quick_init: {cls.__name__} is not a frozen dataclass with __init__")
     if hasattr(cls, "__post_init__"):
         raise TypeError(f"quick_init: {cls.__name__} has __post_init__")
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    fields = dataclasses.fields(cls)
     # the generated __init__ takes exactly the fields, in order, none keyword-only (an
     # InitVar, init=False or kw_only field would make it differ)
     wanted = [f.name for f in fields]
@@ -71,5 +74,5 @@ def quick_init(cls: type[T]) -> type[T]:
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__module__ = cls.__module__
     init.__doc__ = cls.__init__.__doc__
-    cls.__init__ = init  # type: ignore[misc]
+    cls.__init__ = init  # type: ignore[method-assign]  # (replacing it is the point)
     return cls

@@ -14,9 +14,9 @@ import ipaddress
 import json
 import types
 import typing
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any, cast, overload
 
 from agent.quick_init import quick_init
 
@@ -349,7 +349,8 @@ class NodeSnapshot:
             raise ValueError("JSON nested deeper than the parser can follow") from None
         if not isinstance(data, dict) or data.get("schema") != SNAPSHOT_SCHEMA:
             raise ValueError(f"not a {SNAPSHOT_SCHEMA} document")
-        return from_plain(cls, data)
+        # (from_plain of a dataclass calls it with the fields it read: a cls, or raises)
+        return cast(NodeSnapshot, from_plain(cls, data))
 
 
 # --- generic JSON <-> dataclass conversion -------------------------------------------
@@ -408,7 +409,7 @@ def from_plain(tp: Any, value: Any, path: str = "$") -> Any:
             if f.name in value:
                 kwargs[f.name] = from_plain(hints[f.name], value[f.name], f"{path}.{f.name}")
             elif f.default is dataclasses.MISSING and \
-                    f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
+                    f.default_factory is dataclasses.MISSING:
                 raise ValueError(f"{path}: {tp.__name__} lacks {f.name!r}")
         for name, check in _CHECKS.get(tp, ()):
             if kwargs.get(name) is not None:
@@ -469,7 +470,7 @@ def _addresses(values: tuple[str, ...], path: str) -> None:
         _address(v, f"{path}[{i}]")
 
 
-def _in_range(lo: int, hi: int):  # type: ignore[no-untyped-def]
+def _in_range(lo: int, hi: int) -> Callable[[int, str], None]:
     def check(value: int, path: str) -> None:
         if not lo <= value <= hi:
             raise ValueError(f"{path}: {value} is not in {lo}..{hi}")
@@ -479,7 +480,7 @@ def _in_range(lo: int, hi: int):  # type: ignore[no-untyped-def]
 _PORT = _in_range(0, 65535)
 
 
-def _one_of(*allowed: str):  # type: ignore[no-untyped-def]
+def _one_of(*allowed: str) -> Callable[[str, str], None]:
     def check(value: str, path: str) -> None:
         if value not in allowed:
             raise ValueError(f"{path}: {value!r} is not one of {', '.join(allowed)}")

@@ -190,6 +190,32 @@ def test_damaged_text_is_named_by_file_and_line(text: str, line: int, why: str) 
     assert any(n.startswith(f"paste.txt:{line}:") and why in n for n in rs.notes), rs.notes
 
 
+@pytest.mark.parametrize("text,line,why", [
+    ("table ip kube-proxy {\n\tchain {a} {\n\t\taccept\n\t}\n}\n", 2,
+     "chain without a name"),
+    ("table ip kube-proxy {\n\tset {a} {\n\t\ttype ipv4_addr\n\t}\n}\n", 2,
+     "set without a name"),
+    ("add table ip {t}\n", 1, "without a table name"),
+    ("add table ip t\nadd chain ip t { type filter hook input priority 0 ; }\n", 2,
+     "chain without a name"),
+    ("add table ip t\nadd rule ip t {x} accept\n", 2, "rule without a name"),
+])
+def test_a_brace_group_where_a_name_goes_makes_nothing(text: str, line: int,
+                                                       why: str) -> None:
+    """(it made a table, chain or set named by a tuple, and the diagnosis failed on it)"""
+    rs = read_nft_text(text, "paste.txt")
+    assert any(n.startswith(f"paste.txt:{line}:") and why in n for n in rs.notes), rs.notes
+    names = [x.name for t in rs.tables for x in (t, *t.chains, *t.sets)]
+    assert all(isinstance(n, str) for n in names), names
+
+
+def test_a_nameless_chain_beside_kube_proxys_is_diagnosed() -> None:
+    text = ("table ip kube-proxy {\n chain {a} {\n  ip saddr != 10.0.0.0/8 jump "
+            "mark-for-masquerade\n }\n chain service-X {\n  ip daddr 10.0.0.1 accept\n }\n}\n")
+    assert [c.name for c in read_nft_text(text, "f.txt").kube_proxy.chains] == ["service-X"]
+    assert verdict_of(("f.txt", text))["status"] in ("healthy", "at-risk", "loopback")
+
+
 def test_not_nft_and_bad_json_raise_with_the_file() -> None:
     with pytest.raises(NftError, match=r"^x\.txt: no nft ruleset"):
         read_nft_text("hello\nworld\n", "x.txt")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
-from agent.netfilter.rules import parse_rule_text
+from agent.netfilter.rules import Cond, parse_rule_text
 from agent.parse.ip_text import PLAIN_V4, canonical_ip
 from agent.quick_init import quick_init
 from agent.snapshot import Address, LocalRoute, NodeSnapshot, Rules, Service
@@ -152,15 +152,15 @@ def discover(snap: NodeSnapshot) -> list[LbTarget]:
                              "Service spec" if svc.external_traffic_policy else "",
                              None, annotations, node_port=p.node_port))
 
-    for ing in snap.ingresses or ():
-        backends = sorted({b.service for b in ing.backends})
+    for ingress in snap.ingresses or ():
+        backends = sorted({b.service for b in ingress.backends})
         service = backends[0] if len(backends) == 1 else None
-        ports = (80, 443) if ing.tls else (80,)
-        for ip in ing.ips:
+        ports = (80, 443) if ingress.tls else (80,)
+        for ip in ingress.ips:
             for port in ports:
                 add(LbTarget(ip, port, "TCP", "ingress", service,
-                             (f"Ingress {ing.key} status.loadBalancer.ingress",),
-                             ingress=ing.key))
+                             (f"Ingress {ingress.key} status.loadBalancer.ingress",),
+                             ingress=ingress.key))
 
     _from_ipsets(snap, add)
     _from_rules(snap, add)
@@ -174,17 +174,22 @@ def discover(snap: NodeSnapshot) -> list[LbTarget]:
         found[key] = _merged(found[key], later)
     # the Service objects give NodePorts; read kube-proxy's comments only where they miss
     missing = any(t.node_port is None and t.service for t in found.values())
-    ports = _node_ports_from_rules(snap) if missing else {}
+    node_ports = _node_ports_from_rules(snap) if missing else {}
     if missing and snap.ip6tables is not None:
-        ports = {**_node_ports_from_rules(replace(snap, netfilter=snap.ip6tables)), **ports}
+        node_ports = {**_node_ports_from_rules(replace(snap, netfilter=snap.ip6tables)),
+                      **node_ports}
     out = []
     for t in found.values():
         if t.node_port is None and t.service:
-            np = ports.get((t.service, t.port, t.protocol))
+            np = node_ports.get((t.service, t.port, t.protocol))
             if np is not None:
                 t = replace(t, node_port=np)
         out.append(t)
     return sorted(out, key=lambda t: (_ip_key(t.ip), t.port, t.protocol))
+
+
+# where each source hands what it found to discover()
+_Add = Callable[[LbTarget], None]
 
 
 def _merged(first: LbTarget, later: list[LbTarget]) -> LbTarget:
@@ -222,7 +227,9 @@ def split_by_family(targets: list[LbTarget]
                     ) -> tuple[list[LbTarget], list[LbTarget], list[str]]:
     """(IPv4 targets the agent analyses, IPv6 targets it does not walk, reasons for what
     is not an address)."""
-    keep, v6, skipped = [], [], []
+    keep: list[LbTarget] = []
+    v6: list[LbTarget] = []
+    skipped: list[str] = []
     seen: set[str] = set()
     for t in targets:
         try:
@@ -285,7 +292,7 @@ _LB_SETS.update({
     for name, (kind, local) in list(_LB_SETS.items())})
 
 
-def _from_ipsets(snap: NodeSnapshot, add) -> None:  # type: ignore[no-untyped-def]
+def _from_ipsets(snap: NodeSnapshot, add: _Add) -> None:
     """kube-proxy IPVS mode lists LB and external IPs as "ip,proto:port" in ipsets; a
     pasted excerpt may hold any one of them."""
     local_sets: dict[str, set[tuple[str, str, int] | None]] = {}
@@ -319,7 +326,7 @@ def _from_ipsets(snap: NodeSnapshot, add) -> None:  # type: ignore[no-untyped-de
 _FILTER_CHAINS = ("KUBE-EXTERNAL-SERVICES", "KUBE-PROXY-FIREWALL", "KUBE-FIREWALL")
 
 
-def _from_filter(snap: NodeSnapshot, add) -> None:  # type: ignore[no-untyped-def]
+def _from_filter(snap: NodeSnapshot, add: _Add) -> None:
     flt = snap.netfilter.table("filter") if snap.netfilter else None
     for chain_name in _FILTER_CHAINS:
         chain = flt.chain(chain_name) if flt else None
@@ -342,7 +349,7 @@ def _from_filter(snap: NodeSnapshot, add) -> None:  # type: ignore[no-untyped-de
                          f"filter rule '{r.comment}'" if etp else ""))
 
 
-def _from_kube_ipvs0(snap: NodeSnapshot, add, known: set[str]) -> None:  # type: ignore[no-untyped-def]
+def _from_kube_ipvs0(snap: NodeSnapshot, add: _Add, known: set[str]) -> None:
     """IPVS mode binds every service address on kube-ipvs0. A globally routable one is
     no ClusterIP (service ranges are private): it is an LB or external IP, ports unknown."""
     cluster_ips: set[str] = set()
@@ -392,8 +399,10 @@ def _from_kube_ipvs0(snap: NodeSnapshot, add, known: set[str]) -> None:  # type:
                       "input)",)))
 
 
-def _dst_proto_port(conds) -> tuple[str | None, str | None, int | None]:  # type: ignore[no-untyped-def]
-    ip = port = proto = None
+def _dst_proto_port(conds: tuple[Cond, ...]) -> tuple[str | None, str | None, int | None]:
+    ip: str | None = None
+    proto: str | None = None
+    port: int | None = None
     for ckind, negate, args in conds:
         if ckind == "dst" and not negate:
             ip = args[0].removesuffix("/128" if ":" in args[0] else "/32")
@@ -404,7 +413,7 @@ def _dst_proto_port(conds) -> tuple[str | None, str | None, int | None]:  # type
     return ip, proto, port
 
 
-def _from_rules(snap: NodeSnapshot, add) -> None:  # type: ignore[no-untyped-def]
+def _from_rules(snap: NodeSnapshot, add: _Add) -> None:
     """kube-proxy iptables mode: KUBE-SERVICES rules commented "... loadbalancer IP"."""
     if snap.netfilter is None:
         return

@@ -8,7 +8,14 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 
-from agent.snapshot import Address, IpvsVirtualServer, LocalRoute, NodeSnapshot
+from agent.snapshot import (
+    Address,
+    IpvsVirtualServer,
+    LocalRoute,
+    Netfilter,
+    NodeSnapshot,
+    Table,
+)
 
 KUBE_IPVS0 = "kube-ipvs0"
 _UPLINK_NAME = re.compile(r"^(eth|ens|enp|eno|enx|em|bond|eni)\d")
@@ -43,7 +50,9 @@ POD_STAND_IN6 = "3fff::77"
 class NodeFacts:
     snapshot: NodeSnapshot
     local_ips: dict[str, LocalRoute] = field(default_factory=dict)
-    local_nets: list[tuple[ipaddress.IPv4Network, LocalRoute]] = field(default_factory=list)
+    # the `local` routes of a prefix (127.0.0.0/8, an IPv6 one), both families
+    local_nets: list[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, LocalRoute]] = \
+        field(default_factory=list)
     broadcast: set[str] = field(default_factory=set)
     uplink: str | None = None
     node_ip: str | None = None
@@ -422,7 +431,7 @@ _IPVS_SETS = frozenset({
 _IPVS_SETS = _IPVS_SETS | {("KUBE-6-" + n[5:])[:31] for n in _IPVS_SETS}
 
 
-def _matches_ipvs_set(nat) -> bool:  # type: ignore[no-untyped-def]
+def _matches_ipvs_set(nat: Table) -> bool:
     needles = tuple(f"--match-set {p}{n} " for n in ("CLUSTER-IP", "LOAD-BALANCER",
                                                       "LOOP-BACK", "NODE-PORT-TCP")
                     for p in ("KUBE-", "KUBE-6-"))
@@ -437,7 +446,7 @@ _FROM_PODS = re.compile(r"(?<!! )-s ([0-9a-fA-F:.]+/\d+)\s.*--comment \"?(?:Redi
                         r"trying to reach external loadbalancer VIP|pod traffic for)")
 
 
-def _rules_of(snap: NodeSnapshot, version: int):  # type: ignore[no-untyped-def]
+def _rules_of(snap: NodeSnapshot, version: int) -> Netfilter | None:
     """The iptables rules of one family."""
     return snap.netfilter if version == 4 else snap.ip6tables
 

@@ -55,7 +55,9 @@ def _items(text: str, source: str) -> Iterator[Any]:
     if head is None:
         raise _NotPlain
     decode = json.JSONDecoder().raw_decode
-    pos = _BLANKS.match(text, head.end()).end()
+    blanks = _BLANKS.match(text, head.end())
+    assert blanks is not None  # (_BLANKS matches anywhere, if only the empty string)
+    pos = blanks.end()
     if text.startswith("]", pos):
         if not _TAIL.fullmatch(text, pos):
             raise _NotPlain
@@ -66,9 +68,13 @@ def _items(text: str, source: str) -> Iterator[Any]:
         except (ValueError, RecursionError) as e:
             raise NftError(source, getattr(e, "lineno", None), f"not JSON: {e}") from None
         yield item
-        pos = _BLANKS.match(text, pos).end()
+        blanks = _BLANKS.match(text, pos)
+        assert blanks is not None  # (as above)
+        pos = blanks.end()
         if text.startswith(",", pos):
-            pos = _BLANKS.match(text, pos + 1).end()
+            blanks = _BLANKS.match(text, pos + 1)
+            assert blanks is not None
+            pos = blanks.end()
             continue
         if _TAIL.fullmatch(text, pos):
             return
@@ -235,6 +241,7 @@ def _set_item(x: Any, d: int) -> str:
 def _stmt(s: Any, depth: int) -> str:
     if not isinstance(s, dict) or len(s) != 1:
         return "<unknown:stmt>"
+    k: str  # (a JSON object's key)
     k, v = next(iter(s.items()))
     d = depth + 1
     if k == "match":

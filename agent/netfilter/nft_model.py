@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from agent.quick_init import quick_init
 
@@ -26,6 +27,13 @@ MAX_LINES = 2_000_000
 MAX_TOKENS_PER_RULE = 1 << 16
 MAX_ELEMENTS = 2_000_000
 
+# A word of a rule as nft prints it (quoted strings keep their quotes), or a brace group of
+# them as a nested tuple: "tcp dport { 80, 443 } accept" is
+# ("tcp", "dport", ("80", ",", "443"), "accept")
+Token: TypeAlias = "str | tuple[Token, ...]"
+# a set or map element: (key parts, value or None), see NftSet
+Element: TypeAlias = tuple[tuple[str, ...], str | None]
+
 
 class NftError(ValueError):
     """An nft dump that cannot be read; names the file and line."""
@@ -38,7 +46,7 @@ class NftError(ValueError):
 @quick_init
 @dataclass(frozen=True, slots=True)
 class NftRule:
-    tokens: tuple  # tuple[Token, ...]
+    tokens: tuple[Token, ...]
     text: str  # as nft prints it (evidence)
     source: str  # "file:line"
 
@@ -65,7 +73,7 @@ class NftSet:
     name: str
     is_map: bool
     key_type: str
-    elements: tuple[tuple[tuple[str, ...], str | None], ...] = ()
+    elements: tuple[Element, ...] = ()
     comments: tuple[str | None, ...] = ()  # per element, when nft gave one
     dynamic: bool = False  # filled by the datapath (affinity sets): members unknown
     source: str = ""

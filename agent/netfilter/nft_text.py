@@ -18,12 +18,14 @@ from agent.netfilter.nft_model import (
     MAX_ELEMENTS,
     MAX_LINES,
     MAX_TOKENS_PER_RULE,
+    Element,
     NftChain,
     NftError,
     NftRule,
     NftRuleset,
     NftSet,
     NftTable,
+    Token,
     parse_priority,
 )
 
@@ -84,7 +86,7 @@ _ELEMENT_TOKENS = 16 * MAX_ELEMENTS
 
 
 def tokenize(text: str, source: str = "", line: int | None = None,
-             limit: int = MAX_TOKENS_PER_RULE) -> tuple:
+             limit: int = MAX_TOKENS_PER_RULE) -> tuple[Token, ...]:
     """Words, quoted strings (kept quoted), ';' ',' as tokens, brace groups as nested
     tuples; '#' at a word's start begins a comment (`# handle 5` after `nft -a`)."""
     if text.isascii() and not _SPECIAL.search(text):
@@ -97,7 +99,7 @@ def tokenize(text: str, source: str = "", line: int | None = None,
             raise NftError(source, line, f"more than {limit} tokens in a "
                            + ("rule" if limit == MAX_TOKENS_PER_RULE else "statement"))
         return words
-    stack: list[list] = [[]]
+    stack: list[list[Token]] = [[]]
     # a line's tokens at once (strings, not match objects); a long statement's one at a
     # time, so a hostile one stops at the bound without all its tokens made
     tokens: Iterable[str] = _TOKEN.findall(text) if len(text) < 65536 else \
@@ -127,12 +129,13 @@ def tokenize(text: str, source: str = "", line: int | None = None,
     return tuple(stack[0])
 
 
-def render(tokens: tuple) -> str:
+def render(tokens: tuple[Token, ...]) -> str:
     if not any(type(t) is tuple for t in tokens):  # words only: no group to open
-        text = " ".join(tokens)
+        # (which the checker cannot see; a cast would cost a call per rule read)
+        text = " ".join(tokens)  # type: ignore[arg-type]
         return text.replace(" ,", ",").replace(" ;", ";") if "," in text or ";" in text \
             else text
-    out = []
+    out: list[str] = []
     for t in tokens:
         if isinstance(t, tuple):
             out.append("{ " + render(t) + " }")
@@ -160,7 +163,7 @@ class _Set:
     name: str
     is_map: bool
     key_type: str = ""
-    elements: list[tuple[tuple[str, ...], str | None]] = field(default_factory=list)
+    elements: list[Element] = field(default_factory=list)
     comments: list[str | None] = field(default_factory=list)
     dynamic: bool = False
     source: str = ""
@@ -200,7 +203,7 @@ class _Builder:
             self.problems.append(f"{self.source}:{line}: {why}" if line else
                                  f"{self.source}: {why}")
 
-    def add_elements(self, s: _Set, group: tuple, line: int) -> None:
+    def add_elements(self, s: _Set, group: tuple[Token, ...], line: int) -> None:
         for key, value, comment in split_elements(group):
             self.elements += 1
             if self.elements > MAX_ELEMENTS:
@@ -225,7 +228,7 @@ class _Builder:
 PROTO_NAMES = {"6": "tcp", "17": "udp", "132": "sctp", "1": "icmp", "58": "ipv6-icmp"}
 
 
-def proto_names(key_type: str, elements: tuple) -> tuple:
+def proto_names(key_type: str, elements: tuple[Element, ...]) -> tuple[Element, ...]:
     """Elements with numeric protocols named ("1.2.3.4 . 6 . 80" as `nft -n` lists it is
     "1.2.3.4 . tcp . 80"), so keys compare with a packet's protocol."""
     kinds = [k.strip() for k in key_type.split(" . ")]
@@ -238,24 +241,28 @@ def proto_names(key_type: str, elements: tuple) -> tuple:
                         for i, x in enumerate(parts)), v) for parts, v in elements)
 
 
-def split_elements(group: tuple) -> list[tuple[tuple[str, ...], str | None, str | None]]:
+def split_elements(group: tuple[Token, ...]
+                   ) -> list[tuple[tuple[str, ...], str | None, str | None]]:
     """The elements of `{ a . b : verdict, ... }` as (key parts, value, comment)."""
-    out = []
-    current: list = []
+    out: list[tuple[tuple[str, ...], str | None, str | None]] = []
+    current: list[Token] = []
     for tok in (*group, ","):
         if tok != ",":
             current.append(tok)
             continue
         if not current:
             continue
-        comment = None
-        key: list = []
-        value: list | None = None
+        comment: str | None = None
+        key: list[Token] = []
+        value: list[Token] | None = None
         i = 0
         while i < len(current):
             tok2 = current[i]
             if tok2 == "comment" and i + 1 < len(current):
-                comment = _unquote(current[i + 1])
+                said = current[i + 1]
+                # (a brace group is no comment nft writes: kept as written, a string)
+                comment = _unquote(said) if isinstance(said, str) else \
+                    "{ " + render(said) + " }"
                 i += 2
                 continue
             if tok2 in ("timeout", "expires") and i + 1 < len(current):
@@ -280,7 +287,7 @@ def split_elements(group: tuple) -> list[tuple[tuple[str, ...], str | None, str 
     return out
 
 
-def _split_dots(tokens: list) -> list[list[str]]:
+def _split_dots(tokens: list[Token]) -> list[list[str]]:
     parts: list[list[str]] = [[]]
     for t in tokens:
         if t == ".":
@@ -292,7 +299,7 @@ def _split_dots(tokens: list) -> list[list[str]]:
     return [p for p in parts if p]
 
 
-def _set_header(s: _Set, tokens: tuple) -> None:
+def _set_header(s: _Set, tokens: tuple[Token, ...]) -> None:
     """`type a . b : verdict ; flags dynamic,timeout ; ...` (in a block or a command)."""
     words = [t for t in tokens if isinstance(t, str)]
     stmt: list[str] = []
@@ -311,11 +318,11 @@ def _set_header(s: _Set, tokens: tuple) -> None:
         stmt = []
 
 
-def _one_line_chain(c: _Chain, group: tuple, source: str, line: int) -> None:
+def _one_line_chain(c: _Chain, group: tuple[Token, ...], source: str, line: int) -> None:
     """A chain written on one line (config files, not `nft list`): its header statements
     and its rules, ';'-separated."""
     _chain_header(c, group, source, line)
-    stmt: list = []
+    stmt: list[Token] = []
     for tok in (*group, ";"):
         if tok != ";":
             stmt.append(tok)
@@ -325,7 +332,7 @@ def _one_line_chain(c: _Chain, group: tuple, source: str, line: int) -> None:
         stmt = []
 
 
-def _chain_header(c: _Chain, tokens: tuple, source: str, line: int) -> None:
+def _chain_header(c: _Chain, tokens: tuple[Token, ...], source: str, line: int) -> None:
     """`type nat hook prerouting priority dstnat ; policy accept ;`"""
     words = [t for t in tokens if isinstance(t, str)]
     stmt: list[str] = []
@@ -402,8 +409,8 @@ def read_nft_text(text: str, source: str) -> NftRuleset:
                 toks = tokenize(line, source, n_at, _ELEMENT_TOKENS
                                 if line.startswith("elements") else MAX_TOKENS_PER_RULE)
                 if toks and toks[0] == "elements":
-                    group = next((t for t in toks if isinstance(t, tuple)), ())
-                    b.add_elements(nset, group, n_at)
+                    elements = next((t for t in toks if isinstance(t, tuple)), ())
+                    b.add_elements(nset, elements, n_at)
                 else:
                     _set_header(nset, toks)
                 continue
@@ -429,15 +436,23 @@ def read_nft_text(text: str, source: str) -> NftRuleset:
                     continue
                 toks = tokenize(line.rstrip("{").strip(), source, n_at, _ELEMENT_TOKENS)
                 group = toks[2] if len(toks) == 3 and isinstance(toks[2], tuple) else None
-                if len(toks) >= 2 and toks[0] == "chain":
-                    c = b.chain(table, toks[1])
+                name = toks[1] if len(toks) >= 2 and toks[0] in ("chain", "set", "map") \
+                    else None
+                if isinstance(name, tuple):
+                    # a brace group where the name goes: no object nft would make
+                    b.problem(n_at, f"{toks[0]} without a name in table {table.name}: "
+                                    f"{line[:80]!r}")
+                    if line.endswith("{"):
+                        chain = _Chain("(skipped object)")  # its block
+                elif name is not None and toks[0] == "chain":
+                    c = b.chain(table, name)
                     if group is None:
                         chain = c
                     else:  # `chain x { type ...; policy ...; rule; }` on one line
                         _one_line_chain(c, group, source, n_at)
-                elif len(toks) >= 2 and toks[0] in ("set", "map"):
-                    s = table.sets.setdefault(_unquote(toks[1]), _Set(
-                        _unquote(toks[1]), toks[0] == "map", source=f"{source}:{n_at}"))
+                elif name is not None:  # a set or a map
+                    s = table.sets.setdefault(_unquote(name), _Set(
+                        _unquote(name), toks[0] == "map", source=f"{source}:{n_at}"))
                     if group is None:
                         nset = s
                     else:  # `set x { type ...; elements = { ... } }` on one line
@@ -486,18 +501,22 @@ def _top_level(b: _Builder, line: str, n: int, source: str) -> None:
     if verb not in ("add", "create", "insert", "replace") or len(toks) < 4:
         b.problem(n, f"not an nft command: {line[:80]!r}")
         return
-    what, family = toks[1], toks[2]
+    what, family, table = toks[1], toks[2], toks[3]
     if family not in _FAMILIES:
         b.problem(n, f"unknown family {family!r}")
         return
-    if what == "table":
-        b.table(family, toks[3])
+    # (a brace group where a name goes: no object nft would make)
+    if not isinstance(table, str):
+        b.problem(n, f"{what} without a table name: {line[:80]!r}")
         return
-    if len(toks) < 5:
+    if what == "table":
+        b.table(family, table)
+        return
+    name = toks[4] if len(toks) >= 5 else None
+    if not isinstance(name, str):
         b.problem(n, f"{what} without a name: {line[:80]!r}")
         return
-    t = b.table(family, toks[3])
-    name = toks[4]
+    t = b.table(family, table)
     rest = toks[5:]
     if what == "chain":
         c = b.chain(t, name)
@@ -514,11 +533,11 @@ def _top_level(b: _Builder, line: str, n: int, source: str) -> None:
             if inner is not None:
                 b.add_elements(s, inner, n)
     elif what == "element":
-        s = t.sets.get(_unquote(name))
-        if s is None:
-            s = t.sets[_unquote(name)] = _Set(_unquote(name), True, source=f"{source}:{n}")
-        group = next((x for x in rest if isinstance(x, tuple)), ())
-        b.add_elements(s, group, n)
+        key = _unquote(name)
+        into = t.sets.get(key)
+        if into is None:
+            into = t.sets[key] = _Set(key, True, source=f"{source}:{n}")
+        b.add_elements(into, next((x for x in rest if isinstance(x, tuple)), ()), n)
     elif what == "rule":
         c = b.chain(t, name)
         if rest and rest[0] in ("position", "handle", "index"):
@@ -531,7 +550,7 @@ def _top_level(b: _Builder, line: str, n: int, source: str) -> None:
         b.problem(n, f"'{verb} {what}' is not read")
 
 
-def tokenize_elements_in_header(group: tuple) -> tuple | None:
+def tokenize_elements_in_header(group: tuple[Token, ...]) -> tuple[Token, ...] | None:
     """`add set ... { type x ; elements = { a, b } ; }`: the element group, if any."""
     for i, t in enumerate(group):
         if t == "elements":

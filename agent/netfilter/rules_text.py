@@ -152,7 +152,8 @@ class ChainRules:
 
     def _another_file(self, file: str) -> None:
         if self.texts:
-            self.files = [self.file] * len(self.texts)  # type: ignore[list-item]
+            assert self.file is not None  # (the first rule's append set it)
+            self.files = [self.file] * len(self.texts)
         else:
             self.file = file
 
@@ -400,7 +401,7 @@ def read_rules_text(text: str | list[tuple[int, str]], source: str, into: RulesT
                      "(file truncated?)")
 
 
-def _joined(pairs: list[tuple[int, str]]):  # type: ignore[no-untyped-def]
+def _joined(pairs: list[tuple[int, str]]) -> Iterator[tuple[int, str]]:
     """Join backslash-continued lines (a pasted shell command's wrapping)."""
     buf: list[str] = []
     start = 0
@@ -424,7 +425,7 @@ def _joined(pairs: list[tuple[int, str]]):  # type: ignore[no-untyped-def]
         yield start, " ".join(buf)
 
 
-def _unwrapped(pairs):  # type: ignore[no-untyped-def]
+def _unwrapped(pairs: Iterable[tuple[int, str]]) -> Iterator[tuple[int, str]]:
     """Undo a terminal's wrapping pasted as runs of blanks: several rules on one line,
     and words broken by padding."""
     for lineno, line in pairs:

@@ -256,7 +256,7 @@ def _plain_shape(set_type: str) -> re.Pattern[str] | None:
     parts = [_PLAIN_COMPONENT.get(d) for d in dims.split(",")]
     if None in parts:
         return None
-    return re.compile(",".join(f"(?:{p})" for p in parts))  # type: ignore[misc]
+    return re.compile(",".join(f"(?:{p})" for p in parts))
 
 
 def _is_ip(value: str) -> bool:

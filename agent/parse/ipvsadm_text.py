@@ -147,7 +147,9 @@ def _whole_listing(text: str) -> _Servers | None:
     # Service's ClusterIP, LB IP and NodePort print the same lines while their
     # connection counters agree, as on an idle node)
     blocks: dict[str, tuple[IpvsRealServer, ...]] = {}
-    pos = _LIST_HEAD.match(text).end()  # type: ignore[union-attr]
+    head = _LIST_HEAD.match(text)
+    assert head is not None  # (every part of it optional: it matches any text)
+    pos = head.end()
     for m in _LIST_SERVICE.finditer(text, pos):
         if m.start() != pos:
             return None  # a line that is not of a block (the general loop reads it)
@@ -162,7 +164,9 @@ def _whole_listing(text: str) -> _Servers | None:
             for line in block.split("\n")[:-1]:
                 rs = reals.get(line)
                 if rs is None:
-                    addr, forward, weight = _LIST_REAL.match(line).groups()  # type: ignore[union-attr]
+                    real = _LIST_REAL.match(line)
+                    assert real is not None  # (_LIST_SERVICE matched the line as one)
+                    addr, forward, weight = real.groups()
                     where = _service_key("", addr, places)  # (ADDR:PORT, as a service's)
                     if where is None:
                         return None
@@ -198,7 +202,9 @@ def _reals(parts: str, port: int, reals: dict[str, IpvsRealServer],
     for part in parts.split("\n")[:-1]:
         rs = reals.get(part)
         if rs is None:
-            real, forward, weight = _REAL_PART.fullmatch(part).groups()  # type: ignore[union-attr]
+            shape = _REAL_PART.fullmatch(part)
+            assert shape is not None  # (_SAVE_SERVICE matched the line as one)
+            real, forward, weight = shape.groups()
             m = _V4_PORT.fullmatch(real)
             where = (m[1], int(m[2])) if m is not None and int(m[2]) <= 65535 else \
                 _place(real, places)
@@ -250,11 +256,11 @@ def _services(text: str, source: str) -> dict[tuple[str, str, int], _Service]:
                     if rs is not None:  # a real server read before, of the same service
                         last.reals.append(rs)
                         continue
-                if _saved(g, services, places, reals):
+                saved = _saved(g, services, places, reals)
+                if saved is not None:
                     if g[0] == "A":
                         last_place = (g[1], g[2])
-                        last = services[(_PROTOCOL_FLAG[g[1]],
-                                         *places[g[2]])]  # type: ignore[misc]
+                        last = services[saved]
                     continue
             if line.startswith("->"):
                 if line.split()[1:2] == ["RemoteAddress:Port"]:
@@ -297,34 +303,35 @@ def _services(text: str, source: str) -> dict[tuple[str, str, int], _Service]:
 
 def _saved(groups: tuple[str, ...], services: dict[tuple[str, str, int], _Service],
            places: dict[str, tuple[str, int | None] | None],
-           reals: dict[str, IpvsRealServer]) -> bool:
-    """Add a `_SAVE_SHAPE` line (its groups) as _save_line would; False (nothing done)
-    when any part of it is not valid, for _save_line to say what."""
+           reals: dict[str, IpvsRealServer]) -> tuple[str, str, int] | None:
+    """Add a `_SAVE_SHAPE` line (its groups) as _save_line would, and give its service's
+    key; None (nothing done) when any part of it is not valid, for _save_line to say
+    what."""
     command, prot, service, scheduler, real_part, real, forward, weight = groups
     place = _place(service, places)
     if place is None or place[1] is None:
-        return False
+        return None
     key = (_PROTOCOL_FLAG[prot], place[0], place[1])
     if command == "A":
         if scheduler is None:
-            return False
+            return None
         svc = services.get(key)
         if svc is None:
             services[key] = _Service(*key, scheduler)
         else:
             svc.scheduler = scheduler
-        return True
+        return key
     svc = services.get(key)
     if real is None or svc is None:
-        return False
+        return None
     rs = reals.get(real_part)
     if rs is None:
         where = _place(real, places)
         if where is None:
-            return False
+            return None
         rs = _real_server(real_part, where, key[2], forward, weight, reals)
     svc.reals.append(rs)
-    return True
+    return key
 
 
 def _place(text: str, places: dict[str, tuple[str, int | None] | None]
@@ -333,13 +340,13 @@ def _place(text: str, places: dict[str, tuple[str, int | None] | None]
     refuses it; remembered per text."""
     if text in places:
         return places[text]
+    got: tuple[str, int | None] | None
     try:
-        got: tuple[str, int | None] | None = _addr_port(text, "", 0, default_port=-1)
+        read = _addr_port(text, "", 0, default_port=-1)
     except InputError:
         got = None
     else:
-        if got[1] == -1:
-            got = (got[0], None)
+        got = (read[0], None) if read[1] == -1 else read
     places[text] = got
     return got
 
@@ -416,12 +423,12 @@ def _save_line(line: str, services: dict[tuple[str, str, int], _Service],
         return
     if real is None:
         raise InputError(source, lineno, "-a (add real server) without -r")
-    svc = services.get(key)
-    if svc is None:
+    of = services.get(key)
+    if of is None:
         raise InputError(source, lineno,
                          f"real server for {protocol} {service} before that service's -A line")
     raddr, rport = _addr_port(real, source, lineno, default_port=port)
-    svc.reals.append(IpvsRealServer(raddr, rport, forward, weight))
+    of.reals.append(IpvsRealServer(raddr, rport, forward, weight))
 
 
 def _addr_port(text: str, source: str, lineno: int,

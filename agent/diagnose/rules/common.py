@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import overload
 
 from agent.diagnose.context import Context
-
-_T = TypeVar("_T", bound=Any)
+from agent.diagnose.outcome import PathOutcome
+from agent.diagnose.paths import ServedOutcome
 
 
 def sysctl(ctx: Context, iface: str | None, name: str) -> str | None:
@@ -63,11 +63,20 @@ def ipv6_said(text: str) -> str:
     return text
 
 
-def ipv6_commands(o: _T) -> _T:
+@overload
+def ipv6_commands(o: PathOutcome) -> PathOutcome: ...
+
+
+@overload
+def ipv6_commands(o: ServedOutcome) -> ServedOutcome: ...
+
+
+def ipv6_commands(o: PathOutcome | ServedOutcome) -> PathOutcome | ServedOutcome:
     """A walk's outcome (PathOutcome, ServedOutcome) as an IPv6 walk says it."""
-    return o._replace(how=ipv6_said(o.how), evidence=tuple(map(ipv6_said, o.evidence))) \
-        if hasattr(o, "_replace") else replace(o, how=ipv6_said(o.how),  # type: ignore[type-var]
-                                                evidence=tuple(map(ipv6_said, o.evidence)))
+    how, evidence = ipv6_said(o.how), tuple(map(ipv6_said, o.evidence))
+    if isinstance(o, PathOutcome):  # (a NamedTuple)
+        return o._replace(how=how, evidence=evidence)
+    return replace(o, how=how, evidence=evidence)
 
 
 def has_kube_proxy_rules(ctx: Context) -> bool:

@@ -7,6 +7,7 @@ import ipaddress
 import re
 
 from agent.diagnose.context import Context
+from agent.diagnose.lb_ip import LbTarget
 from agent.diagnose.model import Finding
 from agent.diagnose.node_facts import parsed_ip
 from agent.diagnose.rules.common import (
@@ -46,7 +47,7 @@ def stated_no_local(snap: NodeSnapshot) -> dict[str, list[tuple[str, str]]]:
     return out
 
 
-def _stated_for(t, entries: list[tuple[str, str]]) -> str | None:  # type: ignore[no-untyped-def]
+def _stated_for(t: LbTarget, entries: list[tuple[str, str]]) -> str | None:
     """The rule that says this LB IP:port has no local endpoint: any in the Service's own
     KUBE-XLB chain; in KUBE-EXTERNAL-SERVICES one for this address or its NodePort."""
     for chain, line in entries:

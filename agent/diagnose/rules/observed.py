@@ -128,13 +128,13 @@ def check(ctx: Context) -> list[Finding]:
     lb_ips = {t.ip for t in ctx.targets}
     out: list[Finding] = []
     for fid in _TEXT:
-        mine = sorted(((key, rows) for (f, key), rows in groups.items() if f == fid),
-                      key=lambda g: (-sum(r.syns for r in g[1]), g[0] or ""))
+        causes = sorted(((key, rows) for (f, key), rows in groups.items() if f == fid),
+                        key=lambda g: (-sum(r.syns for r in g[1]), g[0] or ""))
         # a node holding every LB VIP (IPVS) may see health checks from hundreds of
         # them: the verdict keeps the biggest causes and one finding for the rest
-        kept = mine if len(mine) <= MAX_PER_ID else mine[:MAX_PER_ID - 1]
+        kept = causes if len(causes) <= MAX_PER_ID else causes[:MAX_PER_ID - 1]
         out += [_finding(cap, fid, key, rows, lb_ips) for key, rows in kept]
-        rest = mine[len(kept):]
+        rest = causes[len(kept):]
         if rest:
             out.append(_finding(cap, fid, None, _merge([r for _, rows in rest
                                                         for r in rows]),
@@ -183,7 +183,8 @@ def _local_rows(port: NodePortStats, svc: str | None, lb_ip: str | None,
     if not whole.syns:
         return []
     srcs = sorted({f.src for f in cells if f.source_class == SRC_LOCAL and f.src})
-    rows = [(s, _row(port, svc, lb_ip, HEALTHCHECK_DROPPED, cells, s)) for s in srcs]
+    rows: list[tuple[str | None, _Row]] = [
+        (s, _row(port, svc, lb_ip, HEALTHCHECK_DROPPED, cells, s)) for s in srcs]
     if rows and sum(r.syns for _, r in rows) == whole.syns:
         return rows
     named = {s.src for s in port.samples if s.source_class == SRC_LOCAL}
@@ -400,8 +401,8 @@ def _services_by_node_port(ctx: Context) -> dict[int, tuple[str | None, str | No
     for text in chain.rules.texts if chain else ():
         m = _NODEPORT_RULE.search(text)
         if m and int(m.group(3)) not in out:
-            svc = f"{m.group(1)}/{m.group(2)}"
-            out[int(m.group(3))] = (svc, lb_by_service.get(svc))
+            name = f"{m.group(1)}/{m.group(2)}"
+            out[int(m.group(3))] = (name, lb_by_service.get(name))
     return out
 
 

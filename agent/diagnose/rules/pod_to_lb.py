@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TypedDict
 
 from agent.diagnose.context import Context
 from agent.diagnose.lb_ip import infer_service
@@ -21,6 +22,15 @@ CAPTURED = "pod-to-lb-captured"
 MASQUERADED = "pod-to-lb-masqueraded"
 DROPPED = "pod-to-lb-dropped"
 UNDETERMINED = "pod-to-lb-undetermined"
+
+
+class _Target(TypedDict):
+    """The target's fields of each finding (Finding's keywords)."""
+
+    lb_ip: str
+    port: int
+    protocol: str
+    service: str | None
 
 
 def check(ctx: Context) -> list[Finding]:
@@ -46,7 +56,8 @@ def check(ctx: Context) -> list[Finding]:
             what += f" (Ingress {t.ingress})"
         if t.service is None:
             t = replace(t, service=infer_service(o.evidence, ctx.chain_services))
-        common = {"lb_ip": t.ip, "port": t.port, "protocol": t.protocol, "service": t.service}
+        common: _Target = {"lb_ip": t.ip, "port": t.port, "protocol": t.protocol,
+                           "service": t.service}
         ev = list(o.evidence)
         if t.etp:
             line = etp_lines.get((t.etp, t.etp_how))
