@@ -375,3 +375,25 @@ def test_a_graph_of_chains_costs_its_size_not_its_paths() -> None:
         "-A L5 -j MARK --or-mark 0x1\n-A PREROUTING -m mark --mark 0x1 -j DROP\n"
     (res,) = nat(":PREROUTING ACCEPT [0:0]\n" + short).walk("PREROUTING", POD)
     assert res.verdict == "DROP" and sum(s.chain == "L5" for s in res.steps) == 2 ** 5
+
+
+def test_a_hash_net_set_is_looked_up_by_prefix_length() -> None:
+    """A 100k-prefix blocklist (hash:net) took 0.5 s per lookup: every member was parsed
+    and tested. Now each prefix length the set holds is one masked lookup; ipset's
+    semantics stay: the most specific "nomatch" entry excludes, IPv4 and IPv6 apart."""
+    import time
+
+    members = frozenset(
+        [f"{10 + i // 65536}.{(i // 256) % 256}.{i % 256}.0/24" for i in range(100_000)]
+        + ["203.0.113.0/24", "203.0.113.7 nomatch", "2001:db8::/32", "198.51.100.9"])
+    w = nat(":PREROUTING ACCEPT [0:0]\n-A PREROUTING -m set --match-set BLOCK dst -j DROP",
+            View(sets={"BLOCK": ("hash:net", members)}))
+    start = time.process_time()
+    for dst, want in (("10.1.2.3", "DROP"), ("11.134.159.200", "DROP"),
+                      ("11.134.160.1", "ACCEPT"), ("203.0.113.5", "DROP"),
+                      ("203.0.113.7", "ACCEPT"), ("198.51.100.9", "DROP"),
+                      ("198.51.100.10", "ACCEPT"), ("2001:db8:1::5", "DROP"),
+                      ("2001:db9::5", "ACCEPT")) * 50:
+        (res,) = w.walk("PREROUTING", POD._replace(dst=dst))
+        assert res.verdict == want, dst
+    assert time.process_time() - start < 10  # (450 lookups: were about 4 minutes)

@@ -198,8 +198,7 @@ class TableWalker:
         self._sets: dict[str, tuple[str, frozenset[str]] | None] = {}  # what the view said
         # a net set's members indexed for lookup, by (set, net dimensions, dimensions):
         # the walker's own (a module-wide LRU kept 64 sets' members past their snapshot)
-        self._net_indexes: dict[tuple[str, tuple[int, ...], int],
-                                dict[tuple[str, ...], list[tuple[tuple[str, ...], bool]]]] = {}
+        self._net_indexes: dict[tuple[str, tuple[int, ...], int], _NetIndex] = {}
 
     def _index(self, name: str) -> _ChainIndex | None:
         ix = self._young.get(name) or self._big.get(name)
@@ -690,13 +689,56 @@ def _set_key(settype: str, flags: str
     return ",".join(parts), fields_of, any(dim == "ip" and d == "src" for dim, d in dims_dirs)
 
 
-def _net_member(parts: list[str], nets: list[int],
-                index: dict[tuple[str, ...], list[tuple[tuple[str, ...], bool]]]) -> bool:
+class _Nets:
+    """The prefixes of one dimension of a hash:net-style set, by prefix length: a lookup
+    masks the address once per length the set holds (at most 33 for IPv4, 129 for IPv6)
+    instead of testing every member (a 100k-prefix blocklist took 0.5 s a lookup)."""
+
+    __slots__ = ("bad", "by_len")
+
+    def __init__(self) -> None:
+        # (version, prefix length) -> network address as an integer -> a "nomatch" entry
+        self.by_len: dict[tuple[int, int], dict[int, bool]] = {}
+        self.bad: list[str] = []  # members that are no address or prefix: never matched
+
+    def add(self, text: str, nomatch: bool) -> None:
+        net = _net(text)
+        if net is None:
+            self.bad.append(text)
+            return
+        nets = self.by_len.setdefault((net.version, net.prefixlen), {})
+        nets[int(net.network_address)] = nets.get(int(net.network_address), False) or nomatch
+
+    def match(self, addr: str) -> tuple[bool, bool]:
+        """(some prefix holds ``addr``, one of those is a "nomatch" entry)."""
+        try:
+            a = _addr(addr)
+        except ValueError:
+            return False, False
+        value, bits = int(a), a.max_prefixlen
+        hit = nomatch = False
+        for (version, length), nets in self.by_len.items():
+            if version != a.version:
+                continue
+            got = nets.get(value >> (bits - length) << (bits - length))
+            if got is not None:
+                hit = True
+                nomatch = nomatch or got
+        return hit, nomatch
+
+
+def _net_member(parts: list[str], nets: list[int], index: _NetIndex) -> bool:
     """hash:net / hash:ip,port,net style: exact dimensions by lookup, prefix dimensions
     by containment; a matching "nomatch" entry wins (ipset's semantics)."""
     key = tuple(p for j, p in enumerate(parts) if j not in nets)
+    got = index.get(key)
+    if got is None:
+        return False
+    if isinstance(got, _Nets):  # one prefix dimension
+        hit, nomatch = got.match(parts[nets[0]])
+        return hit and not nomatch
     hit = False
-    for net_fields, nomatch in index.get(key, ()):
+    for net_fields, nomatch in got:
         if all(_in_net(parts[j], f) == TRUE for j, f in zip(nets, net_fields, strict=True)):
             if nomatch:
                 return False
@@ -704,16 +746,26 @@ def _net_member(parts: list[str], nets: list[int],
     return hit
 
 
-def _net_index(members: frozenset[str], nets: tuple[int, ...], n: int
-               ) -> dict[tuple[str, ...], list[tuple[tuple[str, ...], bool]]]:
-    index: dict[tuple[str, ...], list[tuple[tuple[str, ...], bool]]] = {}
+_NetIndex = dict[tuple[str, ...], "_Nets | list[tuple[tuple[str, ...], bool]]"]
+
+
+def _net_index(members: frozenset[str], nets: tuple[int, ...], n: int) -> _NetIndex:
+    index: _NetIndex = {}
     for m in members:
         nomatch = m.endswith(" nomatch")
         fields = (m[:-8] if nomatch else m).split(",")
         if len(fields) != n:
             continue
         key = tuple(f for j, f in enumerate(fields) if j not in nets)
-        index.setdefault(key, []).append((tuple(fields[j] for j in nets), nomatch))
+        if len(nets) == 1:
+            one = index.get(key)
+            if not isinstance(one, _Nets):
+                one = index[key] = _Nets()
+            one.add(fields[nets[0]], nomatch)
+        else:
+            many = index.setdefault(key, [])
+            assert isinstance(many, list)
+            many.append((tuple(fields[j] for j in nets), nomatch))
     return index
 
 
