@@ -43,21 +43,21 @@ def render(v: Verdict, verbose: bool = False, width: int = 100) -> str:
                              break_on_hyphens=False) or [indent]
 
     out.append(f"loopback-agent {v.agent_version}  node {v.node}  {v.time}  "
-               f"({ctx.get('origin', 'live')})")
+               f"({ctx.origin})")
     serious = {f.id for f in v.findings if f.severity != "info"}
     if v.status == "at-risk" and serious and serious <= _UNDECIDED:
         out.append("AT RISK: loopback could not be ruled out on this node (see below why)")
     else:
         out.append(_STATUS_LINE.get(v.status, v.status))
     out.append(f"kube-proxy mode: {v.kube_proxy_mode}"
-               + (f" ({ctx['kube_proxy_mode_from']})" if ctx.get("kube_proxy_mode_from") else ""))
+               + (f" ({ctx.kube_proxy_mode_from})" if ctx.kube_proxy_mode_from else ""))
     node_bits = []
-    if ctx.get("uplink"):
-        node_bits.append(f"uplink {ctx['uplink']} {ctx.get('node_ip') or ''}".rstrip())
-    if ctx.get("pod_network"):
-        node_bits.append(f"pods {ctx['pod_network']} via {ctx.get('pod_interface') or '?'}")
-    if ctx.get("iptables_backend"):
-        node_bits.append(f"iptables backend {ctx['iptables_backend']}")
+    if ctx.uplink:
+        node_bits.append(f"uplink {ctx.uplink} {ctx.node_ip or ''}".rstrip())
+    if ctx.pod_network:
+        node_bits.append(f"pods {ctx.pod_network} via {ctx.pod_interface or '?'}")
+    if ctx.iptables_backend:
+        node_bits.append(f"iptables backend {ctx.iptables_backend}")
     if node_bits:
         out.append("node: " + "; ".join(node_bits))
     out.append("")
@@ -147,8 +147,8 @@ def render(v: Verdict, verbose: bool = False, width: int = 100) -> str:
         out.append("")
         out.append(f"Could not read or decide ({len(v.unknowns)}):")
         for u in v.unknowns:
-            out.extend(wrap(f"- {u['source']}: {u['reason']}", "  "))
-    assumed = ctx.get("assumed_rules") or []
+            out.extend(wrap(f"- {u.source}: {u.reason}", "  "))
+    assumed = ctx.assumed_rules
     if assumed:
         out.append("")
         out.append("Assumed (not in the dump):")

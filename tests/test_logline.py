@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from agent.diagnose.model import Finding, LbIpReport, Verdict
 from agent.ship.logline import LINE_BYTES, MAX_FINDINGS, Where, same_key, summary_line
+from agent.snapshot import Unknown
 
 SCHEMA = json.loads(resources.files("agent").joinpath("schema/log-line-v1.json").read_text())
 WHERE = Where(http="http://127.0.0.1:9808/verdict",
@@ -67,7 +68,7 @@ def big_node(n: int = 10_000) -> Verdict:
                          "TCP", f"team-{i % 50}/svc-{i}", ("e",) * 8, "set masqueradeAll")
                  for i in range(0, n, 7)]
     return Verdict("node-a", "2026-11-25T15:00:00Z", "0.9.0", "at-risk", "iptables",
-                   tuple(infos + warnings + criticals), ({"source": "x", "why": "y"},), lbs)
+                   tuple(infos + warnings + criticals), (Unknown("x", "y"),), lbs)
 
 
 def test_a_10k_lb_ip_verdict_fits_one_line_with_its_counts_and_worst_findings() -> None:
@@ -149,7 +150,7 @@ HOSTILE = [("\ud800", "\ufffd\ufffd\ufffd"), ("\udfff" * 3, "\ufffd" * 9),
 def test_hostile_strings_keep_the_line_valid_and_bounded(s: str, node_starts: str) -> None:
     fs = tuple(Finding(s, s, s, s, 80, "TCP", s * 2, (s,)) for _ in range(30))
     lbs = tuple(LbIpReport(s + str(i), (s,), s, (s,), (s,), None) for i in range(30))
-    v = Verdict(s * 3, s, s, s, s, fs, ({"source": s},), lbs)
+    v = Verdict(s * 3, s, s, s, s, fs, (Unknown(s, s),), lbs)  # type: ignore[arg-type]
     where = Where(http=s, collector=s * 4, spool=s, key=s)
     for since in (None, s):
         doc = parse(summary_line(v, where, unchanged_since=since))

@@ -45,9 +45,9 @@ def test_read_and_diagnosed_with_and_without_services(tmp_path: Path, mode: str)
         snap, verdict = _verdict(tmp_path, mode, with_services)
         assert verdict.kube_proxy_mode == mode
         # every file read: no line or file refused, nothing the reader could not use
-        assert {u["source"] for u in verdict.unknowns} <= ALLOWED_UNKNOWNS, verdict.unknowns
+        assert {u.source for u in verdict.unknowns} <= ALLOWED_UNKNOWNS, verdict.unknowns
         if mode != "ipvs":
-            assert [u["reason"] for u in verdict.unknowns if u["source"] == "ipvs"] == [
+            assert [u.reason for u in verdict.unknowns if u.source == "ipvs"] == [
                 "not given (`ipvsadm -Ln` output would show it)"]
         assert (snap.services is not None) == with_services
         found[with_services] = {r.ip for r in verdict.lb_ips}

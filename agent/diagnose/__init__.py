@@ -14,12 +14,19 @@ from agent.diagnose.context import Context, Unknowns
 from agent.diagnose.family import ipv6_facts, ipv6_snapshot, v6_local_known
 from agent.diagnose.iptables_backend import iptables_paths
 from agent.diagnose.lb_ip import ChainServices, LbTarget, discover, split_by_family
-from agent.diagnose.model import Finding, LbIpReport, Verdict, status_of
+from agent.diagnose.model import (
+    Finding,
+    KubeProxyMode,
+    LbIpReport,
+    Verdict,
+    VerdictContext,
+    status_of,
+)
 from agent.diagnose.nft_paths import NftBackend, nft_mode, nft_paths, nft_targets
 from agent.diagnose.node_facts import NodeFacts, build_facts, kube_proxy_mode
 from agent.diagnose.parallel import SplitRules, usable_jobs
 from agent.diagnose.rules import etp_local, pod_to_lb
-from agent.snapshot import NodeSnapshot
+from agent.snapshot import NodeSnapshot, Unknown
 
 _SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 # the rules that walk each LB IP: run again over the IPv6 view for IPv6 LB IPs
@@ -36,6 +43,11 @@ def node_name(explicit: str | None, snap: NodeSnapshot | None, environ: dict[str
     return socket.gethostname()
 
 
+# what each rule found in a snapshot's first diagnosis, by (rule, family), with the
+# unknowns it added
+Memo = dict[tuple[Callable[..., object], int], tuple[list[Finding], list[Unknown]]]
+
+
 @dataclass(frozen=True)
 class Prepared:
     """What a snapshot says about the node, derived once: the capture classifies SYN
@@ -48,8 +60,7 @@ class Prepared:
     # ran without an error, replayed by the next ones (the daemon keeps the Prepared of
     # an unchanged snapshot for the next capture: walking 10k LB IPs again each cycle was
     # 12 % of a core on an unchanged 10k-service node)
-    memo: dict[tuple[Callable[..., object], int], tuple[list[Finding], list[dict[str, str]]]] \
-        = field(default_factory=dict, compare=False, repr=False)
+    memo: Memo = field(default_factory=dict, compare=False, repr=False)
 
 
 def prepare(snap: NodeSnapshot) -> Prepared:
@@ -89,7 +100,7 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
     )
 
 
-def _mode(snap: NodeSnapshot) -> tuple[str, str]:
+def _mode(snap: NodeSnapshot) -> tuple[KubeProxyMode, str]:
     """kube-proxy's mode and how the input shows it."""
     mode, mode_how = kube_proxy_mode(snap)
     if snap.nft or (snap.kube_proxy and snap.kube_proxy.mode == "nftables"):
@@ -105,8 +116,7 @@ def _contexts(snap: NodeSnapshot, prepared: Prepared, capture: CaptureResult | N
     facts = prepared.facts
     mode, mode_how = _mode(snap)
     targets, v6_targets, skipped = split_by_family(list(prepared.all_targets))
-    unknowns = Unknowns([*({"source": u.source, "reason": u.reason} for u in snap.unknowns),
-                         *({"source": "LB IPs", "reason": r} for r in skipped)])
+    unknowns = Unknowns([*snap.unknowns, *(Unknown("LB IPs", r) for r in skipped)])
     paths = nft_paths(facts) if mode == "nftables" else iptables_paths(facts)
     if isinstance(paths.backend, NftBackend):  # its ip6 table is walked as the ip one
         nft = paths.backend
@@ -151,9 +161,6 @@ def _lb_ips_unknown(ctx: Context) -> list[Finding]:
                "bundle.")]
 
 
-Memo = dict[tuple[Callable[..., object], int], tuple[list[Finding], list[dict[str, str]]]]
-
-
 def _run_rules(ctx: Context, v6_ctx: Context | None, memo: Memo, jobs: int
                ) -> list[Finding]:
     """Every rule over ``ctx`` (the family rules over ``v6_ctx`` too). What each rule that
@@ -175,7 +182,7 @@ def _run_rules(ctx: Context, v6_ctx: Context | None, memo: Memo, jobs: int
         if reuse:
             got, added = memo[key]
             for u in added:
-                c.unknown(u["source"], u["reason"])
+                c.unknown(u.source, u.reason)
             return got
         before = len(c.unknowns)
         got = how(c)
@@ -250,29 +257,29 @@ def _lb_ip_reports(ctx: Context) -> tuple[LbIpReport, ...]:
     )
 
 
-def _context_record(ctx: Context, v6_ctx: Context | None) -> dict[str, object]:
+def _context_record(ctx: Context, v6_ctx: Context | None) -> VerdictContext:
     """The verdict's context: where the input came from and what the walk stood on."""
     snap, facts = ctx.snapshot, ctx.facts
-    return {
-        "origin": snap.origin,
-        "kube_proxy_mode_from": ctx.mode_how,
-        "node_ip": facts.node_ip,
-        "uplink": facts.uplink,
-        "pod_ip": facts.pod.pod_ip if facts.pod else None,
-        "pod_network": facts.pod.prefix if facts.pod else None,
-        "pod_interface": facts.pod.iface if facts.pod else None,
-        **({"node_ip6": facts.node_ip6,
-            "pod_ip6": facts.pod6.pod_ip if facts.pod6 else None,
-            "pod_network6": facts.pod6.prefix if facts.pod6 else None,
-            "ip6tables_backend": snap.ip6tables.backend if snap.ip6tables else None}
-           if ctx.v6_targets else {}),
-        "iptables_backend": snap.netfilter.backend if snap.netfilter else None,
+    return VerdictContext(
+        origin=snap.origin,
+        kube_proxy_mode_from=ctx.mode_how,
+        node_ip=facts.node_ip,
+        uplink=facts.uplink,
+        pod_ip=facts.pod.pod_ip if facts.pod else None,
+        pod_network=facts.pod.prefix if facts.pod else None,
+        pod_interface=facts.pod.iface if facts.pod else None,
+        iptables_backend=snap.netfilter.backend if snap.netfilter else None,
         # (the IPv6 walk's own: kube-proxy's jumps it assumed in an ip6tables restore input)
-        "assumed_rules": list(dict.fromkeys((
+        assumed_rules=tuple(dict.fromkeys((
             *ctx.paths.notes,
             *(f"IPv6 rules: {n}" for n in (v6_ctx.paths.notes if v6_ctx else ()))))),
-        **({"given_by_user": dict(snap.given)} if snap.given else {}),
-    }
+        given_by_user=dict(snap.given) if snap.given else None,
+        ipv6=bool(ctx.v6_targets),
+        node_ip6=facts.node_ip6,
+        pod_ip6=facts.pod6.pod_ip if facts.pod6 else None,
+        pod_network6=facts.pod6.prefix if facts.pod6 else None,
+        ip6tables_backend=snap.ip6tables.backend if snap.ip6tables else None,
+    )
 
 
 def _manifests_only(snap: NodeSnapshot) -> list[str]:

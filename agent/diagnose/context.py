@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 
 from agent.capture.model import CaptureResult
 from agent.diagnose.lb_ip import LbTarget
+from agent.diagnose.model import KubeProxyMode
 from agent.diagnose.node_facts import NodeFacts
 from agent.diagnose.paths import PathFinder
-from agent.snapshot import NodeSnapshot
+from agent.snapshot import NodeSnapshot, Unknown
 
 
 @dataclass
@@ -18,7 +19,7 @@ class Context:
     facts: NodeFacts
     targets: list[LbTarget]
     paths: PathFinder
-    mode: str
+    mode: KubeProxyMode
     mode_how: str
     unknowns: Unknowns  # shared by the IPv4 and IPv6 contexts of one diagnosis
     chain_services: Mapping[str, str]  # KUBE-SVC-<hash> etc. -> "ns/name"
@@ -34,17 +35,17 @@ class Context:
         self.unknowns.add(source, reason)
 
 
-class Unknowns(list[dict[str, str]]):
+class Unknowns(list[Unknown]):
     """The verdict's unknowns in the order reported, each once. A set beside the list
     keeps that linear: an IPVS node whose addresses are not in the input reports one per
     LB IP, and a scan of the list for each made 10k LB IPs cost 0.7 s."""
 
-    def __init__(self, items: Iterable[dict[str, str]] = ()) -> None:
+    def __init__(self, items: Iterable[Unknown] = ()) -> None:
         super().__init__(items)
-        self._seen = {(u["source"], u["reason"]) for u in self}
+        self._seen = set(self)
 
     def add(self, source: str, reason: str) -> None:
-        key = (source, reason)
-        if key not in self._seen:
-            self._seen.add(key)
-            self.append({"source": source, "reason": reason})
+        u = Unknown(source, reason)
+        if u not in self._seen:
+            self._seen.add(u)
+            self.append(u)

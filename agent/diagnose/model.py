@@ -3,22 +3,41 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from agent.capture.model import CaptureResult, Corroboration, NodePortStats
 from agent.quick_init import quick_init
+from agent.snapshot import Unknown
 
 VERDICT_SCHEMA = "loopback-agent/verdict/v1"
 
-SEVERITIES = ("info", "warning", "critical")
-STATUSES = ("healthy", "at-risk", "loopback")
+Severity = Literal["info", "warning", "critical"]
+Status = Literal["healthy", "at-risk", "loopback"]
+KubeProxyMode = Literal["iptables", "ipvs", "nftables", "unknown"]
+SEVERITIES: tuple[Severity, ...] = ("info", "warning", "critical")
+STATUSES: tuple[Status, ...] = ("healthy", "at-risk", "loopback")
+KUBE_PROXY_MODES: tuple[KubeProxyMode, ...] = ("iptables", "ipvs", "nftables", "unknown")
+
+
+def as_mode(word: str | None) -> KubeProxyMode:
+    """A mode as the verdict names it: one of kube-proxy's modes this agent walks, else
+    "unknown"."""
+    return next((m for m in KUBE_PROXY_MODES if m == word), "unknown")
+
+
+def _severity(word: str) -> Severity:
+    return next((s for s in SEVERITIES if s == word), "warning")
+
+
+def _status(word: str) -> Status:
+    return next((s for s in STATUSES if s == word), "at-risk")
 
 
 @quick_init
 @dataclass(frozen=True, slots=True)
 class Finding:
     id: str
-    severity: str  # "info" | "warning" | "critical"
+    severity: Severity
     summary: str
     lb_ip: str | None = None
     port: int | None = None
@@ -68,16 +87,68 @@ class LbIpReport:
 
 
 @dataclass(frozen=True, slots=True)
+class VerdictContext:
+    """Where the input came from and what the walk stood on (the verdict's "context";
+    the IPv6 fields only where the node has IPv6 LB IPs)."""
+
+    origin: str | None = None
+    kube_proxy_mode_from: str = ""
+    node_ip: str | None = None
+    uplink: str | None = None
+    pod_ip: str | None = None
+    pod_network: str | None = None
+    pod_interface: str | None = None
+    iptables_backend: str | None = None
+    # the rules the walk took as kube-proxy or kubelet writes them, the input not showing
+    assumed_rules: tuple[str, ...] = ()
+    given_by_user: dict[str, str] | None = None  # check --mode, --pod-cidr
+    ipv6: bool = False  # the fields below are said
+    node_ip6: str | None = None
+    pod_ip6: str | None = None
+    pod_network6: str | None = None
+    ip6tables_backend: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "origin": self.origin,
+            "kube_proxy_mode_from": self.kube_proxy_mode_from,
+            "node_ip": self.node_ip,
+            "uplink": self.uplink,
+            "pod_ip": self.pod_ip,
+            "pod_network": self.pod_network,
+            "pod_interface": self.pod_interface,
+            **({"node_ip6": self.node_ip6, "pod_ip6": self.pod_ip6,
+                "pod_network6": self.pod_network6,
+                "ip6tables_backend": self.ip6tables_backend} if self.ipv6 else {}),
+            "iptables_backend": self.iptables_backend,
+            "assumed_rules": list(self.assumed_rules),
+            **({"given_by_user": dict(self.given_by_user)} if self.given_by_user else {}),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> VerdictContext:
+        return cls(
+            origin=d.get("origin"), kube_proxy_mode_from=d.get("kube_proxy_mode_from", ""),
+            node_ip=d.get("node_ip"), uplink=d.get("uplink"), pod_ip=d.get("pod_ip"),
+            pod_network=d.get("pod_network"), pod_interface=d.get("pod_interface"),
+            iptables_backend=d.get("iptables_backend"),
+            assumed_rules=tuple(d.get("assumed_rules", ())),
+            given_by_user=d.get("given_by_user"), ipv6="node_ip6" in d,
+            node_ip6=d.get("node_ip6"), pod_ip6=d.get("pod_ip6"),
+            pod_network6=d.get("pod_network6"), ip6tables_backend=d.get("ip6tables_backend"))
+
+
+@dataclass(frozen=True, slots=True)
 class Verdict:
     node: str
     time: str
     agent_version: str
-    status: str
-    kube_proxy_mode: str
+    status: Status
+    kube_proxy_mode: KubeProxyMode
     findings: tuple[Finding, ...]
-    unknowns: tuple[dict[str, str], ...]
+    unknowns: tuple[Unknown, ...]
     lb_ips: tuple[LbIpReport, ...] = ()
-    context: dict[str, Any] = field(default_factory=dict)
+    context: VerdictContext = field(default_factory=VerdictContext)
     capture: CaptureResult | None = None  # watched handshakes, when captured
 
     def to_dict(self) -> dict[str, Any]:
@@ -89,9 +160,9 @@ class Verdict:
             "status": self.status,
             "kube_proxy_mode": self.kube_proxy_mode,
             "findings": [f.to_dict() for f in self.findings],
-            "unknowns": [dict(u) for u in self.unknowns],
+            "unknowns": [{"source": u.source, "reason": u.reason} for u in self.unknowns],
             "lb_ips": [r.to_dict() for r in self.lb_ips],
-            "context": dict(self.context),
+            "context": self.context.to_dict(),
             **({"capture": _capture_summary(self.capture)} if self.capture is not None
                else {}),
         }
@@ -103,14 +174,15 @@ class Verdict:
         cap = d.get("capture")
         return cls(
             node=d["node"], time=d["time"], agent_version=d["agent_version"],
-            status=d["status"], kube_proxy_mode=d["kube_proxy_mode"],
-            findings=tuple(Finding(**{**f, "evidence": tuple(f.get("evidence", ()))})
+            status=_status(d["status"]), kube_proxy_mode=as_mode(d["kube_proxy_mode"]),
+            findings=tuple(Finding(**{**f, "severity": _severity(f["severity"]),
+                                      "evidence": tuple(f.get("evidence", ()))})
                            for f in d["findings"]),
-            unknowns=tuple(dict(u) for u in d.get("unknowns", ())),
+            unknowns=tuple(Unknown(u["source"], u["reason"]) for u in d.get("unknowns", ())),
             lb_ips=tuple(LbIpReport(r["ip"], tuple(r["ports"]), r["kind"],
                                     tuple(r["services"]), tuple(r["learned_from"]),
                                     r.get("local")) for r in d.get("lb_ips", ())),
-            context=dict(d.get("context", {})),
+            context=VerdictContext.from_dict(d.get("context") or {}),
             capture=None if cap is None else CaptureResult(
                 seconds=cap["seconds"], port_range=tuple(cap["nodeport_range"]),
                 ports=tuple(NodePortStats(p["node_port"], syns=p["syns"], counts=p["counts"])
@@ -162,7 +234,8 @@ def _capture_summary(cap: CaptureResult) -> dict[str, Any]:
     }
 
 
-def status_of(findings: tuple[Finding, ...] | list[Finding], observed: bool = False) -> str:
+def status_of(findings: tuple[Finding, ...] | list[Finding], observed: bool = False
+              ) -> Status:
     """"loopback" when capture saw it, "at-risk" with any warning/critical finding."""
     if observed:
         return "loopback"

@@ -15,6 +15,7 @@ from dataclasses import replace
 from agent.diagnose.family import v6_local_known
 from agent.diagnose.iptables_backend import IptablesBackend
 from agent.diagnose.lb_ip import LbTarget
+from agent.diagnose.model import KubeProxyMode
 from agent.diagnose.node_facts import (
     NODE_STAND_IN,
     NODE_STAND_IN6,
@@ -39,7 +40,7 @@ _CHAIN = re.compile(r"^(service|external|firewall|endpoint)-[A-Z0-9]{8}-"
 _CIDR_MASQ = re.compile(r"ip6? saddr != ([0-9a-fA-F:.]+/\d+) jump mark-for-masquerade")
 
 
-def nft_mode(snap: NodeSnapshot, mode: str, how: str) -> tuple[str, str]:
+def nft_mode(snap: NodeSnapshot, mode: KubeProxyMode, how: str) -> tuple[KubeProxyMode, str]:
     """kube-proxy's nftables mode, from its flags or from its table."""
     if (snap.given or {}).get("mode"):
         return mode, how

@@ -8,6 +8,7 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 
+from agent.diagnose.model import KubeProxyMode, as_mode
 from agent.snapshot import (
     Address,
     IpvsVirtualServer,
@@ -365,14 +366,14 @@ def _find_pod_network(f: NodeFacts, version: int) -> tuple[PodNetwork | None, st
                          ", entry interface unknown)")), ""
 
 
-def kube_proxy_mode(snap: NodeSnapshot) -> tuple[str, str]:
-    """("ipvs" | "iptables" | "unknown", why)."""
+def kube_proxy_mode(snap: NodeSnapshot) -> tuple[KubeProxyMode, str]:
+    """("ipvs" | "iptables" | "unknown", why; what --mode gave)."""
     given = (snap.given or {}).get("mode")
     if given:
-        return given, f"given with --mode {given}"
+        return as_mode(given), f"given with --mode {given}"
     kp = snap.kube_proxy
     if kp and kp.mode in ("ipvs", "iptables"):
-        return kp.mode, (f"kube-proxy --proxy-mode={kp.mode}" if kp.pid is not None else
+        return as_mode(kp.mode), (f"kube-proxy --proxy-mode={kp.mode}" if kp.pid is not None else
                          f"kube-proxy's mode {kp.mode} as the input shows it (its command "
                          "line, log or configuration)")
     if kp and kp.mode:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 
 from agent.diagnose.context import Context, Unknowns
 from agent.diagnose.model import Finding
+from agent.snapshot import Unknown
 
 Rule = Callable[[Context], list[Finding]]
 # below this many targets a fork (a few ms, plus pickling) is not worth it
@@ -49,7 +50,7 @@ class _Part:
     """One rule's outcome over some targets."""
 
     findings: list[Finding]
-    unknowns: list[dict[str, str]]  # in the order the rule reported them
+    unknowns: list[Unknown]  # in the order the rule reported them
     error: BaseException | None = None
 
 
@@ -113,7 +114,7 @@ class SplitRules:
         if part is None:  # the child failed: walk the tail here
             return head + rule(replace(ctx, targets=self._tail))
         for u in part.unknowns:
-            ctx.unknown(u["source"], u["reason"])
+            ctx.unknown(u.source, u.reason)
         if part.error is not None:
             raise part.error
         return head + part.findings

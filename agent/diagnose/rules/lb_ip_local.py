@@ -7,7 +7,7 @@ from __future__ import annotations
 from agent.diagnose.context import Context
 from agent.diagnose.family import v6_local_known
 from agent.diagnose.lb_ip import LbTarget
-from agent.diagnose.model import Finding
+from agent.diagnose.model import Finding, Severity
 from agent.diagnose.remedies import PREVENT_LOOPBACK, for_lb_ip_local, is_tke
 from agent.diagnose.rules.common import sysctl_evidence
 
@@ -60,6 +60,7 @@ def check(ctx: Context) -> list[Finding]:
         dev = route.dev or "an interface"
         fate = ("never answered: IPv6 routes the node's replies to its own address (lo)"
                 if is_v6 else "dropped as martian source")
+        severity: Severity
         if prevent:
             severity = "info"
             summary = (f"LB IP {ip} is bound on {dev} on purpose ({PREVENT_LOOPBACK}); "

@@ -34,7 +34,7 @@ from agent.capture.model import (
     NodePortStats,
 )
 from agent.diagnose.context import Context
-from agent.diagnose.model import Finding
+from agent.diagnose.model import Finding, Severity
 from agent.parse.ip_text import host_port
 
 LOOPBACK_OBSERVED = "loopback-observed"
@@ -50,7 +50,7 @@ MAX_RANGES = 32
 SAMPLES = 6
 MAX_PER_ID = 20  # findings per id; the smallest causes beyond are merged into one
 
-_TEXT = {
+_TEXT: dict[str, tuple[Severity, str, str]] = {
     LOOPBACK_OBSERVED: (
         "critical",
         "SYNs came back through the load balancer from clients on this node and the "
