@@ -16,7 +16,13 @@ import re
 from agent.diagnose.lb_ip import LbTarget
 from agent.diagnose.node_facts import NodeFacts
 from agent.diagnose.outcome import Outcome, PathOutcome
-from agent.diagnose.paths import ASSUMED, ModeBackend, PathFinder, rendered
+from agent.diagnose.paths import (
+    ASSUMED,
+    ModeBackend,
+    PathFinder,
+    rendered,
+    unless_input_drops,
+)
 from agent.netfilter import assumption
 from agent.netfilter.assumption import Assumption
 from agent.netfilter.packet import DROPPED, Hook, HookResult, Packet
@@ -242,11 +248,14 @@ class IptablesBackend(ModeBackend):
             if ir.verdict in DROPPED:
                 out.append(PathOutcome(Outcome.DROPPED, self.ended(ir.verdict, "input"), ev2,
                                        assumptions=took2))
-            elif ir.verdict == "UNKNOWN":
-                out.append(PathOutcome(Outcome.UNKNOWN, ir.detail, (*ev2, ir.detail),
-                                       assumptions=took2))
             else:
                 how, line = self._ipvs_capture(p)
+                if ir.verdict == "UNKNOWN":
+                    # filter INPUT only lets a local packet in or drops it: it does not
+                    # leave the node either way (an excerpt that shows no INPUT, a rule
+                    # there the walk cannot read)
+                    how = unless_input_drops(how, ir.detail)
+                    ev2 = (*ev2, ir.detail)
                 out.append(PathOutcome(Outcome.CAPTURED, how,
                                        (*ev2, line, finder.once(f"result: {how}")),
                                        assumptions=took2))

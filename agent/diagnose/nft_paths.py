@@ -23,7 +23,13 @@ from agent.diagnose.node_facts import (
     NodeFacts,
 )
 from agent.diagnose.outcome import Outcome, PathOutcome
-from agent.diagnose.paths import ASSUMED, ModeBackend, PathFinder, rendered
+from agent.diagnose.paths import (
+    ASSUMED,
+    ModeBackend,
+    PathFinder,
+    rendered,
+    unless_input_drops,
+)
 from agent.netfilter import assumption
 from agent.netfilter.assumption import Assumption
 from agent.netfilter.nft_model import NftRuleset, NftTable
@@ -271,12 +277,12 @@ class NftBackend(ModeBackend):
             if ir.verdict in ("DROP", "REJECT"):
                 out.append(PathOutcome(Outcome.DROPPED, self.ended(ir.verdict, "input"), ev2,
                                        assumptions=took2))
-            elif ir.verdict == "UNKNOWN":
-                out.append(PathOutcome(Outcome.UNKNOWN, ir.detail, (*ev2, ir.detail),
-                                       assumptions=took2))
             else:
                 how = "delivered to this node's own stack (local address): it does not " \
                       "leave the node"
+                if ir.verdict == "UNKNOWN":  # (the input hook only accepts or drops it)
+                    how = unless_input_drops(how, ir.detail)
+                    ev2 = (*ev2, ir.detail)
                 out.append(PathOutcome(Outcome.CAPTURED, how,
                                        (*ev2, finder.once(f"result: {how}")),
                                        assumptions=took2))

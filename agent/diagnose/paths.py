@@ -310,7 +310,10 @@ class PathFinder:
                      in_iface=self.uplink(v6))
         head = ((how,) if how else ()) + (
             f"packet: {pkt.describe()} (the load balancer forwarding a client)",)
-        served_any = False
+        served_any = unserved_any = False
+        # the facts a path took without the input: where paths that took one end served
+        # and not served, the answer hangs on them
+        facts: dict[str, None] = {}
         kept: bool | None = None
         # the evidence of the last path, rendered once at the end (a served NodePort's is
         # not read: 2.5k eTP=Local LB IPs at 10k services): its steps, in the order shown
@@ -321,8 +324,10 @@ class PathFinder:
             why = _undecided(res)
             if why:
                 return ServedOutcome(None, None, _evidence(head, (res.steps,), why), why)
+            facts.update(dict.fromkeys(a.fact for a in res.assumed))
             if res.verdict in DROPPED:
                 last, tail = (res.steps,), b.ended(res.verdict, "prerouting")
+                unserved_any = True
                 continue
             p = res.packet
             if res.verdict not in REWRITTEN:
@@ -335,6 +340,8 @@ class PathFinder:
                                              why)
                     last, tail = (res.steps, fr.steps), \
                         f"no DNAT to an endpoint: {b.ended(fr.verdict, 'input')}"
+                    facts.update(dict.fromkeys(a.fact for a in fr.assumed))
+                    unserved_any = True
                 continue
             out = (pod.iface if pod and pod.iface and _in(p.dst, pod.prefix)
                    else self.uplink(v6))
@@ -344,8 +351,10 @@ class PathFinder:
                 why = _undecided(fr)
                 if why:
                     return ServedOutcome(None, None, _evidence(head, seen, why), why)
+                facts.update(dict.fromkeys(a.fact for a in fr.assumed))
                 if fr.verdict in DROPPED:
                     last, tail = seen, ""
+                    unserved_any = True
                     continue
                 served_any = True
                 for pr in b.walk_hook("postrouting", fr.packet):
@@ -356,6 +365,9 @@ class PathFinder:
                     kept = (not masq) if kept is None else (kept and not masq)
                     last, tail = (*seen, pr.steps), ""
         evidence = _evidence(head, last, tail)
+        if served_any and unserved_any and facts:
+            why = "it depends on a fact the input does not show: " + "; ".join(list(facts)[:2])
+            return ServedOutcome(None, None, (*evidence, why), why)
         if served_any:
             said = ("served here" + ("" if kept is None else
                                      (", client source kept" if kept else
@@ -393,6 +405,12 @@ def _undecided(res: HookResult) -> str:
 def _assumes(steps: tuple[WalkStep, ...]) -> bool:
     """Did a path assume a fact (a match the input could not decide)?"""
     return any(s.assumptions for s in steps)
+
+
+def unless_input_drops(how: str, why: str) -> str:
+    """A local delivery the input hook may still drop: no loop either way."""
+    return (f"{how}, unless the input hook drops it first, which the input does not "
+            f"decide ({why}): no loop either way")
 
 
 def node_address(node_ip: str | None) -> str:

@@ -569,9 +569,16 @@ def _selector_assumption(sel: str, what: str) -> Assumption:
     if sel.startswith("fib ") and sel.endswith(" type"):
         return assumption.addrtype()
     if sel in ("iifname", "meta iifname", "iif", "oifname", "meta oifname", "oif"):
-        pattern = what.split()[-1].strip('"').replace("*", "+")
+        # `iifname "azv*"`, `iifname != { "a*", "b*" }`: the names, as iptables says them
+        names = what.removeprefix(sel).strip().removeprefix("!=").strip()
+        pattern = names.replace('"', "").replace("*", "+")
         return assumption.interface("-i" if "ii" in sel else "-o", pattern)
-    return assumption.match(what)
+    return _undecided_match(what)
+
+
+def _undecided_match(what: str) -> Assumption:
+    return assumption.match(f"whether `{what}` holds for the packet: the input does not "
+                            "show what decides it")
 
 
 def _assumption(t: NftTable, op: Op) -> Assumption:
@@ -579,14 +586,15 @@ def _assumption(t: NftTable, op: Op) -> Assumption:
     text) takes."""
     _, sels, _, value, _, what = op
     if isinstance(value, str) and value.startswith("@") and t.set(value[1:]) is None:
-        return assumption.match(f"{what} (set {value} is not in the input)")
-    return _selector_assumption(sels[0], what) if len(sels) == 1 else assumption.match(what)
+        return assumption.match(f"the elements of set {value} (`{what}`); `nft list set "
+                                f"{t.family} {t.name} {value[1:]}` shows them")
+    return _selector_assumption(sels[0], what) if len(sels) == 1 else _undecided_match(what)
 
 
 def _map_assumption(sels: Tokens, ref: object) -> Assumption:
     """The fact an element of a map (``sels`` its key) is taken to match on."""
     what = f"{' . '.join(sels)} vmap {ref if isinstance(ref, str) else '{ ... }'}"
-    return _selector_assumption(sels[0], what) if len(sels) == 1 else assumption.match(what)
+    return _selector_assumption(sels[0], what) if len(sels) == 1 else _undecided_match(what)
 
 
 def _verdict(text: str) -> Action:

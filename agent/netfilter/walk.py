@@ -442,7 +442,17 @@ class TableWalker:
                 base = (*steps, step)
                 then: list[tuple[int, Packet, tuple[Step, ...], bool]
                            | tuple[None, tuple[str | None, Packet, tuple[Step, ...], str]]] = []
-                for end, p2, st2, d in self._jump(sub, pkt, depth + 1):
+                walked, copied = self._jump(sub, pkt, depth + 1)
+                for n, (end, p2, st2, d) in enumerate(walked):
+                    if n and copied:
+                        # paths a remembered chain walk adds again: charged as forks
+                        # (each of a fresh walk's was, in the chain), within the bound
+                        if self._budget <= 0:
+                            then.append((None, ("UNKNOWN", p2, base, (
+                                f"more than {MAX_PATHS} paths (through {tgt}): the others "
+                                "were not followed"))))
+                            break
+                        self._budget -= 1
                     full = base + st2
                     if len(full) > MAX_STEPS:
                         then.append((None, ("UNKNOWN", p2, full[:MAX_STEPS], (
@@ -460,14 +470,16 @@ class TableWalker:
         return results
 
     def _jump(self, ix: _ChainIndex, pkt: Packet, depth: int
-              ) -> list[tuple[str | None, Packet, tuple[Step, ...], str]]:
+              ) -> tuple[list[tuple[str | None, Packet, tuple[Step, ...], str]], bool]:
         """Every path of ``pkt`` through chain ``ix`` from its first rule (steps from
-        there), walked once per packet state and depth in a walk."""
+        there), walked once per packet state and depth in a walk; and whether they were
+        remembered (their forks not charged in this walk again)."""
         key = (ix.name, pkt, depth)
         got = self._walked.get(key)
-        if got is None:
-            got = self._walked[key] = self._run(ix, 0, pkt, (), depth)
-        return got
+        if got is not None:
+            return got, True
+        got = self._walked[key] = self._run(ix, 0, pkt, (), depth)
+        return got, False
 
     # -- matching ----------------------------------------------------------------------
 
