@@ -28,7 +28,7 @@ from agent.netfilter.assumption import Assumption
 from agent.netfilter.packet import DROPPED, Hook, HookResult, Packet
 from agent.netfilter.walk import UNSEEN_REST, TableWalker
 from agent.parse.ip_text import host_port
-from agent.snapshot import Chain, IpSet, Netfilter, Rule, Rules, Table
+from agent.snapshot import Chain, Netfilter, Rule, Rules, Table
 
 # kube-proxy installs these jumps from the built-in chains itself (iptablesJumpChains,
 # each prepended), outside the iptables-restore input it writes; a dump of that input
@@ -164,7 +164,6 @@ class IptablesBackend(ModeBackend):
         self.facts = facts
         snap = facts.snapshot
         self.notes: tuple[str, ...] = ()
-        self._sets: dict[str, tuple[IpSet, frozenset[str]]] = {}
         self.nat: TableWalker | None = None
         self.filter: TableWalker | None = None
         self.partial = snap.netfilter is not None and snap.netfilter.partial
@@ -261,14 +260,6 @@ class IptablesBackend(ModeBackend):
                                        assumptions=took2))
         return out
 
-    def _members(self, s: IpSet) -> frozenset[str]:
-        """A set's members to look up (a tuple of 10k members is searched from the start
-        each time); kept while the backend is."""
-        got = self._sets.get(s.name)
-        if got is None or got[0] is not s:
-            got = self._sets[s.name] = (s, frozenset(s.members))
-        return got[1]
-
     def _ipvs_capture(self, p: Packet) -> tuple[str, str]:
         snap = self.facts.snapshot
         proto = p.proto.upper()
@@ -287,8 +278,7 @@ class IptablesBackend(ModeBackend):
         for name in ("KUBE-LOAD-BALANCER", "KUBE-EXTERNAL-IP", "KUBE-CLUSTER-IP"):
             if self.facts.family == 6:  # kube-proxy's IPv6 sets (pkg/proxy/ipvs/ipset.go)
                 name = name.replace("KUBE-", "KUBE-6-", 1)
-            s = snap.ipset(name)
-            if s is not None and member in self._members(s):
+            if self.facts.in_ipset(name, member):
                 return ("served inside the node (local address; kube-proxy lists it in "
                         f"ipset {name}): the packet never goes to the load balancer"), \
                     f"IPVS state unknown; ipset {name} has {member}"

@@ -24,8 +24,8 @@ def tke_ipvs_variant(t: LbTarget, ctx: Context) -> bool:
     bind it: upstream kube-proxy binds every LB IP unless ipMode is Proxy, TKE's does not."""
     if ctx.mode != "ipvs" or t.ip_mode == "Proxy" or ctx.facts.is_local(t.ip):
         return False
-    lb = ctx.snapshot.ipset("KUBE-LOAD-BALANCER")
-    return lb is not None and f"{t.ip},{t.protocol.lower()}:{t.port}" in lb.members
+    return bool(ctx.facts.in_ipset("KUBE-LOAD-BALANCER",
+                                   f"{t.ip},{t.protocol.lower()}:{t.port}"))
 
 
 def dns_name(t: LbTarget) -> str:

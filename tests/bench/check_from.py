@@ -31,8 +31,8 @@ the IPVS VIPs on kube-ipvs0) at 10k and 50k services in each mode, each bundle w
 without services.json (the LB IPs then learned from the rules alone), beside the same
 baseline. Targets (issue 31): at 10k at most 1.5 s and 150 MiB in each mode and variant;
 50k at most 5.5x the 10k CPU time. Each target prints PASS or MISS; as for the lab
-shape's targets, a MISS makes the exit code 1 (the script's convention: `make bench`
-stops there). --no-baseline skips the baselines (no network namespace is made).
+shape's targets, a MISS makes the exit code 1 (`make bench` runs the other benches
+and then fails). --no-baseline skips the baselines (no network namespace is made).
 """
 
 from __future__ import annotations
