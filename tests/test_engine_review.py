@@ -11,15 +11,9 @@ from agent.bundle import load_texts
 from agent.diagnose import diagnose
 from lab.kube_proxy_rules.common import LbService
 from lab.kube_proxy_rules.nftables import nftables_mode
+from tests.test_endpoint_paths import ADDR
 
 LB = "203.0.113.10"
-ADDR = """1: lo: <LOOPBACK,UP,LOWER_UP> mtu 65536
-    inet 127.0.0.1/8 scope host lo
-2: eth0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500
-    inet 10.0.0.4/24 brd 10.0.0.255 scope global eth0
-3: cni0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1450
-    inet 10.244.1.1/24 brd 10.244.1.255 scope global cni0
-"""
 
 
 def _verdict(*files: tuple[str, str]) -> dict[str, object]:

@@ -94,6 +94,24 @@ def measure(cmd: list[str], stdin_path: Path | None = None
             proc.stderr.decode(errors="replace")[-300:], float(user) + float(system))
 
 
+def median_check(d: Path, runs: int) -> tuple[float, float, float, list[float], bool]:
+    """`check --from d` ``runs`` times: the median wall time, peak RSS and CPU time, the
+    wall times, and whether every run ended as a check does (exit 0 or 1)."""
+    walls, rsss, cpus = [], [], []
+    ok = True
+    for _ in range(runs):
+        wall, rss, code, err, cpu = measure(
+            [sys.executable, "-m", "agent", "check", "--from", str(d), "--json"])
+        if code not in (0, 1):
+            print(f"check --from failed ({code}): {err}", file=sys.stderr)
+            ok = False
+        walls.append(wall)
+        rsss.append(rss)
+        cpus.append(cpu)
+    return (statistics.median(walls), statistics.median(rsss), statistics.median(cpus),
+            walls, ok)
+
+
 def tree_peak_mib(cmd: list[str]) -> float:
     """Peak of the summed PSS of ``cmd`` and its children, sampled every 5 ms (psutil,
     smaps_rollup): the memory --jobs 2 takes, each page the two share counted once."""
@@ -194,18 +212,8 @@ def lab_shape(args: argparse.Namespace) -> bool:
                     (d / name).write_text(text)
                 rules = sum(1 for line in (d / RULES_FILE[mode]).open()
                             if line.startswith(("-A", "add rule")))
-                walls, rsss, cpus = [], [], []
-                for _ in range(args.runs if n <= 10_000 else 1):
-                    wall, rss, code, err, cpu = measure(
-                        [sys.executable, "-m", "agent", "check", "--from", str(d), "--json"])
-                    if code not in (0, 1):
-                        print(f"check --from failed ({code}): {err}", file=sys.stderr)
-                        ok = False
-                    walls.append(wall)
-                    rsss.append(rss)
-                    cpus.append(cpu)
-                wall, rss = statistics.median(walls), statistics.median(rsss)
-                cpu = statistics.median(cpus)
+                wall, rss, cpu, walls, ran = median_check(d, args.runs if n <= 10_000 else 1)
+                ok = ok and ran
                 check = [sys.executable, "-m", "agent", "check", "--from", str(d), "--json"]
                 two_wall, _, _, _, _ = measure([*check, "--jobs", "2"])
                 tree = tree_peak_mib([*check, "--jobs", "2"])
@@ -306,19 +314,9 @@ def real_shape(args: argparse.Namespace) -> bool:
                     ok = False
                 for variant, where in (("yes", d), ("no", bare)):
                     size = sum(f.stat().st_size for f in where.iterdir())
-                    walls, rsss, cpus = [], [], []
-                    for _ in range(args.runs if n <= 10_000 else 1):
-                        wall, rss, code, err, cpu = measure(
-                            [sys.executable, "-m", "agent", "check", "--from", str(where),
-                             "--json"])
-                        if code not in (0, 1):
-                            print(f"check --from failed ({code}): {err}", file=sys.stderr)
-                            ok = False
-                        walls.append(wall)
-                        rsss.append(rss)
-                        cpus.append(cpu)
-                    wall, rss = statistics.median(walls), statistics.median(rsss)
-                    cpu = statistics.median(cpus)
+                    wall, rss, cpu, walls, ran = median_check(
+                        where, args.runs if n <= 10_000 else 1)
+                    ok = ok and ran
                     print(f"real {mode} {n} services.json {variant}: check {wall:.2f}s (CPU "
                           f"{cpu:.2f}s) {rss:.0f} MiB (runs "
                           f"{', '.join(f'{w:.2f}' for w in walls)}), baseline {bwall:.2f}s",
