@@ -2,10 +2,11 @@
 tables (iptables-legacy or iptables-nft, as iptables-save prints them), and IPVS taking
 a pod's packet to a local address (the LB IP bound on kube-ipvs0).
 
-What the walk does not do here yet, where nftables mode's backend does (issue 31's
-contract test lists it): a DNATed pod packet is not followed through filter FORWARD, and
-one to a local address is not walked through filter INPUT (kube-proxy's own rules there
-accept it; a CNI's policy chains could drop it).
+What the walk does not do here yet, where nftables mode's backend does: a DNATed pod
+packet is not followed through filter FORWARD (kube-proxy's own rules there accept it; a
+CNI's policy chains could drop it: "dropped", no loop either way, where "captured" is
+said). A packet to a local address walks filter INPUT before IPVS takes it, as the
+kernel runs them (tests/test_mode_contract.py found the walk skipping it).
 """
 
 from __future__ import annotations

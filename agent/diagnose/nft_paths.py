@@ -1,9 +1,9 @@
 """kube-proxy's nftables mode: which LB/external IPs its `ip kube-proxy` and `ip6
-kube-proxy` tables serve, the mode itself, and the two walks the findings ask of any mode
-(a pod's packet to LB IP:port; the load balancer's packet to the NodePort), with the same
-result types as the iptables walks (agent.diagnose.paths), so the findings come out the
-same way. An IPv6 LB IP is walked with an IPv6 packet through the `ip6` and `inet` tables
-(kube-proxy's dual-stack proxier writes one table per family).
+kube-proxy` tables serve, the mode itself, and its backend for the one path finder
+(agent.diagnose.paths): the hooks walked through every nftables table on them in priority
+order, iptables tables beside them. An IPv6 LB IP is walked with an IPv6 packet through
+the `ip6` and `inet` tables (kube-proxy's dual-stack proxier writes one table per
+family), by the same finder as the IPv4 ones.
 """
 
 from __future__ import annotations
