@@ -514,3 +514,21 @@ def test_accept_at_emfile_backs_off_instead_of_spinning(tmp_path: Path) -> None:
             s.close()
         p.kill()
         p.communicate()
+
+
+@pytest.mark.parametrize("param", ["offset", "limit", "before"])
+# ², an Arabic-Indic 3, a full-width 1
+@pytest.mark.parametrize("digit", ["%C2%B2", "%D9%A3", "%EF%BC%91"])
+def test_unicode_digits_in_paging_are_400(col: Proc, base: dict[str, Any], param: str,
+                                          digit: str) -> None:
+    """`"²".isdigit()` is true and `int("²")` fails: every paging parameter answered 500
+    with a traceback in the log (issue 35, item 4). ASCII digits only, said as a 400."""
+    assert post(col, like(base, "n1")).status_code == 200
+    paths = {"offset": ("/", "/v1/nodes", "/v1/services"),  # (a node's history: before)
+             "limit": ("/", "/v1/nodes", "/v1/services", "/v1/nodes/n1"),
+             "before": ("/v1/nodes/n1",)}[param]
+    for path in paths:
+        r = requests.get(f"{col.url}{path}?{param}={digit}", timeout=5)
+        assert r.status_code == 400, (path, r.status_code, r.text[:200])
+    assert requests.get(col.url + "/v1/nodes?limit=1", timeout=5).status_code == 200
+    assert "Traceback" not in col.stop()

@@ -31,7 +31,9 @@ def _int(args: dict[str, list[str]], name: str, default: int, low: int, high: in
     if not values:
         return default
     text = values[-1]
-    if not text.isdigit() or len(text) > 12:
+    # ASCII digits only: str.isdigit() is true of "²" and "٣", which int() refuses (or
+    # reads as a number nobody typed)
+    if not (text.isascii() and text.isdigit()) or len(text) > 12:
         raise BadRequest(400, f"{name} must be a whole number, not {text[:20]!r}")
     n = int(text)
     if not low <= n <= high:
