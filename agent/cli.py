@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from agent import __version__
 from agent.errors import InputError
+from agent.parse.numbers import is_number
 from agent.snapshot import NodeSnapshot
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ def _listen(text: str) -> str:
     if text == "":
         return text
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not is_number(port) or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"not HOST:PORT: {text!r} (try :9808)")
     if "/" in host:
         raise argparse.ArgumentTypeError(f"not HOST:PORT: {text!r} (an address, not a URL: "

@@ -401,7 +401,8 @@ def fetch_list(url: str, path: str, limit: int, ca_file: str | None) -> tuple[li
         raise PluginError(f"collector {url}{path}: not JSON") from e
     if not isinstance(rows, list):
         raise PluginError(f"collector {url}{path}: not a list")
-    return rows, int(total) if total.isdigit() else len(rows)
+    return rows, int(total) if total.isascii() and total.isdigit() and len(total) < 20 \
+        else len(rows)
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

@@ -269,3 +269,22 @@ def test_inputs_are_read_without_proc() -> None:
                               env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
         assert proc.returncode in (0, 1), proc.stderr
         assert "cannot read" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("line", [
+    '-A KUBE-SERVICES -d 203.0.113.10/32 -p tcp -m comment --comment "a/b:http loadbalancer '
+    'IP" -m tcp --dport 8\u00b2 -j ACCEPT',  # a superscript two: "²".isdigit() is true
+    '-A KUBE-SERVICES -d 203.0.113.10/32 -p tcp -m comment --comment "a/b:http loadbalancer '
+    'IP" -m tcp --dport \u0663 -j ACCEPT',  # an Arabic-Indic three
+    "-I KUBE-SERVICES 1" + "9" * 5000 + " -j ACCEPT",  # past int()'s 4,300 digits
+], ids=["superscript", "arabic-indic", "5000-digits"])
+def test_a_malformed_number_is_no_internal_error(tmp_path: Path, line: str) -> None:
+    """A number str.isdigit() accepts and int() refuses (or reads as nobody typed it)
+    passed the readers' guards: `check --from` ended in "internal error" (exit 70) or
+    lost its whole section (issue 35, item 14)."""
+    dump = tmp_path / "iptables-save.txt"
+    dump.write_text("*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n"
+                    "-A PREROUTING -j KUBE-SERVICES\n" + line + "\nCOMMIT\n")
+    proc = agent("check", "--from", str(dump), "--json")
+    assert proc.returncode in (0, 1, 2), proc.stderr
+    assert "internal error" not in proc.stdout + proc.stderr

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 from agent.netfilter.rules import Cond, parse_rule_text
 from agent.parse.ip_text import PLAIN_V4, canonical_ip
+from agent.parse.numbers import is_number
 from agent.quick_init import quick_init
 from agent.snapshot import Address, LocalRoute, NodeSnapshot, Rules, Service
 
@@ -261,7 +262,7 @@ def _node_ports_from_rules(snap: NodeSnapshot) -> dict[tuple[str, int, str], int
             r = parse_rule_text(text, rules.source(i))
             proto = next((a[0] for k, n, a in r.conds if k == "proto" and not n), None)
             dport = next((a[0] for k, n, a in r.conds if k.endswith("--dport") and not n), "")
-            if r.comment and proto and dport.isdigit():
+            if r.comment and proto and is_number(dport):
                 out.append((r.comment.split(" ", 1)[0], proto.upper(), int(dport)))
         return out
 
@@ -408,7 +409,7 @@ def _dst_proto_port(conds: tuple[Cond, ...]) -> tuple[str | None, str | None, in
             ip = args[0].removesuffix("/128" if ":" in args[0] else "/32")
         elif ckind == "proto" and not negate:
             proto = args[0].upper()
-        elif ckind.endswith("--dport") and not negate and args[0].isdigit():
+        elif ckind.endswith("--dport") and not negate and is_number(args[0]):
             port = int(args[0])
     return ip, proto, port
 
@@ -465,7 +466,7 @@ def _ip_proto_port(member: str) -> tuple[str, str, int] | None:
     if len(parts) < 2 or ":" not in parts[1]:
         return None
     proto, _, port = parts[1].partition(":")
-    if not port.isdigit():
+    if not is_number(port):
         return None
     return parts[0], proto.upper(), int(port)
 

@@ -36,6 +36,7 @@ from agent.netfilter.nft_model import NftRuleset, NftTable
 from agent.netfilter.nft_read import ruleset_of
 from agent.netfilter.nft_walk import NftWalker, iptables_nft_table
 from agent.netfilter.packet import Hook, HookResult, Packet
+from agent.parse.numbers import is_number
 from agent.snapshot import NodeSnapshot
 
 # kube-proxy's chain names: "external-42NFTM6N-ns2/svc2/tcp/p80"
@@ -114,10 +115,10 @@ def _table_targets(snap: NodeSnapshot, t: NftTable, version: int,
     nodeports: dict[str, int] = {}
     np_map = t.set("service-nodeports")
     for parts, verdict in np_map.elements if np_map else ():
-        if len(parts) == 2 and parts[1].isdigit() and verdict:
+        if len(parts) == 2 and is_number(parts[1]) and verdict:
             nodeports[verdict.split()[-1]] = int(parts[1])
     for parts, verdict in svc_ips.elements:
-        if len(parts) != 3 or not parts[2].isdigit() or not verdict:
+        if len(parts) != 3 or not is_number(parts[2]) or not verdict:
             continue
         ip, proto, port = parts[0], parts[1].upper(), int(parts[2])
         # without @cluster-ips (older generations), a ClusterIP is the element that goes

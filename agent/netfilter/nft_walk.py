@@ -26,6 +26,7 @@ from agent.netfilter.nft_text import render, split_elements
 from agent.netfilter.packet import MAX_PATHS, MAX_RULES, Hook, HookResult, Packet
 from agent.netfilter.walk import Step
 from agent.parse.ip_text import PLAIN_V4, host_port
+from agent.parse.numbers import is_number
 
 ASSUMED = ": assumed"
 _MAX_DEPTH = 64
@@ -832,7 +833,7 @@ def _compile(toks: Tokens) -> list[Op]:
                 addr, _, port = target.rpartition(":") if target.count(":") == 1 else (
                     target, "", "")
             if w == "dnat":
-                ops.append(("dnat", addr, int(port) if port.isdigit() else None))
+                ops.append(("dnat", addr, int(port) if is_number(port) else None))
             else:
                 ops.append(("snat", addr))
             i = j + 2

@@ -11,6 +11,7 @@ import ipaddress
 import re
 from typing import NamedTuple
 
+from agent.parse.numbers import is_number
 from agent.snapshot import Rule
 
 _TOKEN = re.compile(r'"((?:[^"\\]|\\.)*)"|(\S+)')
@@ -328,4 +329,4 @@ _SERVICES = {"http": 80, "https": 443, "ssh": 22, "domain": 53}
 
 
 def _port_num(text: str) -> int:
-    return int(text) if text.isdigit() else _SERVICES.get(text, -1)
+    return int(text) if is_number(text) else _SERVICES.get(text, -1)

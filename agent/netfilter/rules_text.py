@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from agent.errors import InputError
+from agent.parse.numbers import is_number
 from agent.parse.text_file import replaced
 from agent.snapshot import Chain, Netfilter, Rule, Rules, Table
 
@@ -367,7 +368,7 @@ def read_rules_text(text: str | list[tuple[int, str]], source: str, into: RulesT
             insert_at = None
             if op in ("-I", "--insert"):
                 head, _, rest = body.partition(" ")
-                insert_at, body = (int(head), rest) if head.isdigit() else (1, body)
+                insert_at, body = (int(head), rest) if is_number(head) else (1, body)
             if (current, chain) not in into.chains and opened_at and \
                     chain not in BUILTIN_CHAINS.get(current or "", ()):
                 into.problem(source, lineno, f"rule for chain {chain!r} that was never "

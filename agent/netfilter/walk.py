@@ -31,6 +31,7 @@ from agent.netfilter.rules import (
     port_in,
 )
 from agent.parse.ip_text import host_port
+from agent.parse.numbers import is_number
 from agent.snapshot import Chain, Rules, Table
 
 TRUE, FALSE, MAYBE = 1, 0, 2
@@ -844,7 +845,7 @@ def _dnat(r: ParsedRule, pkt: Packet) -> Packet:
         ports = r.target_opts.get("--to-ports", str(pkt.dport)).split("-")[0]
         return pkt._replace(orig_dst=pkt.dst, orig_dport=pkt.dport,
                             dst="::1" if ":" in pkt.dst else "127.0.0.1",
-                            dport=int(ports) if ports.isdigit() else pkt.dport)
+                            dport=int(ports) if is_number(ports) else pkt.dport)
     to = r.target_opts.get("--to-destination") or r.target_opts.get("--to") or pkt.dst
     host: str = to
     port: str | None = None
@@ -854,7 +855,7 @@ def _dnat(r: ParsedRule, pkt: Packet) -> Packet:
     elif to.count(":") == 1:
         host, _, port = to.partition(":")
     host = host.split("-")[0].split("/")[0]
-    dport = int(port.split("-")[0]) if port and port.split("-")[0].isdigit() else pkt.dport
+    dport = int(port.split("-")[0]) if port and is_number(port.split("-")[0]) else pkt.dport
     # positional construction: NamedTuple._replace costs more than the whole DNAT
     return _new_step(Packet, (pkt.src, host or pkt.dst, pkt.proto, pkt.sport, dport,
                               pkt.in_iface, pkt.out_iface, pkt.mark, pkt.ctmark, pkt.dst,

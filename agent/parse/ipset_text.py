@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from agent.errors import InputError
 from agent.parse.ip_text import PLAIN_V4, PLAIN_V4_NET, canonical_ip, is_network
+from agent.parse.numbers import is_number
 from agent.snapshot import IpSet
 
 # Options ipset prints after a member that take one argument, and flags without one.
@@ -198,7 +199,7 @@ def _parse_list(lines: list[str], source: str) -> tuple[IpSet, ...]:
             _check_type(value, source, lineno)
             types[name] = value
         elif key == "Number of entries":
-            if not value.isdigit():
+            if not is_number(value):
                 raise InputError(source, lineno, f"bad entry count {value!r}")
             announced[name] = int(value)
         elif key == "Header":

@@ -13,6 +13,7 @@ import shlex
 from collections.abc import Iterable
 from typing import Any
 
+from agent.parse.numbers import is_number
 from agent.probes.base import (
     CommandError,
     Probe,
@@ -60,7 +61,7 @@ def _proto_names() -> dict[int, str]:
         with open("/etc/protocols") as f:
             for line in f:
                 parts = line.split("#", 1)[0].split()
-                if len(parts) >= 2 and parts[1].isdigit():
+                if len(parts) >= 2 and is_number(parts[1]):
                     names.setdefault(int(parts[1]), parts[0])
     except OSError:
         pass

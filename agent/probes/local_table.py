@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.parse.kernel_name import kernel_name
+from agent.parse.numbers import is_number
 from agent.probes.addresses import scope_name
 from agent.probes.base import Probe, ProbeContext, ProbeResult, register
 from agent.snapshot import LocalRoute
@@ -55,7 +56,7 @@ def _protocol_names() -> dict[int, str]:
             continue
         for line in text.splitlines():
             parts = line.split("#", 1)[0].split()
-            if len(parts) >= 2 and parts[0].isdigit():
+            if len(parts) >= 2 and is_number(parts[0]):
                 names[int(parts[0])] = parts[1]
         break
     return names

@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from agent.parse.numbers import is_number
+
 ROOT = Path("/sys/fs/cgroup")
 _NO_LIMIT = 1 << 60  # v1 prints "no limit" as a page-rounded LONG_MAX; v2 prints "max"
 
@@ -57,7 +59,7 @@ def limit_bytes() -> int | None:
             if text is None:
                 continue
             text = text.strip()
-            if text == "max" or not text.isdigit() or int(text) >= _NO_LIMIT:
+            if text == "max" or not is_number(text) or int(text) >= _NO_LIMIT:
                 return None
             return int(text)
     return None
@@ -82,7 +84,7 @@ def oom_kills_in(d: Path) -> int | None:
             continue
         for line in text.splitlines():
             key, _, value = line.partition(" ")
-            if key == "oom_kill" and value.strip().isdigit():
+            if key == "oom_kill" and is_number(value.strip()):
                 return int(value)
     return None
 

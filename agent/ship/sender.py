@@ -30,6 +30,7 @@ from pathlib import Path
 
 import requests
 
+from agent.parse.numbers import is_number
 from agent.ship import gz
 from agent.ship.spool import Spool, SpoolItem
 
@@ -306,7 +307,7 @@ def _retry_after(value: str | None) -> float | None:
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if is_number(value):
         return float(value)
     try:
         import datetime as dt
