@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from agent import __version__
 from agent.errors import InputError
-from agent.parse.numbers import is_number
+from agent.numbers import is_number
 from agent.snapshot import NodeSnapshot
 
 if TYPE_CHECKING:

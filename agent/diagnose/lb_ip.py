@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
 from agent.netfilter.rules import Cond, parse_rule_text
+from agent.numbers import is_number
 from agent.parse.ip_text import PLAIN_V4, canonical_ip
-from agent.parse.numbers import is_number
 from agent.quick_init import quick_init
 from agent.snapshot import Address, LocalRoute, NodeSnapshot, Rules, Service
 

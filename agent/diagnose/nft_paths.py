@@ -36,7 +36,7 @@ from agent.netfilter.nft_model import NftRuleset, NftTable
 from agent.netfilter.nft_read import ruleset_of
 from agent.netfilter.nft_walk import NftWalker, iptables_nft_table
 from agent.netfilter.packet import Hook, HookResult, Packet
-from agent.parse.numbers import is_number
+from agent.numbers import is_number
 from agent.snapshot import NodeSnapshot
 
 # kube-proxy's chain names: "external-42NFTM6N-ns2/svc2/tcp/p80"

@@ -25,8 +25,8 @@ from agent.netfilter.nft_model import NftChain, NftRule, NftRuleset, NftSet, Nft
 from agent.netfilter.nft_text import render, split_elements
 from agent.netfilter.packet import MAX_PATHS, MAX_RULES, Hook, HookResult, Packet
 from agent.netfilter.walk import Step
+from agent.numbers import is_number
 from agent.parse.ip_text import PLAIN_V4, host_port
-from agent.parse.numbers import is_number
 
 ASSUMED = ": assumed"
 _MAX_DEPTH = 64

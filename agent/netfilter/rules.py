@@ -11,7 +11,7 @@ import ipaddress
 import re
 from typing import NamedTuple
 
-from agent.parse.numbers import is_number
+from agent.numbers import is_number
 from agent.snapshot import Rule
 
 _TOKEN = re.compile(r'"((?:[^"\\]|\\.)*)"|(\S+)')

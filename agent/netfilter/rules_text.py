@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from agent.errors import InputError
-from agent.parse.numbers import is_number
+from agent.numbers import is_number
 from agent.parse.text_file import replaced
 from agent.snapshot import Chain, Netfilter, Rule, Rules, Table
 

@@ -30,8 +30,8 @@ from agent.netfilter.rules import (
     parse_rule_text,
     port_in,
 )
+from agent.numbers import is_number
 from agent.parse.ip_text import host_port
-from agent.parse.numbers import is_number
 from agent.snapshot import Chain, Rules, Table
 
 TRUE, FALSE, MAYBE = 1, 0, 2

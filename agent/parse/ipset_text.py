@@ -13,8 +13,8 @@ import re
 from collections.abc import Callable
 
 from agent.errors import InputError
+from agent.numbers import is_number
 from agent.parse.ip_text import PLAIN_V4, PLAIN_V4_NET, canonical_ip, is_network
-from agent.parse.numbers import is_number
 from agent.snapshot import IpSet
 
 # Options ipset prints after a member that take one argument, and flags without one.

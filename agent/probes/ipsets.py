@@ -13,7 +13,7 @@ import shlex
 from collections.abc import Iterable
 from typing import Any
 
-from agent.parse.numbers import is_number
+from agent.numbers import is_number
 from agent.probes.base import (
     CommandError,
     Probe,

@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from agent.numbers import is_number
 from agent.parse.kernel_name import kernel_name
-from agent.parse.numbers import is_number
 from agent.probes.addresses import scope_name
 from agent.probes.base import Probe, ProbeContext, ProbeResult, register
 from agent.snapshot import LocalRoute

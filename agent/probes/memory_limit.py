@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from agent.parse.numbers import is_number
+from agent.numbers import is_number
 
 ROOT = Path("/sys/fs/cgroup")
 _NO_LIMIT = 1 << 60  # v1 prints "no limit" as a page-rounded LONG_MAX; v2 prints "max"

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import requests
 
-from agent.parse.numbers import is_number
+from agent.numbers import is_number
 from agent.ship import gz
 from agent.ship.spool import Spool, SpoolItem
 
