@@ -53,6 +53,7 @@ from lab.kube_proxy_rules.iptables import iptables_mode
 from lab.kube_proxy_rules.ipvs import ipvs_mode
 from lab.kube_proxy_rules.nftables import nftables_mode
 from lab.kube_proxy_rules.objects import node_json, route_local_text, sysctl_text
+from lab.kube_proxy_rules.synthetic import NODE_SYSCTLS
 
 MODES = ("iptables", "ipvs", "nftables")
 NODE_IP = "10.0.0.10"
@@ -502,11 +503,7 @@ def realistic(n_services: int, mode: str, seed: int = 0, with_services: bool = T
     svcs = list(services) if services is not None else realistic_services(n_services, seed)
     ports = [p for s in svcs for p in s.ports]
     rng = random.Random(f"{seed}-{mode}")
-    sysctls: dict[str, str | int] = {
-        "net.ipv4.ip_forward": 1, "net.ipv4.conf.all.rp_filter": 1,
-        "net.ipv4.conf.default.rp_filter": 1, "net.ipv4.conf.eth0.rp_filter": 1,
-        "net.ipv4.conf.all.accept_local": 0, "net.ipv4.conf.eth0.accept_local": 0,
-        "net.ipv4.conf.all.log_martians": 0, "net.ipv4.conf.all.route_localnet": 0}
+    sysctls: dict[str, str | int] = dict(NODE_SYSCTLS)
     bundle: dict[str, str] = {}
     kube_ipvs0: list[str] | None = None
     if mode == "iptables":

@@ -20,6 +20,13 @@ from lab.kube_proxy_rules.objects import (
     sysctl_text,
 )
 
+# the sysctls the agent's probe reads, as a kube-proxy node has them
+NODE_SYSCTLS: dict[str, str | int] = {
+    "net.ipv4.ip_forward": 1, "net.ipv4.conf.all.rp_filter": 1,
+    "net.ipv4.conf.default.rp_filter": 1, "net.ipv4.conf.eth0.rp_filter": 1,
+    "net.ipv4.conf.all.accept_local": 0, "net.ipv4.conf.eth0.accept_local": 0,
+    "net.ipv4.conf.all.log_martians": 0, "net.ipv4.conf.all.route_localnet": 0}
+
 # --- synthetic bundles for the benchmark ------------------------------------------------
 
 
@@ -56,11 +63,7 @@ def synthetic(n_services: int, mode: str, seed: int = 0) -> dict[str, str]:
     interfaces: list[tuple[str, str, Sequence[str]]] = [
         ("lo", "UP", ["127.0.0.1/8"]), ("eth0", "UP", [f"{node_ip}/24"]),
         ("cni0", "UP", ["172.16.1.1/24"])]
-    sysctls: dict[str, str | int] = {
-        "net.ipv4.ip_forward": 1, "net.ipv4.conf.all.rp_filter": 1,
-        "net.ipv4.conf.default.rp_filter": 1, "net.ipv4.conf.eth0.rp_filter": 1,
-        "net.ipv4.conf.all.accept_local": 0, "net.ipv4.conf.eth0.accept_local": 0,
-        "net.ipv4.conf.all.log_martians": 0, "net.ipv4.conf.all.route_localnet": 0}
+    sysctls: dict[str, str | int] = dict(NODE_SYSCTLS)
     bundle: dict[str, str] = {}
     if mode == "iptables":
         bundle["iptables-save.txt"] = iptables_mode(services, generation="new",
