@@ -44,7 +44,6 @@ class PathOutcome(NamedTuple):
     kind: Outcome
     how: str
     evidence: tuple[str, ...]
-    mixed: bool = False  # paths disagreed
     assumptions: tuple[Assumption, ...] = ()  # what the path took without the input
 
 
@@ -83,5 +82,5 @@ def merge(outcomes: Sequence[PathOutcome]) -> PathOutcome:
                            "lacks: every answer to it leads here)", (*worst.evidence, *notes))
     if len(kinds) > 1:
         return PathOutcome(worst.kind, worst.how + " (on some of the paths kube-proxy's "
-                           "random endpoint choice can take)", worst.evidence, mixed=True)
+                           "random endpoint choice can take)", worst.evidence)
     return worst
