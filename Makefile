@@ -77,7 +77,7 @@ bench: deps venv
 	  "agent_idle.py" "api_requests.py" "live_read.py" "nft_live.py" "daemon_cost.py" \
 	  "daemon_cost.py --backend legacy" "daemon_cost.py --capture" \
 	  "daemon_cost.py --resync" "daemon_cost.py --churn 10 --seconds 600" \
-	  "ipv6_scale.py" "big_verdict.py"; do \
+	  "ipv6_scale.py" "big_verdict.py" "verdict_size.py"; do \
 	  echo "== tests/bench/$$b"; $(PY) tests/bench/$$b || missed="$$missed; $$b"; done; \
 	  if [ -n "$$missed" ]; then echo "make bench: missed a target in:$${missed#;}" >&2; \
 	  exit 1; fi

@@ -18,28 +18,33 @@ from agent import __version__
 from agent.errors import InputError
 from agent.numbers import is_number
 from agent.snapshot import NodeSnapshot
+from agent.terminal import for_terminal, one_line
 
 if TYPE_CHECKING:
     from agent.diagnose import Prepared
-    from agent.diagnose.model import Finding
+    from agent.diagnose.model import Detail, Finding
 
-# Exit codes (documented in --help and README). 0-2 are verdicts; >= 64 follow sysexits.h.
+# Exit codes (documented in --help and README). 0-3 are verdicts; >= 64 follow sysexits.h.
 EXIT_HEALTHY = 0
 EXIT_AT_RISK = 1
 EXIT_LOOPBACK = 2
+EXIT_UNKNOWN = 3  # nothing at risk found, something that could hide a risk not decided
 EXIT_USAGE = 64  # bad command line
 EXIT_DATAERR = 65  # input exists but cannot be used (bad snapshot JSON, no bundle files)
 EXIT_NOINPUT = 66  # --from DIR / --snapshot FILE does not exist or cannot be read
 EXIT_SOFTWARE = 70  # a bug in the agent
 EXIT_CANTCREAT = 73  # bundle DIR / -o FILE cannot be written
 
-EXIT_BY_STATUS = {"healthy": EXIT_HEALTHY, "at-risk": EXIT_AT_RISK, "loopback": EXIT_LOOPBACK}
+EXIT_BY_STATUS = {"healthy": EXIT_HEALTHY, "at-risk": EXIT_AT_RISK, "loopback": EXIT_LOOPBACK,
+                  "unknown": EXIT_UNKNOWN}
 
 EPILOG = """\
 exit codes:
-  0   healthy: no CLB loopback exposure found
+  0   healthy: every known LB IP was decided, no CLB loopback exposure found
   1   at risk: exposure found (see the findings)
   2   loopback observed (with capture)
+  3   unknown: no exposure found, but something that could hide one was not decided
+      (kube-proxy's mode, the LB IPs, a path: the findings say which)
   64  usage error (bad command line)
   65  input unusable (not a snapshot document; nothing usable in --from PATH)
   66  input missing (--from PATH or --snapshot FILE does not exist / is unreadable)
@@ -203,7 +208,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--mode", choices=("iptables", "ipvs", "nftables"),
                    help="kube-proxy's mode, where the input does not settle it; stated in "
                         "the verdict")
-    c.add_argument("--json", action="store_true", help="print the verdict document (JSON)")
+    c.add_argument("--json", action="store_true",
+                   help="print the verdict document (JSON, schema v2: `loopback-agent "
+                        "schema`): every finding that is not fine named, the LB IPs that "
+                        "are fine counted by outcome and rule shape")
+    c.add_argument("--all", action="store_true",
+                   help="with --json: itemise every finding and LB IP with its evidence "
+                        "(20-40 MB at 10k Services), as --verbose does for the report")
+    c.add_argument("--lb-ip", metavar="IP", type=_lb_ip,
+                   help="only this LB / external / Ingress address: its findings in full "
+                        "and the status they make (its exit code)")
     c.add_argument("--npd", action="store_true",
                    help="node-problem-detector custom plugin: one line on stdout, exit 0 "
                         "OK, 1 NonOK (at risk or looping), 2 Unknown (cannot tell, or an "
@@ -301,6 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
              help="require this bearer token for POSTs (re-read when it changes)")
     _env_opt(col, "--retention-days", metavar="DAYS", type=float, default=14.0,
              help="keep verdict history this long (the latest per node is always kept)")
+    _env_opt(col, "--node-quota-mb", metavar="MIB", type=_positive_int, default=64,
+             help="stored verdict documents (gzipped) one node may hold; past it its oldest "
+                  "history goes first, its latest verdict never (default 64)")
     _env_opt(col, "--tls-cert", metavar="FILE",
              help="serve HTTPS with this certificate (PEM, chain after it); re-read when the "
                   "file changes")
@@ -321,6 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     col.add_argument("--kubeconfig", metavar="FILE",
                      help="--auth kube-token: API credentials (default: in-cluster, then "
                           "$KUBECONFIG or ~/.kube/config)")
+    _env_opt(col, "--token-review-cache", metavar="SECONDS", type=float, default=60.0,
+             help="--auth kube-token: how long a token's positive review is kept (default "
+                  "60; never past the token's expiry)")
 
     sub.add_parser("schema", help="print the verdict JSON Schema")
     return p
@@ -347,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(schema_text())
             return 0
     except _Exit as e:
-        print(f"loopback-agent: {e.message}", file=sys.stderr)
+        print(f"loopback-agent: {for_terminal(e.message)}", file=sys.stderr)
         return e.code
     except BrokenPipeError:
         return 0
@@ -373,7 +393,7 @@ def schema_text() -> str:
     # (imported here: importlib.resources costs 10-30 ms, which every check paid)
     from importlib import resources
 
-    return resources.files("agent").joinpath("schema/verdict-v1.json").read_text()
+    return resources.files("agent").joinpath("schema/verdict-v2.json").read_text()
 
 
 def _probe_ctx(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -403,7 +423,8 @@ def load_snapshot(args: argparse.Namespace) -> NodeSnapshot:
             raise _Exit(_input_exit(e), str(e)) from e
         for u in snap.unknowns:
             if not u.reason.startswith("not given") and u.source != "kube-proxy":
-                print(f"loopback-agent: warning: {u.source}: {u.reason}", file=sys.stderr)
+                print(f"loopback-agent: warning: {one_line(u.source)}: "
+                      f"{one_line(u.reason)}", file=sys.stderr)
         return snap
     if getattr(args, "snapshot", None):
         from agent.bundle import read_input
@@ -491,23 +512,51 @@ def _check(args: argparse.Namespace) -> int:
     if args.npd:
         return _npd(args)
     verdict = _verdict(args)
+    if args.lb_ip:
+        known = {r.ip for r in verdict.lb_ips} | {f.lb_ip for f in verdict.findings}
+        if args.lb_ip not in known:
+            raise _Exit(EXIT_USAGE, f"--lb-ip {args.lb_ip}: not an address this node knows "
+                        f"({len(verdict.lb_ips)} LB IPs; `check --json --all` lists them)")
+        verdict = verdict.for_lb_ip(args.lb_ip)
     if args.json:
+        detail: Detail = "lb_ip" if args.lb_ip else "all" if args.all else "summary"
         # indent for people; a huge verdict goes compact (the C encoder, 5x faster)
-        if len(verdict.findings) < 500:
-            sys.stdout.write(json.dumps(verdict.to_dict(), indent=2) + "\n")
+        if detail != "all" or len(verdict.findings) < 500:
+            sys.stdout.write(json.dumps(verdict.to_dict(detail), indent=2) + "\n")
         else:
             from dataclasses import replace
 
             # the long lists' dicts made one at a time, as they are written (the whole
             # tree is 10 MiB for 10k LB IPs): Verdict.to_dict's lists, item by item
-            doc = replace(verdict, findings=(), lb_ips=()).to_dict()
+            doc = replace(verdict, findings=(), lb_ips=()).to_dict("all")
             remedies: dict[str | None, str] = {}
             doc["findings"] = _Encoded(_finding_json(f, remedies) for f in verdict.findings)
             doc["lb_ips"] = (r.to_dict() for r in verdict.lb_ips)
+            n = len(verdict.lb_ips)
+            doc["lb_ip_counts"] = {"total": n, "local": sum(1 for r in verdict.lb_ips
+                                                             if r.local), "listed": n}
             _write_compact_json(doc, sys.stdout)
     else:
-        sys.stdout.write(render(verdict, verbose=args.verbose))
+        # names, comments and log lines from the node: no escape reaches the terminal
+        sys.stdout.write(for_terminal(render(verdict, verbose=args.verbose or args.all
+                                             or bool(args.lb_ip))))
     return EXIT_BY_STATUS[verdict.status]
+
+
+def _positive_int(text: str) -> int:
+    if not (text.isascii() and text.isdigit() and 0 < len(text) <= 9 and int(text) > 0):
+        raise argparse.ArgumentTypeError(f"not a positive whole number: {text!r}")
+    return int(text)
+
+
+def _lb_ip(text: str) -> str:
+    """An address as the verdict writes it (IPv6 compressed)."""
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(text.strip().strip("[]")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an IP address: {text!r}") from None
 
 
 def _npd(args: argparse.Namespace) -> int:
@@ -594,7 +643,8 @@ def _finding_json(f: Finding, remedies: dict[str | None, str]) -> str:
                 f'"summary": {_ENC(f.summary)}, "lb_ip": {_json_str(f.lb_ip)}, '
                 f'"port": {"null" if f.port is None else f.port}, '
                 f'"protocol": {_json_str(f.protocol)}, "service": {_json_str(f.service)}, '
-                f'"evidence": [{", ".join(map(_ENC, f.evidence))}], "remedy": {remedy}}}')
+                f'"evidence": [{", ".join(map(_ENC, f.evidence))}], "remedy": {remedy}'
+                + ("}" if f.shape is None else f', "shape": {_ENC(f.shape)}}}'))
     except TypeError:  # a field that is not a string
         return json.dumps(f.to_dict())
 

@@ -2,10 +2,11 @@
 
 Every interval: snapshot the node, watch NodePort handshakes for the interval, diagnose,
 print a bounded summary of the verdict as one JSON line on stdout (for the log pipeline:
-agent.ship.logline), spool the full verdict when it changed or a heartbeat is due, and
-ship the spool to the collector. Without a capture (--no-capture, or none possible here)
-the rest of the interval is waited out. /metrics, /healthz and (to this node only)
-/verdict, the last full verdict, are served on --listen (bounded: agent.daemon_http).
+agent.ship.logline), spool the verdict (its v2 summary document) when it changed or a
+heartbeat is due, and ship the spool to the collector. Without a capture (--no-capture,
+or none possible here) the rest of the interval is waited out. /metrics, /healthz and (to
+this node only) /verdict, the last verdict (?detail=all: every finding itemised;
+?lb_ip=IP: one address's), are served on --listen (bounded: agent.daemon_http).
 SIGTERM: finish the current verdict, ship what the grace period allows, leave the rest in
 the spool, exit 0.
 """
@@ -16,6 +17,7 @@ import collections
 import ctypes
 import dataclasses
 import datetime as dt
+import ipaddress
 import json
 import os
 import signal
@@ -26,7 +28,7 @@ import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote, urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -45,6 +47,7 @@ from agent.ship.sender import Backoff, Sender, drain
 from agent.ship.spool import IDEMPOTENCY_KEY, Spool
 from agent.signals import SignalEvents
 from agent.snapshot import NodeSnapshot, Unknown
+from agent.verdict_doc import STATUSES
 from agent.watch import watch_node
 
 # what says the Services, Ingresses and Node: the API, or --kube-json's files
@@ -181,7 +184,7 @@ class Metrics:
         self._kept_seen: dict[str, int] = {}
 
     def verdict(self, v: Verdict) -> None:
-        for s in ("healthy", "at-risk", "loopback"):
+        for s in STATUSES:
             self.status.labels(s).set(1 if v.status == s else 0)
         if v.findings is not self._findings_seen:  # 37k findings: 0.15 s a cycle
             self.findings.clear()
@@ -435,8 +438,8 @@ class Daemon:
             self._published, self._published_json = (v, ikey), None
 
     def verdict_json(self) -> bytes | None:
-        """The last verdict's full JSON (with its idempotency key when it was spooled),
-        made once per verdict whatever the number of requests."""
+        """The last verdict's JSON as shipped (the summary: with its idempotency key when
+        it was spooled), made once per verdict whatever the number of requests."""
         with self._publish_lock:
             if self._published is None:
                 return None
@@ -447,6 +450,35 @@ class Daemon:
                     doc[IDEMPOTENCY_KEY] = ikey
                 self._published_json = json.dumps(doc, separators=(",", ":")).encode()
             return self._published_json
+
+    def verdict_reply(self, path: str) -> tuple[bytes, str, int]:
+        """GET /verdict (the summary), /verdict?detail=all (every finding itemised, made
+        per request: 20-40 MB at 10k Services), /verdict?lb_ip=IP (one address's
+        findings in full)."""
+        query = parse_qs(urlsplit(path).query, max_num_fields=4)
+        detail, ip = query.get("detail", [""])[-1], query.get("lb_ip", [""])[-1]
+        if detail not in ("", "summary", "all") or set(query) - {"detail", "lb_ip"}:
+            return (b"the query takes detail=summary|all or lb_ip=IP\n", "text/plain", 400)
+        with self._publish_lock:
+            published = self._published
+        if published is None:
+            return b"no verdict yet\n", "text/plain", 503
+        v = published[0]
+        if ip:
+            try:
+                ip = str(ipaddress.ip_address(ip.strip("[]")))
+            except ValueError:
+                return b"lb_ip: not an IP address\n", "text/plain", 400
+            if ip not in {r.ip for r in v.lb_ips} | {f.lb_ip for f in v.findings}:
+                return b"lb_ip: not an address this node knows\n", "text/plain", 404
+            doc = v.for_lb_ip(ip).to_dict("lb_ip")
+            return json.dumps(doc, separators=(",", ":")).encode(), "application/json", 200
+        if detail == "all":
+            return (json.dumps(v.to_dict("all"), separators=(",", ":")).encode(),
+                    "application/json", 200)
+        body = self.verdict_json()
+        return (body, "application/json", 200) if body else (b"no verdict yet\n",
+                                                             "text/plain", 503)
 
     # -- Services/Ingresses/Node by list+watch ----------------------------------------------
 
@@ -613,13 +645,11 @@ class Daemon:
                 elif self.path == "/healthz":
                     ok, why = daemon.healthy()
                     body, ctype, code = why.encode() + b"\n", "text/plain", 200 if ok else 503
-                elif self.path == "/verdict":
+                elif self.path.split("?", 1)[0] == "/verdict":
                     # the full verdict is the node's whole state: to this node only (its
                     # own addresses, `kubectl port-forward`), not to whoever reaches :9808
                     if from_this_host(self.request, str(self.client_address[0])):
-                        full = daemon.verdict_json()
-                        body, ctype, code = ((full, "application/json", 200) if full
-                                             else (b"no verdict yet\n", "text/plain", 503))
+                        body, ctype, code = daemon.verdict_reply(self.path)
                     else:
                         body, ctype, code = (b"forbidden: from this node only\n",
                                              "text/plain", 403)

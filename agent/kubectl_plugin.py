@@ -6,11 +6,11 @@
 
 `check` starts a short-lived pod on NODE (the agent's image, the node's network and PID
 namespaces, the DaemonSet's capabilities and read-only node mounts: ``check_pod``), streams
-its report, exits with the agent's exit code (0 healthy, 1 at risk, 2 loopback) and deletes
-the pod, also on Ctrl-C or SIGTERM. `nodes` and `services` read the collector through
-`kubectl port-forward` (or --collector URL). Everything cluster-side is done by the user's
-own `kubectl`, with their --kubeconfig, --context and -n/--namespace (accepted anywhere on
-the line, as kubectl users type them after the plugin's name).
+its report, exits with the agent's exit code (0 healthy, 1 at risk, 2 loopback, 3
+unknown) and deletes the pod, also on Ctrl-C or SIGTERM. `nodes` and `services` read the
+collector through `kubectl port-forward` (or --collector URL). Everything cluster-side is
+done by the user's own `kubectl`, with their --kubeconfig, --context and -n/--namespace
+(accepted anywhere on the line, as kubectl users type them after the plugin's name).
 """
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-# Standard library only, and nothing of the agent but its version: the krew archive
-# (plugins/build_krew.py) carries this file alone and runs it with the user's python3.
+# Standard library only, and nothing of the agent but its version and its terminal
+# sanitiser (a leaf): the krew archive (plugins/build_krew.py) carries these files alone
+# and runs them with the user's python3.
 from agent import __version__
+from agent.terminal import one_line
 
 IMAGE = f"ghcr.io/loopback-agent/loopback-agent:{__version__}"  # the kustomize base's image
 AGENT_NAMESPACE = "loopback-agent-node"  # the only namespace admitting the agent's pods
@@ -406,6 +408,9 @@ def fetch_list(url: str, path: str, limit: int, ca_file: str | None) -> tuple[li
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Aligned columns; each cell on one line, its control characters shown escaped (the
+    names come from verdicts nodes sent: no escape sequence reaches the terminal)."""
+    rows = [[one_line(c) for c in r] for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     lines = [header, *rows]
     return "\n".join("   ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
@@ -447,7 +452,7 @@ def cmd_list(k: Kubectl, namespace: str | None, args: argparse.Namespace) -> int
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        print(f"kubectl-loopback: {message}", file=sys.stderr)
+        print(f"kubectl-loopback: {one_line(message)}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
 
 
@@ -479,8 +484,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="run the agent once on NODE in a short-lived pod",
                        description="Start a pod on NODE (namespace loopback-agent-node "
                                    "unless -n), stream the agent's report, exit with its "
-                                   "code (0 healthy, 1 at risk, 2 loopback) and delete the "
-                                   "pod, also on Ctrl-C. Arguments after -- go to "
+                                   "code (0 healthy, 1 at risk, 2 loopback, 3 unknown) "
+                                   "and delete the pod, also on Ctrl-C. Arguments after -- go to "
                                    "`loopback-agent check`.")
     c.add_argument("node", metavar="NODE")
     c.add_argument("--capture", metavar="DURATION", type=_capture,
@@ -519,12 +524,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_check(k, flags.get("namespace"), args)
         return cmd_list(k, flags.get("namespace"), args)
     except PluginError as e:
-        print(f"kubectl-loopback: {e}", file=sys.stderr)
+        print(f"kubectl-loopback: {one_line(str(e))}", file=sys.stderr)
         return e.code
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except argparse.ArgumentTypeError as e:
-        print(f"kubectl-loopback: {e}", file=sys.stderr)
+        print(f"kubectl-loopback: {one_line(str(e))}", file=sys.stderr)
         return EXIT_USAGE
 
 

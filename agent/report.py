@@ -10,11 +10,11 @@ from agent.diagnose.model import Finding, Verdict
 
 _STATUS_LINE = {
     "healthy": "HEALTHY: no CLB loopback exposure found",
+    "unknown": "UNKNOWN: no exposure found, but loopback could not be ruled out on this node "
+               "(see below why)",
     "at-risk": "AT RISK: this node is exposed to CLB loopback",
     "loopback": "LOOPBACK OBSERVED: traffic through the load balancer loops back and fails",
 }
-# findings that mean "could not decide", not "exposed"
-_UNDECIDED = {"lb-ips-unknown", "pod-to-lb-undetermined", "diagnosis-incomplete"}
 _MARK = {"critical": "CRITICAL", "warning": "WARNING", "info": "info"}
 TOP_PORTS = 10  # NodePorts listed in the capture section
 # A 10k-service node's report was 60,000 lines, every "ok" LB IP and every note listed:
@@ -44,11 +44,7 @@ def render(v: Verdict, verbose: bool = False, width: int = 100) -> str:
 
     out.append(f"loopback-agent {v.agent_version}  node {v.node}  {v.time}  "
                f"({ctx.origin})")
-    serious = {f.id for f in v.findings if f.severity != "info"}
-    if v.status == "at-risk" and serious and serious <= _UNDECIDED:
-        out.append("AT RISK: loopback could not be ruled out on this node (see below why)")
-    else:
-        out.append(_STATUS_LINE.get(v.status, v.status))
+    out.append(_STATUS_LINE.get(v.status, v.status))
     out.append(f"kube-proxy mode: {v.kube_proxy_mode}"
                + (f" ({ctx.kube_proxy_mode_from})" if ctx.kube_proxy_mode_from else ""))
     node_bits = []

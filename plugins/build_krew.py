@@ -3,7 +3,8 @@
     python plugins/build_krew.py [--out DIR] [--write-manifest]
 
 The archive (kubectl-loopback-vVERSION.tar.gz) holds agent/kubectl_plugin.py, the package's
-__init__.py (its version) and kubectl-loopback, a launcher that runs them with the user's
+__init__.py (its version), agent/terminal.py (the sanitiser of what reaches the terminal,
+standard library only) and kubectl-loopback, a launcher that runs them with the user's
 python3 (3.10 or newer; the plugin uses the standard library only). It is reproducible:
 fixed owners, modes and times, so its sha256 is the manifest's whatever the machine. A
 release uploads it to the manifest's uri; tests/test_kubectl_plugin.py rebuilds it and
@@ -40,7 +41,8 @@ def archive_bytes() -> bytes:
     files = [("kubectl-loopback", LAUNCHER, 0o755),
              ("agent/__init__.py", (REPO / "agent" / "__init__.py").read_bytes(), 0o644),
              ("agent/kubectl_plugin.py", (REPO / "agent" / "kubectl_plugin.py").read_bytes(),
-              0o644)]
+              0o644),
+             ("agent/terminal.py", (REPO / "agent" / "terminal.py").read_bytes(), 0o644)]
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, data, mode in files:

@@ -14,6 +14,7 @@ import jsonschema
 
 from agent.cli import schema_text
 from agent.ship.logline import LINE_BYTES
+from agent.verdict_doc import expand_targets
 
 LINE_SCHEMA = json.loads(resources.files("agent").joinpath("schema/log-line-v1.json")
                          .read_text())
@@ -58,21 +59,31 @@ def agrees(line: dict[str, Any], verdict: dict[str, Any]) -> None:
     for k in ("node", "time", "status", "kube_proxy_mode", "agent_version"):
         assert line[k] == verdict[k], k
     c, fs = line["counts"], verdict["findings"]
-    assert c["findings"] == len(fs) and c["lb_ips"] == len(verdict["lb_ips"])
+    # a v2 summary names the findings that are not fine and counts the fine ones (ok)
+    ok = verdict.get("ok", [])
+    assert c["findings"] == len(fs) + sum(g["count"] for g in ok)
+    assert c["lb_ips"] == verdict["lb_ip_counts"]["total"]
     assert c["unknowns"] == len(verdict["unknowns"])
     for sev in ("critical", "warning", "info"):
-        assert c["by_severity"][sev] == sum(1 for f in fs if f["severity"] == sev), sev
+        assert c["by_severity"][sev] == sum(1 for f in fs if f["severity"] == sev) + sum(
+            g["count"] for g in ok if g["severity"] == sev), sev
     if line["line"] == "summary":
         rank = {"critical": 0, "warning": 1, "info": 2}
         worst = sorted(fs, key=lambda f: rank[f["severity"]])
         keys = ("id", "severity", "port")
         shown = line["findings"]
-        assert [{k: f[k] for k in keys} for f in shown] == \
-            [{k: f[k] for k in keys} for f in worst[:len(shown)]]
-        for f, full in zip(shown, worst, strict=False):
-            for k in ("lb_ip", "service", "summary"):
+        serious = [f for f in shown if f["severity"] != "info"]
+        assert [{k: f[k] for k in keys} for f in serious] == \
+            [{k: f[k] for k in keys} for f in worst[:len(serious)]]
+        for f, full in zip(serious, worst, strict=False):
+            for k in ("lb_ip", "service") + (() if full.get("abridged") else ("summary",)):
                 assert represents(f[k], full[k]), (k, f[k], full[k])
-        assert len(shown) + line["omitted"]["findings"] == len(fs)
+        # the notes the line shows: itemised in the document, or counted in ok
+        fine = {(g["id"], ip) for g in ok for ip, _ in expand_targets(g["targets"])}
+        notes = {(f["id"], f["lb_ip"]) for f in fs if f["severity"] == "info"}
+        for f in shown[len(serious):]:
+            assert f["severity"] == "info" and (f["id"], f["lb_ip"]) in fine | notes, f
+        assert len(shown) + line["omitted"]["findings"] == c["findings"]
 
 
 def represents(shown: str | None, full: str | None) -> bool:

@@ -84,7 +84,7 @@ def main() -> int:
     if fault != "none":  # the merging is the same in every mode: split this one too
         parallel.SPLIT_MODES = ("iptables", "ipvs", "nftables")
     started = time.monotonic()
-    doc = diagnose(snap, "node-a", now=NOW, jobs=jobs).to_dict()
+    doc = diagnose(snap, "node-a", now=NOW, jobs=jobs).to_dict("all")
     print(json.dumps({"doc": json.dumps(doc), "parent_walked": walked[0],
                       "lb_ips": len(doc["lb_ips"]), "seconds": time.monotonic() - started,
                       "threads": threading.active_count()}))

@@ -57,7 +57,7 @@ def captured(syns: list[tuple[str, int]], at: float = 0.0) -> CaptureResult:
 
 
 def verdict(snap: NodeSnapshot, cap: CaptureResult) -> dict:
-    v = diagnose(snap, "n", capture=cap).to_dict()
+    v = diagnose(snap, "n", capture=cap).to_dict("all")
     jsonschema.validate(v, json.loads(schema_text()))
     return v
 
@@ -153,8 +153,8 @@ def test_report_shows_top_ports_and_how_many_more(tke: NodeSnapshot) -> None:
     assert "2758 more NodePorts" in text
     assert text.count("healthcheck-dropped-local-source") == 1
     # and the same from the stored document
-    back = Verdict.from_dict(v.to_dict())
-    assert back.to_dict() == v.to_dict()
+    back = Verdict.from_dict(v.to_dict("all"))
+    assert back.to_dict("all") == v.to_dict("all")
     assert render(back) == text
 
 
@@ -183,7 +183,7 @@ def test_collector_summary_and_page_of_a_burst_stay_small(tke: NodeSnapshot) -> 
     from agent.collector.page import render_page
     from agent.collector.summary import summarize
 
-    v = diagnose(tke, "n", capture=captured([(VIP, p) for p in RANGE])).to_dict()
+    v = diagnose(tke, "n", capture=captured([(VIP, p) for p in RANGE])).to_dict("all")
     assert Intake().verdicts(json.dumps(v).encode())  # schema-valid, within the body bound
     s = summarize(v)
     assert s.status == "loopback" and s.findings <= 3

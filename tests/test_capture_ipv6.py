@@ -495,7 +495,7 @@ def _health_checks(how: list[str]) -> CaptureResult:
 def test_a_local_source_finding_says_how_the_checks_failed(
         how: list[str], says: str, never: str) -> None:
     snap = load_bundle(Path(__file__).parent / "data" / "bundles" / "tke-etp-local")
-    v = diagnose(snap, "n", capture=_health_checks(how)).to_dict()
+    v = diagnose(snap, "n", capture=_health_checks(how)).to_dict("all")
     (f,) = [f for f in v["findings"] if f["id"] == "healthcheck-dropped-local-source"]
     assert says in f["summary"] and never not in f["summary"], f["summary"]
     assert v["status"] == "loopback"
@@ -535,7 +535,7 @@ def _many_local_sources(v4: int, v6: int) -> CaptureResult:
 def test_merged_local_sources_are_worded_by_their_family(v4: int, v6: int, says: str,
                                                          never: str) -> None:
     snap = load_bundle(Path(__file__).parent / "data" / "bundles" / "tke-etp-local")
-    v = diagnose(snap, "n", capture=_many_local_sources(v4, v6)).to_dict()
+    v = diagnose(snap, "n", capture=_many_local_sources(v4, v6)).to_dict("all")
     found = [f for f in v["findings"] if f["id"] == "healthcheck-dropped-local-source"]
     assert len(found) == min(v4 + v6, 20)
     merged = [f for f in found if "addresses local" in f["summary"]]
@@ -571,7 +571,7 @@ def test_an_unanswered_ipv6_local_sample_does_not_say_dropped() -> None:
     """Its sample line says what was seen (no SYN-ACK left), not a drop: behind a NodePort
     DNATed to a pod the pod answered (tests/test_capture_ipv6_netns.py); IPv4's stays."""
     snap = load_bundle(Path(__file__).parent / "data" / "bundles" / "tke-etp-local")
-    v = diagnose(snap, "n", capture=_health_checks(["drop6", "drop"])).to_dict()
+    v = diagnose(snap, "n", capture=_health_checks(["drop6", "drop"])).to_dict("all")
     lines = [e for f in v["findings"] if f["id"] == "healthcheck-dropped-local-source"
              for e in f["evidence"] if " (local): " in e]
     assert [e.split(": ", 1)[1] for e in lines if VIP6 in e] == ["no SYN-ACK left the node"]

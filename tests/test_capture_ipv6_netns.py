@@ -248,7 +248,7 @@ def _services(tmp: Path) -> Path:
 def check_while(node: Netns, kube: Path, drive: Any) -> dict[str, Any]:
     """`check --capture` in the node while ``drive()`` makes traffic; Ctrl-C once every
     SYN is judged (as tests/test_capture_netns.py does)."""
-    proc = node.popen([PY, "-m", "agent", "check", "--json", "--capture", "60s",
+    proc = node.popen([PY, "-m", "agent", "check", "--json", "--all", "--capture", "60s",
                        "--kube-json", str(kube), "--node-name", "n6"],
                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     lines: list[str] = []

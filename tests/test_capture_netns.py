@@ -45,7 +45,7 @@ def check_while(c: Cluster, drive: Callable[[], Any]) -> tuple[int, dict[str, An
     the first progress line (the ring is open by then, however slow the machine: the VM
     of test_vm_ipvs emulates its CPU) and Ctrl-C ends the capture once its SYNs are
     judged."""
-    proc = c.node.popen([sys.executable, "-m", "agent", "check", "--json", "--capture",
+    proc = c.node.popen([sys.executable, "-m", "agent", "check", "--json", "--all", "--capture",
                          "120s", "--kube-json", str(c.lab.kube_dir), "--node-name", "node-1"],
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     lines: list[str] = []

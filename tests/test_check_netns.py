@@ -70,7 +70,7 @@ def test_live_check_finds_what_the_scenario_expects(name: str, backend: str,
     scenario = SCENARIOS[name]
     with build_lab(scenario, backend) as lab:
         kube = str(lab.kube_dir)
-        live = agent_in(lab.node, "check", "--json", "--node-name", "lab-node",
+        live = agent_in(lab.node, "check", "--json", "--all", "--node-name", "lab-node",
                         "--kube-json", kube)
         assert live.returncode in (0, 1), live.stderr
         verdict = json.loads(live.stdout)
@@ -91,7 +91,7 @@ def test_live_check_finds_what_the_scenario_expects(name: str, backend: str,
         for f in ("services.json", "node.json", "ingresses.json"):
             if (lab.kube_dir / f).exists():
                 shutil.copy(lab.kube_dir / f, bundle / f)
-        offline = agent_here("check", "--from", str(bundle), "--json",
+        offline = agent_here("check", "--from", str(bundle), "--json", "--all",
                              "--node-name", "lab-node")
         assert offline.returncode == live.returncode, offline.stderr
         assert comparable(json.loads(offline.stdout)) == comparable(verdict)
@@ -118,7 +118,7 @@ def test_bytes_that_are_not_utf8_on_the_node_cost_nothing(backend: str,
             ["ip", "netns", "exec", lab.node.name, f"iptables-{backend}-save"],
             capture_output=True, check=True).stdout
         kube = str(lab.kube_dir)
-        live = agent_in(lab.node, "check", "--json", "--node-name", "lab-node",
+        live = agent_in(lab.node, "check", "--json", "--all", "--node-name", "lab-node",
                         "--kube-json", kube)
         assert live.returncode in (0, 1), live.stderr
         verdict = json.loads(live.stdout)
@@ -138,7 +138,7 @@ def test_bytes_that_are_not_utf8_on_the_node_cost_nothing(backend: str,
         for f in ("services.json", "node.json", "ingresses.json"):
             if (lab.kube_dir / f).exists():
                 shutil.copy(lab.kube_dir / f, bundle / f)
-        offline = agent_here("check", "--from", str(bundle), "--json", "--node-name",
+        offline = agent_here("check", "--from", str(bundle), "--json", "--all", "--node-name",
                              "lab-node")
         assert offline.returncode == live.returncode, offline.stderr
         assert "not UTF-8" not in offline.stderr and "bad JSON" not in offline.stderr
@@ -151,7 +151,7 @@ def test_check_bundle_snapshot_change_nothing_on_the_node(backend: str, tmp_path
     with build_lab(scenario, backend) as lab:
         before = capture(lab.node)
         assert agent_in(lab.node, "check", "--no-kube-api").returncode in (0, 1)
-        assert agent_in(lab.node, "check", "--json", "--no-kube-api").returncode in (0, 1)
+        assert agent_in(lab.node, "check", "--json", "--all", "--no-kube-api").returncode in (0, 1)
         assert agent_in(lab.node, "bundle", str(tmp_path / "b"), "--no-kube-api").returncode == 0
         snap = agent_in(lab.node, "snapshot", "--no-kube-api")
         assert snap.returncode == 0, snap.stderr
@@ -170,9 +170,9 @@ def test_snapshot_round_trip_gives_the_same_verdict(tmp_path: Path) -> None:
                         str(lab.kube_dir), "--node-name", "lab-node")
         assert snap.returncode == 0, snap.stderr
         (tmp_path / "node.json").write_text(snap.stdout)
-        live = agent_in(lab.node, "check", "--json", "--kube-json", str(lab.kube_dir),
+        live = agent_in(lab.node, "check", "--json", "--all", "--kube-json", str(lab.kube_dir),
                         "--node-name", "lab-node")
-    again = agent_here("check", "--snapshot", str(tmp_path / "node.json"), "--json")
+    again = agent_here("check", "--snapshot", str(tmp_path / "node.json"), "--json", "--all")
     assert again.returncode == live.returncode
     a, b = json.loads(again.stdout), json.loads(live.stdout)
     for v in (a, b):
@@ -187,10 +187,10 @@ def test_unreadable_probes_become_unknowns_not_tracebacks() -> None:
     scenario = SCENARIOS["tke-ipvs-etp-local"]
     with build_lab(scenario, "nft") as lab:
         r = lab.node.run("env", "PATH=/nonexistent", sys.executable, "-m", "agent", "check",
-                         "--json", "--no-kube-api", "--kube-json", str(lab.kube_dir),
+                         "--json", "--all", "--no-kube-api", "--kube-json", str(lab.kube_dir),
                          check=False)
     assert "Traceback" not in r.stderr
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == 3, r.stderr  # unknown: nothing at risk found, nothing ruled out
     v = json.loads(r.stdout)
     reasons = {u["source"]: u["reason"] for u in v["unknowns"]}
     assert "iptables" in reasons["nat rules"]

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gzip
 import json
 import os
+import random
 import resource
 import socket
 import subprocess
@@ -532,3 +534,138 @@ def test_unicode_digits_in_paging_are_400(col: Proc, base: dict[str, Any], param
         assert r.status_code == 400, (path, r.status_code, r.text[:200])
     assert requests.get(col.url + "/v1/nodes?limit=1", timeout=5).status_code == 200
     assert "Traceback" not in col.stop()
+
+
+# -- issue 35, item 1: the work a body may cause is bounded before it is built -----------
+
+
+@pytest.mark.parametrize("element,count,why", [
+    (b"{}", 22_000_000, "JSON values"),  # 66 MB inflated from 64 KB: 22M dicts before
+    (b'"a"', 16_000_000, "JSON values"),  # strings have no hook: counted in the bytes
+    (b"{}", 300_000, "JSON objects"),  # under the value bound, over the object bound
+])
+def test_a_small_gzip_body_cannot_make_millions_of_objects(
+        col: Proc, base: dict[str, Any], element: bytes, count: int, why: str) -> None:
+    body = b"[" + b",".join([element] * count) + b"]"
+    packed = gzip.compress(body, 9)
+    assert len(packed) < 200_000 and len(body) < 64 * 2**20
+    before = status_kib(col.p.pid, "VmRSS")
+    t0 = time.monotonic()
+    r = post(col, packed, headers={"Content-Encoding": "gzip"})
+    took = time.monotonic() - t0
+    assert r.status_code == 413 and why in r.json()["error"], r.text
+    # the inflated text is held once (64 MiB at most) but never parsed into objects: the
+    # attack took 1.7 GiB and 8 s before
+    grown = status_kib(col.p.pid, "VmHWM") - before
+    assert grown < 400 * 1024, f"the collector grew {grown // 1024} MiB"
+    assert took < 5, took
+    assert post(col, like(base, "after")).status_code == 200  # still serving
+
+
+def _post_from(source: str, port: int, body: bytes) -> bytes:
+    """A whole POST of ``body`` from the local address ``source`` (127.0.0.0/8 is every
+    node's own), the reply's status line."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10,
+                                  source_address=(source, 0)) as s:
+        s.sendall(b"POST /v1/verdicts HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                  b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        out = b""
+        while b"\r\n" not in out:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            out += chunk
+        return out.split(b"\r\n", 1)[0]
+
+
+def test_announced_bodies_hold_nothing_and_one_client_only_its_share(
+        col: Proc, base: dict[str, Any]) -> None:
+    """issue 35, item 2: 32 connections announcing a 4 MiB body and sending nothing held
+    the whole 128 MiB body budget for the 20 s body timeout (every agent's POST got 503
+    meanwhile). Now a body is reserved as its bytes arrive, and one client address holds
+    at most 32 MiB of it: another node's agent is served."""
+    held: list[socket.socket] = []
+    try:
+        for _ in range(32):  # announced, never sent
+            s = socket.create_connection(("127.0.0.1", col.port))
+            s.sendall(b"POST /v1/verdicts HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                      b"application/json\r\nContent-Length: 4194304\r\n\r\n")
+            held.append(s)
+        time.sleep(0.5)
+        assert post(col, like(base, "same-client")).status_code == 200
+        # now the same client sends 1 MiB of each of 40 such bodies: past its share
+        refused = 0
+        for _ in range(40):
+            s = socket.create_connection(("127.0.0.1", col.port))
+            s.sendall(b"POST /v1/verdicts HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                      b"application/json\r\nContent-Length: 4194304\r\n\r\n")
+            with contextlib.suppress(OSError):
+                s.sendall(b" " * (1 << 20))
+            held.append(s)
+        time.sleep(1)
+        for s in held[32:]:
+            s.settimeout(0.2)
+            with contextlib.suppress(OSError):
+                if b" 503 " in s.recv(4096):
+                    refused += 1
+        assert refused >= 8, refused  # 40 MiB sent, 32 MiB its share
+        # another node (another address) is served meanwhile
+        body = json.dumps({**like(base, "other-node"), "idempotency_key": "o1"}).encode()
+        assert _post_from("127.0.0.2", col.port, body).startswith(b"HTTP/1.1 200")
+    finally:
+        for s in held:
+            s.close()
+
+
+# -- issue 35, item 5: a storage quota and a change rate per node ------------------------
+
+
+def test_one_node_is_kept_within_its_storage_quota(db: str, base: dict[str, Any]) -> None:
+    """Distinct large verdicts of one node (one client grew the database ~10 MiB/s before):
+    past the node's quota its oldest history goes, its newest verdict and other nodes'
+    stay."""
+    from agent.collector.store import open_store
+
+    store = open_store(db, node_quota=300_000)
+    try:
+        rng = random.Random(5)
+        other = like(base, "quiet")
+        store.add([{**other, "idempotency_key": "q"}])
+        sent = []
+        for i in range(30):  # each about 40 KB gzipped: 1.2 MB in all
+            v = big_verdict(base, "noisy", findings=300)
+            for f in v["findings"]:
+                f["summary"] = f"{i} {rng.getrandbits(256):x} {f['summary']}"
+            v["idempotency_key"] = f"n{i}"
+            store.add([v])
+            sent.append(v)
+        size = store._length("body")
+        total = store._rows(f"SELECT SUM({size}) FROM documents WHERE node = 'noisy'")[0][0]
+        assert int(total) <= 300_000 + 60_000, total  # the newest may take it over once
+        assert store.quota_pruned > 0
+        (newest,) = [n for n in store.nodes(10) if n["node"] == "noisy"]
+        assert newest["time"] == sent[-1]["time"]
+        assert store.history("noisy")  # and what is left of its history reads back
+        assert {n["node"] for n in store.nodes(10)} == {"noisy", "quiet"}
+    finally:
+        store.close()
+
+
+def test_one_node_may_not_send_changes_without_end(col: Proc, base: dict[str, Any]) -> None:
+    from agent.collector.server import CHANGES_PER_WINDOW
+
+    for i in range(CHANGES_PER_WINDOW):
+        v = like(base, "chatty", kube_proxy_mode=base["kube_proxy_mode"])
+        v["context"] = {**v.get("context", {}), "origin": f"change {i}"}  # a new document
+        assert post(col, {**v, "idempotency_key": f"c{i}"}).status_code == 200, i
+    v = like(base, "chatty")
+    v["context"] = {**v.get("context", {}), "origin": "one more"}
+    r = post(col, {**v, "idempotency_key": "c-last"})
+    assert r.status_code == 429 and r.headers["Retry-After"] == "60", r.text
+    # the same verdict again (an unchanged heartbeat) is no change: taken
+    again = like(base, "chatty")
+    again["context"] = {**again.get("context", {}), "origin": "change 0"}
+    assert post(col, {**again, "idempotency_key": "c-again"}).status_code == 200
+    assert post(col, like(base, "another-node")).status_code == 200  # others go on
+    metrics = requests.get(col.url + "/metrics", timeout=5).text
+    assert 'loopback_collector_requests_rejected_total{code="429"} 1.0' in metrics

@@ -22,7 +22,8 @@ from agent.collector.intake import BadRequest, Intake, fast_validator
 from agent.diagnose import diagnose
 from tests.test_capture_findings import NODE, POD, RANGE, VIP, captured
 
-SCHEMA = json.loads(resources.files("agent").joinpath("schema/verdict-v1.json").read_text())
+SCHEMA = json.loads(resources.files("agent").joinpath("schema/verdict-v2.json").read_text())
+SCHEMA_V1 = json.loads(resources.files("agent").joinpath("schema/verdict-v1.json").read_text())
 DATA = Path(__file__).parent / "data"
 # each value of another kind, and the edges the schema's keywords draw
 HOSTILE: tuple[Any, ...] = (None, True, False, 0, 1, -1, 1.0, 1.5, -0.5, 2**64, math.nan,
@@ -48,9 +49,24 @@ def _small(v: dict[str, Any]) -> dict[str, Any]:
 def verdicts() -> list[dict[str, Any]]:
     tke = load_bundle(DATA / "bundles" / "tke-etp-local")
     cap = captured([(VIP, p) for p in RANGE[:40]] + [(POD, 30080), (NODE, 30081)])
-    out = [_small(diagnose(tke, "n", capture=cap).to_dict())]
-    out.append(_small(diagnose(tke, "n").to_dict()))
+    out = [_small(diagnose(tke, "n", capture=cap).to_dict("all"))]
+    out.append(_small(diagnose(tke, "n").to_dict("all")))
+    # the summary an agent ships: its ok groups, shapes and abridged findings too
+    summary = diagnose(tke, "n").to_dict()
+    assert summary["ok"], "the bundle's summary has no fine LB IP to count"
+    out.append(_small(summary))
     return out
+
+
+def as_v1(doc: dict[str, Any]) -> dict[str, Any]:
+    """The verdict as a v1 agent sent it (the fleet upgrades node by node)."""
+    old = {k: v for k, v in copy.deepcopy(doc).items()
+           if k not in ("detail", "ok", "shapes", "abridged", "lb_ip_counts")}
+    old["schema"] = "loopback-agent/verdict/v1"
+    old["status"] = "at-risk" if old["status"] == "unknown" else old["status"]
+    for f in old["findings"]:
+        f.pop("shape", None)
+    return old
 
 
 def _places(node: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
@@ -93,14 +109,19 @@ def _mutants(doc: dict[str, Any]) -> Iterator[str]:
 
 def test_the_verdict_schema_compiles_fast() -> None:
     assert fast_validator(SCHEMA) is not None
+    assert fast_validator(SCHEMA_V1) is not None
 
 
-def test_never_more_lenient_than_jsonschema(verdicts: list[dict[str, Any]]) -> None:
-    fast = fast_validator(SCHEMA)
+@pytest.mark.parametrize("version", ["v2", "v1"])
+def test_never_more_lenient_than_jsonschema(verdicts: list[dict[str, Any]],
+                                            version: str) -> None:
+    schema = SCHEMA if version == "v2" else SCHEMA_V1
+    docs = verdicts if version == "v2" else [as_v1(verdicts[0]), as_v1(verdicts[1])]
+    fast = fast_validator(schema)
     assert fast is not None
-    slow = jsonschema.Draft202012Validator(SCHEMA)
+    slow = jsonschema.Draft202012Validator(schema)
     both_refused = fast_only = 0
-    for doc in verdicts:
+    for doc in docs:
         fast(doc)  # a real verdict passes both
         assert slow.is_valid(doc)
         before = json.dumps(doc)
@@ -135,7 +156,7 @@ def test_a_refused_verdict_gets_jsonschemas_words(verdicts: list[dict[str, Any]]
     doc = copy.deepcopy(verdicts[0])
     doc["time"] += "\n"
     with pytest.raises(fastjsonschema.JsonSchemaException):
-        intake.fast(doc)  # type: ignore[misc]
+        intake.schemas["loopback-agent/verdict/v2"].fast(doc)  # type: ignore[misc]
     assert intake.verdicts(json.dumps(doc).encode())[0]["time"] == doc["time"]
 
 

@@ -40,7 +40,7 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     d = tmp_path_factory.mktemp("dump10k")
     for name, text in synthetic(10000, "iptables").items():
         (d / name).write_text(text)
-    doc = diagnose(load_bundle(str(d)), BIG_NODE).to_dict()
+    doc = diagnose(load_bundle(str(d)), BIG_NODE).to_dict("all")
     return json.dumps(doc, separators=(",", ":")).encode()
 
 

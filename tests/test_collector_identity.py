@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 import threading
@@ -53,6 +54,7 @@ class FakeKubeAPI:
         # a stuck API server: while cleared, token reviews wait here (60 s at most)
         self.open = threading.Event()
         self.open.set()
+        self.delay = 0.0  # seconds each token review takes
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -83,6 +85,7 @@ class FakeKubeAPI:
                 spec = body["spec"]
                 api.calls["tokenreview started"] += 1
                 api.open.wait(60)
+                time.sleep(api.delay)
                 api.calls["tokenreview"] += 1
                 api.calls[f"tokenreview:{spec['token'][-12:]}"] += 1
                 known = api.tokens.get(spec["token"])
@@ -300,3 +303,44 @@ def test_known_agents_never_queue_behind_reviews_of_unknown_tokens(
     codes = [post(collector, verdict("node-a"), bad).status_code for _ in range(5)]
     assert codes == [401] * 5
     assert kube.calls["tokenreview"] - before == 1  # refused again from memory
+
+
+def test_a_flood_of_made_up_tokens_does_not_stop_known_agents(
+        kube: FakeKubeAPI, tmp_path: Path) -> None:
+    """issue 35, item 3: 80 clients without any credential sending random JWT-shaped
+    tokens, each review taking 0.2 s: 9 of 10 agents whose cache entry had expired got
+    503 "too many token reviews waiting", and every entry expires within its cache time,
+    so one client stopped the fleet's intake. Known tokens are now reviewed apart."""
+    c = Proc(tmp_path / "c.db", extra=(
+        "--auth", "kube-token", "--kubeconfig", str(kube.kubeconfig(tmp_path / "kc")),
+        "--token-review-cache", "1"))
+    stop = threading.Event()
+    refused: Counter[int] = Counter()
+
+    def flood() -> None:
+        s = requests.Session()
+        while not stop.is_set():
+            fake = jwt(f"x-{secrets.token_hex(8)}")
+            with contextlib.suppress(requests.RequestException):
+                refused[s.post(c.url + "/v1/verdicts", json={}, timeout=10,
+                               headers={"Authorization": f"Bearer {fake}"}).status_code] += 1
+
+    try:
+        agents = {f"node-{i}": kube.agent_token(f"agent-{i:05d}", f"node-{i}")
+                  for i in range(10)}
+        for node, token in agents.items():
+            assert post(c, verdict(node), token).status_code == 200
+        time.sleep(1.5)  # every agent's cached review has expired
+        kube.delay = 0.2
+        threads = [threading.Thread(target=flood) for _ in range(80)]
+        for t in threads:
+            t.start()
+        time.sleep(2)
+        codes = [post(c, verdict(node), token).status_code for node, token in agents.items()]
+        assert codes == [200] * 10, codes
+        assert refused[503] > 0  # the flood was refused, the known agents were not
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        c.stop()

@@ -338,8 +338,9 @@ def test_a_stored_document_is_not_validated_again(server: tuple[str, Any],
     """Schema validation is skipped only for a document this node already stored and
     that was validated against this schema; its time is still checked."""
     url, col = server
-    assert col.intake.fast is not None
-    counting = col.intake.fast = Counting(col.intake.fast)
+    v2 = col.intake.schemas[base["schema"]]
+    assert v2.fast is not None
+    counting = v2.fast = Counting(v2.fast)
     assert post(url, like(base, "v", 1)).status_code == 200
     assert post(url, [like(base, "v", 2), like(base, "v", 3)], "gzip").status_code == 200
     assert counting.seen == [("v", "k1")]  # the heartbeats: their time and key only
@@ -416,7 +417,8 @@ def test_a_caller_never_learns_whether_another_nodes_document_is_stored(
                           "127.0.0.1", 0)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{srv.server_address[1]}/v1/verdicts"
-    counting = srv.collector.intake.fast = Counting(srv.collector.intake.fast)
+    v2 = srv.collector.intake.schemas[base["schema"]]
+    counting = v2.fast = Counting(v2.fast)
     try:
         for token, i, code in (("b", 1, 200), ("b", 2, 200), ("a", 3, 403)):
             r = requests.post(url, json=like(base, "b", i), timeout=30,

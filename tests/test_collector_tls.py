@@ -52,6 +52,18 @@ def replace(src: Path, dst: Path) -> None:
     os.replace(tmp, dst)
 
 
+def serving_first(tmp_path: Path, certs: dict[str, tuple[Path, Path]]
+                  ) -> tuple[Proc, Path, Path]:
+    """A collector serving the "first" pair from tls.crt / tls.key (it checks it does)."""
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    replace(certs["first"][0], cert)
+    replace(certs["first"][1], key)
+    c = Proc(tmp_path / "c.db", extra=("--tls-cert", str(cert), "--tls-key", str(key)),
+             verify=str(certs["first"][0]))
+    assert served_cert(c.port) == der(certs["first"][0])
+    return c, cert, key
+
+
 @pytest.fixture
 def certs(tmp_path: Path) -> dict[str, tuple[Path, Path]]:
     return {n: make_cert(tmp_path, n) for n in ("first", "second")}
@@ -59,13 +71,8 @@ def certs(tmp_path: Path) -> dict[str, tuple[Path, Path]]:
 
 def test_https_serves_and_reloads_a_replaced_certificate(
         tmp_path: Path, certs: dict[str, tuple[Path, Path]]) -> None:
-    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
-    replace(certs["first"][0], cert)
-    replace(certs["first"][1], key)
-    c = Proc(tmp_path / "c.db", extra=("--tls-cert", str(cert), "--tls-key", str(key)),
-             verify=str(certs["first"][0]))
+    c, cert, key = serving_first(tmp_path, certs)
     try:
-        assert served_cert(c.port) == der(certs["first"][0])
         r = requests.post(c.url + "/v1/verdicts", json=verdict("tls-node"), timeout=5,
                           verify=str(certs["first"][0]))
         assert r.status_code == 200
@@ -134,3 +141,27 @@ def test_unusable_tls_files_stop_the_start_with_a_reason(
                         f"127.0.0.1:{free_port()}", "--db", f"sqlite://{tmp_path / 'y.db'}"],
                        capture_output=True, text=True, timeout=30, env=env)
     assert r.returncode == 64 and "TLS" in r.stderr  # the variables are read too
+
+
+def test_a_certificate_replaced_by_a_fifo_blocks_nothing(
+        tmp_path: Path, certs: dict[str, tuple[Path, Path]]) -> None:
+    """issue 35, item 6: the reload opened the TLS files as they were (the token file is
+    read without blocking, the TLS files were not): a FIFO in the certificate's place
+    blocked the event loop on the reload, every connection timed out and SIGTERM took
+    ~30 s. Now the previous certificate stays in service and says why."""
+    c, cert, _ = serving_first(tmp_path, certs)
+    try:
+        fifo = tmp_path / "fifo"
+        os.mkfifo(fifo)
+        os.replace(fifo, cert)  # by rename, as a Secret volume swaps files
+        time.sleep(2.5)  # past the reload check (every 1 s)
+        for _ in range(3):
+            t0 = time.monotonic()
+            r = requests.get(c.url + "/healthz", timeout=5, verify=str(certs["first"][0]))
+            assert r.status_code == 200 and time.monotonic() - t0 < 2
+        assert served_cert(c.port) == der(certs["first"][0])
+        t0 = time.monotonic()
+    finally:
+        err = c.stop()
+    assert time.monotonic() - t0 < 10, "SIGTERM was slow"
+    assert "not a regular file" in err and "still serving the previous" in err

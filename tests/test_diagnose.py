@@ -28,7 +28,7 @@ def tke() -> NodeSnapshot:
 
 
 def findings(snap: NodeSnapshot) -> dict[tuple[str, str | None], dict]:
-    v = diagnose(snap, "n").to_dict()
+    v = diagnose(snap, "n").to_dict("all")
     return {(f["id"], f["lb_ip"]): f for f in v["findings"]}
 
 
@@ -86,7 +86,7 @@ def test_prevent_loopback_annotation_makes_the_bound_vip_expected(tke: NodeSnaps
         tke, services=services,
         local_routes=(*(tke.local_routes or ()), LocalRoute(
             "local", "10.0.1.100", "kube-ipvs0", "10.0.1.100", "local 10.0.1.100 dev kube-ipvs0")))
-    v = diagnose(snap, "n").to_dict()
+    v = diagnose(snap, "n").to_dict("all")
     f = next(f for f in v["findings"] if f["id"] == "lb-ip-local")
     assert f["severity"] == "info" and "100.64.0.0/10" in f["summary"]
     assert v["status"] == "healthy"
@@ -120,7 +120,7 @@ def _without_cni0(tke: NodeSnapshot) -> NodeSnapshot:
 def test_pod_cidr_named_by_the_rules_when_no_bridge(tke: NodeSnapshot) -> None:
     """No podCIDR, no pod bridge: kube-proxy's own `! -s CIDR -j KUBE-MARK-MASQ` names
     the pod network, and the walk decides from it."""
-    v = diagnose(_without_cni0(tke), "n").to_dict()
+    v = diagnose(_without_cni0(tke), "n").to_dict("all")
     assert v["context"]["pod_network"] == "172.16.0.0/16"
     assert ("pod-to-lb-not-masqueraded", "10.0.1.100") in {(f["id"], f["lb_ip"])
                                                           for f in v["findings"]}
@@ -137,8 +137,8 @@ def test_no_pod_network_is_undetermined_not_healthy(tke: NodeSnapshot) -> None:
     tables = tuple(replace(t, chains=chains) if t.name == "nat" else t
                    for t in snap.netfilter.tables)
     snap = replace(snap, netfilter=replace(snap.netfilter, tables=tables))
-    v = diagnose(snap, "n").to_dict()
-    assert v["status"] == "at-risk"
+    v = diagnose(snap, "n").to_dict("all")
+    assert v["status"] == "unknown"  # only an undecided path: not at risk, not healthy
     got = {(f["id"], f["lb_ip"]): f for f in v["findings"]}
     # eTP=Local: whether the pod is masqueraded depends on its address: undecided, and
     # the verdict names the one fact that decides it
@@ -158,14 +158,14 @@ def test_node_pod_cidr_wins_over_bridge_guess(tke: NodeSnapshot) -> None:
 
     snap = replace(tke, node_info=NodeInfo("n", pod_cidrs=("172.16.1.0/24",),
                                            internal_ips=("10.0.0.10",)))
-    v = diagnose(snap, "n").to_dict()
+    v = diagnose(snap, "n").to_dict("all")
     assert v["context"]["pod_network"] == "172.16.1.0/24"
     assert v["context"]["pod_interface"] == "cni0"
     assert v["context"]["uplink"] == "eth0"
 
 
 def test_no_rules_at_all_is_undetermined(tke: NodeSnapshot) -> None:
-    v = diagnose(replace(tke, netfilter=None), "n").to_dict()
+    v = diagnose(replace(tke, netfilter=None), "n").to_dict("all")
     assert {f["id"] for f in v["findings"]} == {"pod-to-lb-undetermined"}
 
 
@@ -195,7 +195,7 @@ def test_observed_loopback_and_dropped_health_checks_set_status_loopback(
     cap = CaptureResult(30.0, (30000, 32767), ports=(port,), kernel_drops=7,
                         kernel_packets=100, corroboration=(
                             Corroboration("in_martian_src", True, 3, "global counter"),))
-    v = diagnose(tke, "n", capture=cap).to_dict()
+    v = diagnose(tke, "n", capture=cap).to_dict("all")
     assert v["status"] == "loopback"
     by_id = {f["id"]: f for f in v["findings"]}
     loop = by_id["loopback-observed"]
@@ -215,7 +215,7 @@ def test_capture_with_only_answered_handshakes_adds_nothing(tke: NodeSnapshot) -
 
     cap = CaptureResult(10.0, (30000, 32767), ports=(
         NodePortStats(30080, syns=5, counts={ANSWERED: {SRC_OTHER: 5}}),))
-    v = diagnose(tke, "n", capture=cap).to_dict()
+    v = diagnose(tke, "n", capture=cap).to_dict("all")
     assert v["status"] == "at-risk"  # the static finding stays; nothing observed
     assert not {"loopback-observed", "nodeport-syn-unanswered"} & {f["id"] for f in v["findings"]}
 
@@ -241,7 +241,7 @@ def test_ipv6_undecided_and_bad_addresses_listed_not_walked(tke: NodeSnapshot) -
         replace(s, lb_ingress=(*s.lb_ingress, LoadBalancerIngress(ip="2001:db8::100"),
                                LoadBalancerIngress(ip="10.0.1.300")))
         if s.name == "web" else s for s in tke.services or ())
-    v = diagnose(replace(tke, services=services), "n").to_dict()
+    v = diagnose(replace(tke, services=services), "n").to_dict("all")
     assert not [f for f in v["findings"] if f["lb_ip"] == "10.0.1.300"]
     reasons = " ".join(u["reason"] for u in v["unknowns"] if u["source"] == "LB IPs")
     assert "'10.0.1.300'" in reasons and "not an IP address" in reasons
@@ -271,7 +271,7 @@ def test_real_dump_missing_kube_proxy_hooks_is_not_patched_up(tke: NodeSnapshot)
                      if not line.startswith(("-A PREROUTING", "-A OUTPUT")))
     nf = parse_iptables_save(text)
     assert nf.backend == "nft"  # it has the iptables-save header
-    v = diagnose(replace(tke, netfilter=nf), "n").to_dict()
+    v = diagnose(replace(tke, netfilter=nf), "n").to_dict("all")
     assert v["context"]["assumed_rules"] == []
     # nothing reaches KUBE-SERVICES, so eTP=Cluster is no longer marked for masquerade
     assert ("pod-to-lb-not-masqueraded", "10.0.1.101") in {
@@ -284,7 +284,7 @@ def test_no_kube_proxy_rules_is_undetermined(tke: NodeSnapshot) -> None:
     nf = parse_iptables_save("# Generated by iptables-nft-save v1.8.9 (nf_tables)\n*nat\n"
                              ":PREROUTING ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\nCOMMIT\n")
     snap = replace(tke, netfilter=nf, ipsets=())
-    v = diagnose(snap, "n").to_dict()
+    v = diagnose(snap, "n").to_dict("all")
     assert {f["id"] for f in v["findings"]} == {"pod-to-lb-undetermined"}
     assert "nftables mode" in v["findings"][0]["summary"]
 
@@ -295,16 +295,16 @@ def test_a_malformed_value_in_one_rule_is_undetermined_not_healthy(tke: NodeSnap
     text = (TKE / "iptables-save.txt").read_text().replace(
         "-A PREROUTING -m comment",
         "-A PREROUTING -m mark --mark 0x10000/0xZZ -j ACCEPT\n-A PREROUTING -m comment")
-    v = diagnose(replace(tke, netfilter=parse_iptables_save(text)), "n").to_dict()
-    assert v["status"] == "at-risk"
+    v = diagnose(replace(tke, netfilter=parse_iptables_save(text)), "n").to_dict("all")
+    assert v["status"] == "unknown"
     und = [f for f in v["findings"] if f["id"] == "pod-to-lb-undetermined"]
     assert und and "0xZZ" in und[0]["summary"]
 
 
 def test_lb_ips_unknown_without_service_objects(tke: NodeSnapshot) -> None:
-    v = diagnose(replace(tke, services=None, ipsets=()), "n").to_dict()
+    v = diagnose(replace(tke, services=None, ipsets=()), "n").to_dict("all")
     assert "lb-ips-unknown" in {f["id"] for f in v["findings"]}
-    assert v["status"] == "at-risk"
+    assert v["status"] == "unknown"
 
 
 def test_sources_that_disagree_are_named(tke: NodeSnapshot) -> None:
@@ -329,9 +329,9 @@ def test_typed_verdict_round_trips_through_its_document(tke: NodeSnapshot) -> No
                         kernel_packets=9, corroboration=(Corroboration("in_martian_src",
                                                                        True, 2, "delta"),))
     v = diagnose(tke, "n", capture=cap)
-    doc = v.to_dict()
+    doc = v.to_dict("all")
     back = Verdict.from_dict(doc)
-    assert back.to_dict() == doc
+    assert back.to_dict("all") == doc
     assert render(back) == render(v)
     assert back.change_key() == v.change_key()
 

@@ -67,7 +67,7 @@ def _comparable(verdict: dict[str, Any]) -> dict[str, Any]:
 def test_live_check_walks_ipv6_lb_ips_and_equals_the_bundle(lab: ds.DualLab,
                                                             tmp_path: Path) -> None:
     before = capture(lab.node)
-    live = _agent(lab.node, "check", "--json", "--node-name", ds.NODE_NAME,
+    live = _agent(lab.node, "check", "--json", "--all", "--node-name", ds.NODE_NAME,
                   "--kube-json", str(lab.kube_dir))
     assert live.returncode == 1, live.stderr  # at risk: unsynced6's VIP loops
     verdict = json.loads(live.stdout)
@@ -100,7 +100,7 @@ def test_live_check_walks_ipv6_lb_ips_and_equals_the_bundle(lab: ds.DualLab,
     assert capture(lab.node) == before  # read-only, IPv6 rules included
     for name in ("services.json", "node.json"):
         (bundle / name).write_text((lab.kube_dir / name).read_text())
-    offline = _agent(None, "check", "--from", str(bundle), "--json", "--node-name",
+    offline = _agent(None, "check", "--from", str(bundle), "--json", "--all", "--node-name",
                      ds.NODE_NAME)
     assert offline.returncode == live.returncode, offline.stderr
     assert _comparable(json.loads(offline.stdout)) == _comparable(verdict)
@@ -219,7 +219,7 @@ def test_ipvs_mode_ipv6_live_equals_the_bundle(tmp_path: Path) -> None:
     real = ipvs_kind() == REAL
     with ds.build_dual_stack("nft", mode="ipvs") as lab:
         before = capture(lab.node)
-        live = _agent(lab.node, "check", "--json", "--node-name", ds.NODE_NAME,
+        live = _agent(lab.node, "check", "--json", "--all", "--node-name", ds.NODE_NAME,
                       "--kube-json", str(lab.kube_dir))
         assert live.returncode == 1, live.stderr
         verdict = json.loads(live.stdout)
@@ -284,7 +284,7 @@ def test_ipvs_mode_ipv6_live_equals_the_bundle(tmp_path: Path) -> None:
         assert capture(lab.node) == before  # read-only: IPVS (ipvsadm -Sn) included
         for name in ("services.json", "node.json"):
             (bundle / name).write_text((lab.kube_dir / name).read_text())
-        offline = _agent(None, "check", "--from", str(bundle), "--json", "--node-name",
+        offline = _agent(None, "check", "--from", str(bundle), "--json", "--all", "--node-name",
                          ds.NODE_NAME)
     assert offline.returncode == live.returncode, offline.stderr
     # no IPv4 table on this node: live, an empty dump is "no rules", and so is the

@@ -83,7 +83,7 @@ def _finding(ext: str = EXT_CLUSTER, addr: str = ADDR, drop: str = "",
     texts = [("iptables-save.txt", dump, "iptables")]
     if addr:
         texts.append(("addr.txt", addr, "ip addr"))
-    v = diagnose(load_texts(texts, origin="bundle:t"), "node").to_dict()
+    v = diagnose(load_texts(texts, origin="bundle:t"), "node").to_dict("all")
     got = [f for f in v["findings"] if f["lb_ip"] == LB and f["id"].startswith("pod-to-lb")]
     assert len(got) == 1, [(f["id"], f["summary"]) for f in v["findings"]]
     return got[0]
@@ -190,6 +190,6 @@ def test_a_service_of_many_endpoints_is_decided(mode: str, n: int) -> None:
         name = "nft-list-ruleset.txt"
         text = nftables_mode([svc], cluster_cidr="10.244.0.0/16", node_ip="10.0.0.5",
                              service_cidr="10.96.0.0/16")
-    v = diagnose(load_texts([(name, text, "")], origin="bundle:t"), "n").to_dict()
+    v = diagnose(load_texts([(name, text, "")], origin="bundle:t"), "n").to_dict("all")
     assert v["status"] == "healthy", v["findings"]
     assert {f["id"] for f in v["findings"] if f["lb_ip"] == LB} == {"pod-to-lb-captured"}

@@ -18,7 +18,7 @@ LB = "203.0.113.10"
 
 def _verdict(*files: tuple[str, str]) -> dict[str, object]:
     return diagnose(load_texts([(n, t, "") for n, t in files], origin="bundle:t"),
-                    "n").to_dict()
+                    "n").to_dict("all")
 
 
 def test_remembered_chain_walks_stay_within_the_path_bound() -> None:

@@ -46,7 +46,7 @@ _SNAPSHOT = load_texts([(f.name, f.read_text(), fmt.name_format(f.name))
                         for f in sorted(_BUNDLE.iterdir()) if f.is_file()],
                        origin="bundle:tke").to_json()
 _SCHEMA = json.loads((Path(__file__).parents[1] / "agent" / "schema" /
-                      "verdict-v1.json").read_text())
+                      "verdict-v2.json").read_text())
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 

@@ -65,7 +65,7 @@ def _snapshot(filter_rules: str = "", svl_rules: str = "", addr: str = ""):  # t
 
 
 def _finding(snap, fid: str) -> dict:  # type: ignore[no-untyped-def]
-    v = diagnose(snap, "node").to_dict()
+    v = diagnose(snap, "node").to_dict("all")
     got = [f for f in v["findings"] if f["id"] == fid and f.get("port") == 80]
     assert got, [(f["id"], f["summary"]) for f in v["findings"]]
     return got[0]

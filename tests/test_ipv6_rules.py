@@ -22,7 +22,7 @@ def _load(*texts: tuple[str, str]) -> NodeSnapshot:
 
 
 def _findings(snap: NodeSnapshot) -> dict[tuple[str, str | None], dict]:  # type: ignore[type-arg]
-    v = diagnose(snap, "n").to_dict()
+    v = diagnose(snap, "n").to_dict("all")
     return {(f["id"], f["lb_ip"]): f for f in v["findings"]}
 
 
@@ -54,7 +54,7 @@ def test_prompted_and_headerless_ipv6_rules() -> None:
 
 
 def test_ip6tables_save_alone_gives_a_verdict() -> None:
-    v = diagnose(_load(("ip6tables-save.txt", V6)), "n").to_dict()
+    v = diagnose(_load(("ip6tables-save.txt", V6)), "n").to_dict("all")
     assert v["kube_proxy_mode"] == "iptables" and "IPv6 rules" in \
         v["context"]["kube_proxy_mode_from"]
     got = {(f["id"], f["lb_ip"]) for f in v["findings"]}
@@ -112,7 +112,7 @@ def test_ipvs_mode_ipv6_sets_and_virtual_servers() -> None:
     snap = _load(*((f.name, f.read_text()) for f in sorted(IPVS6.iterdir())),
                  ("sysctl.txt", "net.ipv4.conf.eth0.accept_local = 0\n"
                                 "net.ipv4.conf.all.rp_filter = 1\n"))
-    v = diagnose(snap, "n").to_dict()
+    v = diagnose(snap, "n").to_dict("all")
     assert v["kube_proxy_mode"] == "ipvs"
     got = {(f["id"], f["lb_ip"]): f for f in v["findings"]}
     served = got[("pod-to-lb-captured", "2001:db8:ff::7")]
@@ -187,7 +187,7 @@ def test_etp_local_walks_of_ipv6_name_the_ipv6_commands() -> None:
     chain = [ln for ln in V6.splitlines() if ln.startswith("-A KUBE-SERVICES ")]
     text = "$ sudo ip6tables -t nat -S KUBE-SERVICES\n" + "\n".join(chain) + "\n"
     v = diagnose(_load(("paste.txt", text),
-                       ("services.json", kube_files()["services.json"])), "n").to_dict()
+                       ("services.json", kube_files()["services.json"])), "n").to_dict("all")
     said = [u["reason"] for u in v["unknowns"] if u["source"] == "etp-local-no-local-endpoint"]
     assert any(r.startswith("[2001:db8:ff::8]:80: ") for r in said), said
     assert any("`ip6tables -t nat -S KUBE-NODEPORTS`" in r for r in said), said
@@ -217,7 +217,7 @@ def test_a_node_without_ipv6_rules_says_what_it_could_not_read() -> None:
     files = kube_files()
     snap = _load(("iptables-save.txt", V4), ("ip6tables-save.txt", ""),
                  ("services.json", files["services.json"]), ("node.json", files["node.json"]))
-    v = diagnose(snap, "n").to_dict()
+    v = diagnose(snap, "n").to_dict("all")
     six = [f for f in v["findings"] if f["lb_ip"] and ":" in f["lb_ip"]]
     assert {f["id"] for f in six} == {"pod-to-lb-undetermined"}, six
     assert all("the IPv6 rules hold no table" in f["summary"] for f in six), six
@@ -251,7 +251,7 @@ def test_an_ipv4_mapped_lb_ip_is_the_ipv4_one_kube_proxy_serves() -> None:
     svcs = files["services.json"].replace('"ip": "10.0.1.100"', '"ip": "::ffff:10.0.1.100"')
     assert "::ffff:10.0.1.100" in svcs
     snap = _load(("iptables-save.txt", V4), ("ip6tables-save.txt", V6), ("services.json", svcs))
-    v = diagnose(snap, "n").to_dict()
+    v = diagnose(snap, "n").to_dict("all")
     got = {(f["id"], f["lb_ip"]) for f in v["findings"]}
     assert ("pod-to-lb-captured", "10.0.1.100") in got, got
     assert not any(ip and ip.startswith("::ffff") for _, ip in got), got
@@ -266,7 +266,7 @@ def test_an_ipv4_local_table_leaves_ipv6_lb_ips_local_unknown() -> None:
               "local 127.0.0.1 dev lo proto kernel scope host src 127.0.0.1\n")
     snap = _load(("iptables-save.txt", V4), ("ip6tables-save.txt", V6),
                  ("services.json", kube_files()["services.json"]), ("route-local.txt", local4))
-    local = {r["ip"]: r["local"] for r in diagnose(snap, "n").to_dict()["lb_ips"]}
+    local = {r["ip"]: r["local"] for r in diagnose(snap, "n").to_dict("all")["lb_ips"]}
     assert local["10.0.1.100"] is False
     assert local["2001:db8:ff::7"] is None, local
 
@@ -299,7 +299,7 @@ def test_an_ipv6_address_on_kube_ipvs0_inside_the_nodes_subnet_is_an_lb_ip() -> 
             "7: kube-ipvs0: <BROADCAST,NOARP> mtu 1500 qdisc noop state DOWN\n"
             "    inet6 fd00:1::50/128 scope global\n"
             "    inet6 fd00:96::1/128 scope global\n")
-    v = diagnose(_load(("addr.txt", addr)), "n").to_dict()
+    v = diagnose(_load(("addr.txt", addr)), "n").to_dict("all")
     assert {r["ip"] for r in v["lb_ips"]} == {"fd00:1::50"}, v["lb_ips"]
     assert v["status"] != "healthy"
 
@@ -347,14 +347,14 @@ def test_ipv6_cluster_ips_on_kube_ipvs0_are_not_lb_ips() -> None:
             "    inet6 2600:1f00:ff::7/128 scope global\n")
     sets = ("create KUBE-6-CLUSTER-IP hash:ip,port family inet6 hashsize 1024 maxelem 65536\n"
             "add KUBE-6-CLUSTER-IP 2600:1f00::5,tcp:80\n")
-    v = diagnose(_load(("addr.txt", addr), ("ipset.txt", sets)), "n").to_dict()
+    v = diagnose(_load(("addr.txt", addr), ("ipset.txt", sets)), "n").to_dict("all")
     assert {r["ip"] for r in v["lb_ips"]} == {"2600:1f00:ff::7"}, v["lb_ips"]
 
 
 def test_ipv6_lb_ips_are_listed_in_address_order_after_ipv4() -> None:
     snap = _load(("iptables-save.txt", V4), ("ip6tables-save.txt", V6),
                  ("services.json", kube_files()["services.json"]))
-    ips = [r["ip"] for r in diagnose(snap, "n").to_dict()["lb_ips"]]
+    ips = [r["ip"] for r in diagnose(snap, "n").to_dict("all")["lb_ips"]]
     assert ips == ["10.0.1.100", *(f"2001:db8:ff::{x}" for x in "789abc")], ips
 
 
@@ -375,7 +375,7 @@ def test_ipvs_etp_local_counts_only_real_servers_on_this_node(real_server: str,
                                      "spec": {"podCIDRs": ["10.244.1.0/24",
                                                            "fd00:10:244:1::/64"]}})
     snap = _load(*files.items(), ("sysctl.txt", "net.ipv4.conf.all.rp_filter = 1\n"))
-    v = diagnose(snap, "n").to_dict()
+    v = diagnose(snap, "n").to_dict("all")
     assert v["context"]["pod_network6"] == "fd00:10:244:1::/64"
     got = {(f["id"], f["lb_ip"]): f for f in v["findings"]}
     etp = got.get(("etp-local-no-local-endpoint", "2001:db8:ff::8"))

@@ -56,7 +56,11 @@ def test_condition_unknown_when_it_cannot_tell(tmp_path: Path) -> None:
     c = condition_of(verdict_of(tmp_path))  # no rules, no Services: lb-ips-unknown
     assert (c.status, c.reason) == ("Unknown", "LbIpsUnknown")
     v = verdict_of(HEALTHY)
-    assert condition_of(replace(v, kube_proxy_mode="unknown")).status == "Unknown"
+    # the status decides (kube-proxy's mode unknown makes it "unknown"; the report and
+    # the condition say the same thing of one verdict)
+    assert condition_of(replace(v, kube_proxy_mode="unknown", status="unknown")).status \
+        == "Unknown"
+    assert condition_of(v).status == "False"
 
 
 def test_condition_reason_is_the_most_severe_and_message_bounded() -> None:
@@ -196,7 +200,7 @@ def test_a_restarted_agent_continues(api: FakeKubeAPI, tmp_path: Path) -> None:
 
 
 def test_a_finding_without_service_regards_the_node(api: FakeKubeAPI, tmp_path: Path) -> None:
-    v = replace(verdict_of(HEALTHY), status="at-risk", findings=(Finding(
+    v = replace(verdict_of(HEALTHY), status="unknown", findings=(Finding(
         "lb-ips-unknown", "warning", "No LoadBalancer address is visible"),))
     reporter(api, tmp_path, Clock()).report(v)
     assert our_condition(api)["status"] == "Unknown"

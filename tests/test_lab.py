@@ -206,7 +206,7 @@ def test_nftables_synthetic_is_what_the_kernel_takes_and_diagnosed_as_iptables(
         d.mkdir()
         for fname, text in bundle.items():
             (d / fname).write_text(text)
-        v = diagnose(load_bundle(d), "n").to_dict()
+        v = diagnose(load_bundle(d), "n").to_dict("all")
         out: dict[str, list[str]] = {}
         for f in v["findings"]:
             out.setdefault(f["lb_ip"] or "", []).append(f["id"])

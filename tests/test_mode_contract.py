@@ -406,7 +406,7 @@ def answers(cluster: Cluster, mode: str) -> dict[tuple[str, int], Answer]:
     files = bundle(cluster, mode)
     snap = load_texts([(n, t, name_format(n)) for n, t in files.items()],
                       origin=f"bundle:{cluster.id}-{mode}")
-    v = diagnose(snap, NODE).to_dict()
+    v = diagnose(snap, NODE).to_dict("all")
     want = {"ipvs": "ipvs", "ipvs-tke": "ipvs", "iptables": "iptables"}.get(mode, "nftables")
     assert v["kube_proxy_mode"] == want, v["context"]["kube_proxy_mode_from"]
     ips = {r["ip"]: r for r in v["lb_ips"]}

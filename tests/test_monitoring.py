@@ -47,7 +47,7 @@ ALERT_TESTS = Path(__file__).parent / "data" / "monitoring" / "alerts-test.yaml"
 DASHBOARD = REPO / "dashboards" / "loopback-agent.json"
 TKE = Path(__file__).parent / "data" / "bundles" / "tke-etp-local"
 ALERTS = {"LoopbackAgentNodeLooping", "LoopbackAgentNodeAtRisk", "LoopbackAgentNodeSilent",
-          "LoopbackAgentCaptureUnavailable"}
+          "LoopbackAgentCaptureUnavailable", "LoopbackAgentNodeUndetermined"}
 
 Obj = dict[str, Any]
 
@@ -188,7 +188,7 @@ def test_capture_availability_and_counters(tke_verdict: Verdict) -> None:
     # --no-capture: no capture was attempted, so no series to alert on
     assert value(agent_exposition(tke_verdict), "loopback_agent_capture_available") is None
     status = {lb["status"]: v for n, lb, v in samples(ok) if n == "loopback_agent_status"}
-    assert status == {"healthy": 0.0, "at-risk": 1.0, "loopback": 0.0}
+    assert status == {"healthy": 0.0, "unknown": 0.0, "at-risk": 1.0, "loopback": 0.0}
 
 
 def test_read_costs_and_reads_put_off() -> None:

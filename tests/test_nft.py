@@ -39,12 +39,14 @@ ALPHA = DATA / "realworld" / "k8s-nftables-1.29alpha-overall-firewall-set-lbsour
 LISTING = DATA / "nft" / "overall-list.txt"
 JSON = DATA / "nft" / "overall.json"
 SCHEMA = json.loads((Path(__file__).parents[1] / "agent" / "schema" /
-                     "verdict-v1.json").read_text())
+                     "verdict-v2.json").read_text())
 
 
 def verdict_of(*files: tuple[str, str]) -> dict:
     snap = load_texts([(n, t, fmt.name_format(n)) for n, t in files], origin="bundle:t")
-    v = diagnose(snap, "n").to_dict()
+    verdict = diagnose(snap, "n")
+    jsonschema.validate(verdict.to_dict(), SCHEMA)  # the summary (what is shipped) too
+    v = verdict.to_dict("all")
     jsonschema.validate(v, SCHEMA)
     return v
 
@@ -153,7 +155,7 @@ def test_iptables_rules_on_the_same_hooks_are_walked_with_kube_proxys() -> None:
 
 def test_mode_from_flags_without_the_table_is_undecided_not_healthy() -> None:
     snap = NodeSnapshot(kube_proxy=KubeProxy(pid=1, mode="nftables"), services=None)
-    v = diagnose(snap, "n").to_dict()
+    v = diagnose(snap, "n").to_dict("all")
     assert v["kube_proxy_mode"] == "nftables"
     assert v["context"]["kube_proxy_mode_from"] == "kube-proxy --proxy-mode=nftables"
 
@@ -213,7 +215,7 @@ def test_a_nameless_chain_beside_kube_proxys_is_diagnosed() -> None:
     text = ("table ip kube-proxy {\n chain {a} {\n  ip saddr != 10.0.0.0/8 jump "
             "mark-for-masquerade\n }\n chain service-X {\n  ip daddr 10.0.0.1 accept\n }\n}\n")
     assert [c.name for c in read_nft_text(text, "f.txt").kube_proxy.chains] == ["service-X"]
-    assert verdict_of(("f.txt", text))["status"] in ("healthy", "at-risk", "loopback")
+    assert verdict_of(("f.txt", text))["status"] in ("healthy", "unknown", "at-risk", "loopback")
 
 
 def test_not_nft_and_bad_json_raise_with_the_file() -> None:
@@ -285,7 +287,7 @@ def test_damaged_rulesets_never_crash_the_reader_or_the_diagnosis(text: str) -> 
     except InputError as e:  # nothing usable left (the table's header line cut away)
         assert str(e).startswith("f.txt")
         return
-    assert v["status"] in ("healthy", "at-risk", "loopback")
+    assert v["status"] in ("healthy", "unknown", "at-risk", "loopback")
 
 
 @settings(max_examples=60, deadline=None, derandomize=True,
@@ -315,14 +317,14 @@ def test_ipv6_lb_ips_of_the_ip6_table_are_named_undetermined() -> None:
     got = ids_by_ip(v)
     assert got["2001:db8::5"] == {"pod-to-lb-undetermined"}
     assert "pod-to-lb-captured" in got["1.2.3.4"]
-    assert v["status"] == "at-risk"  # undecided is never healthy
+    assert v["status"] == "unknown"  # undecided is never healthy
 
 
 def test_a_snapshot_keeps_the_nft_rules_and_gives_the_same_verdict() -> None:
     snap = load_texts([("nft.json", JSON.read_text(), fmt.UNKNOWN)], origin="bundle:t")
     again = NodeSnapshot.from_json(snap.to_json())
     assert again.nft == snap.nft
-    a, b = diagnose(snap, "n").to_dict(), diagnose(again, "n").to_dict()
+    a, b = diagnose(snap, "n").to_dict("all"), diagnose(again, "n").to_dict("all")
     for v in (a, b):
         v.pop("time")
     assert a == b and a["kube_proxy_mode"] == "nftables"
@@ -334,12 +336,12 @@ def test_mode_given_and_both_modes_present() -> None:
     nft = (OVERALL / "nft-transaction.txt").read_text()
     both = load_texts([("iptables-save.txt", ipt, fmt.IPTABLES), ("nft.txt", nft, fmt.UNKNOWN)],
                       origin="bundle:t")
-    v = diagnose(both, "n").to_dict()
+    v = diagnose(both, "n").to_dict("all")
     assert v["kube_proxy_mode"] == "iptables"
     assert "an nft table ip kube-proxy with 9 service addresses exists too" in \
         v["context"]["kube_proxy_mode_from"]
     from dataclasses import replace
-    given = diagnose(replace(both, given={"mode": "nftables"}), "n").to_dict()
+    given = diagnose(replace(both, given={"mode": "nftables"}), "n").to_dict("all")
     assert given["kube_proxy_mode"] == "nftables"
     assert "pod-to-lb-captured" in ids_by_ip(given)["1.2.3.4"]
 

@@ -92,7 +92,7 @@ def test_kernel_and_agent_agree_on_an_nftables_mode_node(case: str, tmp_path: Pa
         assert kernel["outside 1.2.3.4"] == "timeout", kernel
 
         before = unchanging(capture(node))
-        live = agent(node, "check", "--json", "--no-kube-api", "--node-name", "nft-node")
+        live = agent(node, "check", "--json", "--all", "--no-kube-api", "--node-name", "nft-node")
         assert live.returncode == 0, live.stderr
         v = json.loads(live.stdout)
         bundle = tmp_path / "bundle"
@@ -146,14 +146,15 @@ def test_kernel_and_agent_agree_on_an_nftables_mode_node(case: str, tmp_path: Pa
     assert walked("203.0.113.130", "5.6.7.8") == {"DROP"}
     assert walked("203.0.113.2", "1.2.3.4") == {"DROP"}
 
-    offline = agent(None, "check", "--from", str(bundle), "--json", "--node-name", "nft-node")
+    offline = agent(None, "check", "--from", str(bundle), "--json", "--all", "--node-name",
+                    "nft-node")
     assert offline.returncode == live.returncode, offline.stderr
     w = json.loads(offline.stdout)
     assert w["kube_proxy_mode"] == "nftables"
     assert ids_by_ip(w) == got
     assert w["status"] == v["status"]
     # a pasted listing alone (no addresses): the same findings for the LB IPs
-    pasted = agent(None, "check", "--from", str(tmp_path / "paste"), "--json")
+    pasted = agent(None, "check", "--from", str(tmp_path / "paste"), "--json", "--all")
     p = json.loads(pasted.stdout)
     assert p["kube_proxy_mode"] == "nftables", pasted.stderr
     assert ids_by_ip(p) == got, (ids_by_ip(p), got)
@@ -196,7 +197,7 @@ def test_a_cnis_iptables_rule_beside_kube_proxys_nft_table(cni_masquerade: bool,
         seen = connect(pod, "9.9.9.9", 80)
         assert seen == ("peer=192.168.0.2 local=9.9.9.9" if cni_masquerade
                         else "peer=10.0.1.5 local=9.9.9.9"), seen
-        live = agent(node, "check", "--json", "--no-kube-api", "--kube-json", str(kube),
+        live = agent(node, "check", "--json", "--all", "--no-kube-api", "--kube-json", str(kube),
                      "--node-name", "nft-node")
         bundle = tmp_path / "bundle"
         assert agent(node, "bundle", str(bundle), "--no-kube-api").returncode == 0
@@ -209,7 +210,7 @@ def test_a_cnis_iptables_rule_beside_kube_proxys_nft_table(cni_masquerade: bool,
         assert any(e.startswith("iptables nat POSTROUTING: -A POSTROUTING -s 10.0.1.0/24")
                    for e in f["evidence"]), f["evidence"]
     (bundle / "services.json").write_text((kube / "services.json").read_text())
-    offline = json.loads(agent(None, "check", "--from", str(bundle), "--json",
+    offline = json.loads(agent(None, "check", "--from", str(bundle), "--json", "--all",
                                "--node-name", "nft-node").stdout)
     assert ids_by_ip(offline) == ids_by_ip(v)
 
@@ -218,7 +219,7 @@ CONSTRUCTED = Path(__file__).parent / "data" / "constructed"
 
 
 def _live_ids(node: Netns, tmp_path: Path, kube: Path | None = None) -> dict[str, set[str]]:
-    args = ["check", "--json", "--no-kube-api", "--node-name", "nft-node"]
+    args = ["check", "--json", "--all", "--no-kube-api", "--node-name", "nft-node"]
     if kube is not None:
         args += ["--kube-json", str(kube)]
     live = agent(node, *args)
@@ -308,7 +309,7 @@ def test_constructed_cni_nft_masquerade_is_seen_live(tmp_path: Path) -> None:
     assert got["9.9.9.9"] == {"pod-to-lb-masqueraded"}, got
     assert "pod-to-lb-captured" in got["1.2.3.4"], got
     (bundle / "services.json").write_text((kube / "services.json").read_text())
-    offline = json.loads(agent(None, "check", "--from", str(bundle), "--json",
+    offline = json.loads(agent(None, "check", "--from", str(bundle), "--json", "--all",
                                "--node-name", "nft-node").stdout)
     assert ids_by_ip(offline) == got
 

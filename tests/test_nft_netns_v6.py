@@ -101,7 +101,7 @@ def test_dual_stack_nftables_node_ipv6_lb_ips(tmp_path: Path) -> None:
         # IPv4 beside it is unchanged
         assert connect(pod, "1.2.3.4", 80) == "peer=10.0.1.5 local=10.180.0.2"
 
-        live = agent(node, "check", "--json", "--no-kube-api", "--kube-json", str(kube),
+        live = agent(node, "check", "--json", "--all", "--no-kube-api", "--kube-json", str(kube),
                      "--node-name", "nft-node")
         assert live.stdout, live.stderr
         v = json.loads(live.stdout)
@@ -116,7 +116,7 @@ def test_dual_stack_nftables_node_ipv6_lb_ips(tmp_path: Path) -> None:
         # local table, read live); an external IP bound likewise is not an LB's VIP
         node.run("ip", "-6", "addr", "add", f"{LB_RANGES}/128", "dev", "lo", "nodad")
         node.run("ip", "-6", "addr", "add", f"{EXT_CLUSTER}/128", "dev", "lo", "nodad")
-        bound = json.loads(agent(node, "check", "--json", "--no-kube-api").stdout)
+        bound = json.loads(agent(node, "check", "--json", "--all", "--no-kube-api").stdout)
         stack.close()
     assert v["kube_proxy_mode"] == "nftables", v
     got = ids_by_ip(v)
@@ -146,12 +146,14 @@ def test_dual_stack_nftables_node_ipv6_lb_ips(tmp_path: Path) -> None:
     assert any("2001:db8:203::/64" in e and "drop" in e for e in drop["evidence"]), drop
     # check --from the bundle saved on the same node: the same verdict
     (bundle / "services.json").write_text((kube / "services.json").read_text())
-    offline = agent(None, "check", "--from", str(bundle), "--json", "--node-name", "nft-node")
+    offline = agent(None, "check", "--from", str(bundle), "--json", "--all", "--node-name",
+                    "nft-node")
     w = json.loads(offline.stdout)
     assert ids_by_ip(w) == got and w["status"] == v["status"], (ids_by_ip(w), got)
     # a pasted `nft list table ip6 kube-proxy` alone (no addresses, no Services): the
     # same findings for the IPv6 LB IPs it serves
-    pasted = json.loads(agent(None, "check", "--from", str(tmp_path / "paste"), "--json").stdout)
+    pasted = json.loads(agent(None, "check", "--from", str(tmp_path / "paste"), "--json",
+                              "--all").stdout)
     assert pasted["kube_proxy_mode"] == "nftables"
     assert ids_by_ip(pasted) == {ip: ids for ip, ids in want6.items() if ip != UNSYNCED}
     cap6 = next(f for f in pasted["findings"] if f["lb_ip"] == LB_LOCAL
@@ -178,7 +180,7 @@ def test_kube_proxy_1_29_alpha_source_ranges_on_a_kernel(tmp_path: Path) -> None
             ranged = pool.submit(connect, pod, "5.6.7.8", 80)
             local = pool.submit(connect, pod, "1.2.3.4", 80)
             kernel = {"5.6.7.8": ranged.result(), "1.2.3.4": local.result()}
-        live = agent(ns["node"], "check", "--json", "--no-kube-api")
+        live = agent(ns["node"], "check", "--json", "--all", "--no-kube-api")
     assert kernel == {"5.6.7.8": "timeout", "1.2.3.4": "peer=10.0.1.5 local=10.180.0.2"}
     got = ids_by_ip(json.loads(live.stdout))
     assert got["5.6.7.8"] == {"pod-to-lb-dropped"}, got

@@ -24,7 +24,7 @@ EXCERPT = REAL / "k8s-issue-131765-nft-list-map-no-endpoint-services-excerpt" / 
 
 def verdict(*files: tuple[str, str]) -> dict:
     snap = load_texts([(n, t, name_format(n)) for n, t in files], origin="bundle:t")
-    return diagnose(snap, "n").to_dict()
+    return diagnose(snap, "n").to_dict("all")
 
 
 def by_ip(v: dict) -> dict[str, set[str]]:

@@ -59,7 +59,7 @@ def test_iptables_s_excerpt_takes_the_commands_table() -> None:
     # ipset list of one set, and the mode from the sets and the chain
     assert set(snap.ipset("KUBE-LOAD-BALANCER-LOCAL").members) == {"172.23.133.0,tcp:80",
                                                                   "172.23.133.0,tcp:443"}
-    v = diagnose(snap, "n").to_dict()
+    v = diagnose(snap, "n").to_dict("all")
     assert v["kube_proxy_mode"] == "ipvs"
     assert {r["ip"] for r in v["lb_ips"]} == {"172.23.133.0"}
 
@@ -187,12 +187,12 @@ def test_both_answers_agree_decides_and_names_the_assumption() -> None:
              "3: cni0: <BROADCAST,UP> mtu 1500\n    inet 10.244.1.1/24 scope global cni0\n")
     snap = load(text)
     # ip addr without kube-ipvs0 says the LB IP is not local: decided, masqueraded
-    v = diagnose(snap, "n").to_dict()
+    v = diagnose(snap, "n").to_dict("all")
     assert {f["id"] for f in v["findings"]} == {"pod-to-lb-masqueraded"}
     # without ip addr (the pod CIDR given as with --pod-cidr): both answers agree (served
     # locally, or masqueraded): still decided
     v = diagnose(replace(snap, addresses=None, given={"pod_cidr": "10.244.1.0/24"}),
-                 "n").to_dict()
+                 "n").to_dict("all")
     assert v["context"]["given_by_user"] == {"pod_cidr": "10.244.1.0/24"}
     (f,) = v["findings"]
     assert f["id"] in ("pod-to-lb-captured", "pod-to-lb-masqueraded")
@@ -209,10 +209,10 @@ def test_answers_differ_is_undetermined_naming_the_fact() -> None:
              "-A KUBE-SERVICES -m set --match-set KUBE-LOAD-BALANCER dst,dst -j "
              "KUBE-LOAD-BALANCER\n-A KUBE-SERVICES ! -s 10.244.0.0/16 -m set --match-set "
              "KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ\n")
-    v = diagnose(load(text), "n").to_dict()
+    v = diagnose(load(text), "n").to_dict("all")
     und = [f for f in v["findings"] if f["id"] == "pod-to-lb-undetermined" and f["port"] == 80]
     assert und and "ip addr show kube-ipvs0" in und[0]["summary"]
-    assert v["status"] == "at-risk"
+    assert v["status"] == "unknown"
     assert v["context"]["pod_network"] == "10.244.0.0/16"  # named by the rule itself
 
 
@@ -246,7 +246,7 @@ def test_pod_network_from_the_main_tables_cni_route() -> None:
                 "$ iptables -t nat -S KUBE-SERVICES\n"
                 '-A KUBE-SERVICES -d 203.0.113.7/32 -p tcp -m comment --comment "a/b:http '
                 'loadbalancer IP" -m tcp --dport 80 -j KUBE-EXT-X\n')
-    v = diagnose(snap, "n").to_dict()
+    v = diagnose(snap, "n").to_dict("all")
     assert v["context"]["pod_network"] == "10.244.1.0/24"
     assert v["context"]["pod_interface"] == "cni0"
     assert v["context"]["pod_ip"] == "10.244.1.2"  # not the bridge's own 10.244.1.1
@@ -291,7 +291,7 @@ def test_bare_commands_split_and_an_unseen_endpoint_chain_is_kube_proxys() -> No
                 'traffic for default/web external destinations" -j KUBE-SVC-2CMXP7HKUVJN7L6M\n'
                 "-A KUBE-EXT-2CMXP7HKUVJN7L6M -j KUBE-SVL-2CMXP7HKUVJN7L6M\n")
     assert not [u for u in snap.unknowns if "egrep" in u.reason]
-    v = diagnose(snap, "n").to_dict()
+    v = diagnose(snap, "n").to_dict("all")
     (f,) = v["findings"]
     assert f["id"] == "pod-to-lb-captured" and v["status"] == "healthy"
     assert any("KUBE-SVC-2CMXP7HKUVJN7L6M: assumed to DNAT" in e for e in f["evidence"])
@@ -351,7 +351,7 @@ def test_a_readers_bug_costs_its_section_not_the_verdict(monkeypatch) -> None:  
     snap = load(real("praqma-gke-1.2-svc-no-type-column-iptables-save-lb"))
     assert snap.netfilter is not None  # the other sections were read
     assert any("internal error KeyError" in u.reason for u in snap.unknowns)
-    v = diagnose(snap, "n").to_dict()  # a verdict all the same, from the rules
+    v = diagnose(snap, "n").to_dict("all")  # a verdict all the same, from the rules
     assert {"146.148.10.228", "130.211.80.214"} <= {r["ip"] for r in v["lb_ips"]}
 
 
@@ -371,7 +371,7 @@ def test_an_address_on_kube_ipvs0_in_the_nodes_subnet_is_an_lb_ip() -> None:
     inet 10.12.32.160/32 scope global kube-ipvs0
        valid_lft forever preferred_lft forever
 """
-    v = diagnose(load(text), "n").to_dict()
+    v = diagnose(load(text), "n").to_dict("all")
     assert {r["ip"] for r in v["lb_ips"]} == {"10.12.32.160"}  # ClusterIPs stay out
     assert ("lb-ip-local", "10.12.32.160") in {(f["id"], f["lb_ip"]) for f in v["findings"]}
 
@@ -381,7 +381,7 @@ def test_a_rules_only_nodeport_walk_stands_in_for_the_nodes_address() -> None:
     from agent.diagnose.iptables_backend import iptables_paths
 
     snap = load(real("k8s-1.26era-iptables-overall-multiple-services", "iptables-save.txt"))
-    v = diagnose(snap, "n").to_dict()
+    v = diagnose(snap, "n").to_dict("all")
     etp = [f for f in v["findings"] if f["id"] == "etp-local-no-local-endpoint"]
     assert {f["lb_ip"] for f in etp} == {"1.2.3.4", "192.168.99.22"}
     # kube-proxy's own "has no local endpoints" rule states it; the NodePort walk the LB's
@@ -398,7 +398,7 @@ CONSTRUCTED = Path(__file__).parent / "data" / "constructed"  # see its README
 
 
 def _verdict_of(case: str) -> dict:  # type: ignore[type-arg]
-    return diagnose(load_bundle(CONSTRUCTED / case), "n").to_dict()
+    return diagnose(load_bundle(CONSTRUCTED / case), "n").to_dict("all")
 
 
 def _ids(v: dict) -> set[tuple[str, str | None]]:  # type: ignore[type-arg]
@@ -448,7 +448,7 @@ def test_kube_proxys_own_words_settle_its_mode_and_pod_cidr() -> None:
     ps = ("root      2317  2290  0 Nov24 ?        00:41:10 /usr/local/bin/kube-proxy "
           "--proxy-mode=iptables --cluster-cidr=10.244.0.0/16 --hostname-override=n1\n")
     v = diagnose(load(ps + real("k8s-1.26era-iptables-lb-etp-local-ext-svl",
-                                "iptables-save.txt")), "n").to_dict()
+                                "iptables-save.txt")), "n").to_dict("all")
     assert v["kube_proxy_mode"] == "iptables" and "as the input shows it" in \
         v["context"]["kube_proxy_mode_from"]
     cm = """apiVersion: v1

@@ -60,7 +60,7 @@ WRAPPINGS: dict[str, Callable[[str], bytes]] = {
 
 
 def _verdict(d: Path) -> tuple[object, ...]:
-    v = diagnose(load_bundle(d), "node").to_dict()
+    v = diagnose(load_bundle(d), "node").to_dict("all")
     return (v["status"], v["kube_proxy_mode"], sorted({f["id"] for f in v["findings"]}),
             sorted(r["ip"] for r in v["lb_ips"]))
 
@@ -132,7 +132,7 @@ def test_line_numbers_stay_those_of_the_paste(tmp_path: Path) -> None:
         d = tmp_path / name
         d.mkdir()
         (d / "iptables-save.txt").write_bytes(wrap(text))
-        v = diagnose(load_bundle(d), "node").to_dict()
+        v = diagnose(load_bundle(d), "node").to_dict("all")
         # the bad line is the third of the dump; "markdown-*" put lines before it
         before = {"markdown-fence": 1, "markdown-issue": 5}.get(name, 0)
         said = [u["reason"] for u in v["unknowns"] if "BROKEN" in u["reason"]]

@@ -3,8 +3,9 @@ Python the suite happens to run on (a development machine's is newer than Debian
 
 - The package and everything that runs on the suite's Python: 3.11 (pyproject's
   requires-python; Debian 12, the oldest machine the project runs on, has 3.11.2).
-- The krew archive of `kubectl loopback` (agent/__init__.py and agent/kubectl_plugin.py, run
-  by a workstation's own python3): 3.10, as plugins/loopback.yaml says.
+- The krew archive of `kubectl loopback` (agent/__init__.py, agent/kubectl_plugin.py and
+  agent/terminal.py, run by a workstation's own python3): 3.10, as plugins/loopback.yaml
+  says.
 
 vermin reads which version each call, module and keyword needs; it knows minor versions, not
 patch releases, so `make test` also runs the suite on Debian's own /usr/bin/python3 where the
@@ -57,7 +58,7 @@ def test_everything_runs_on_the_supported_floor() -> None:
 
 
 def test_the_krew_archive_runs_on_the_plugins_floor() -> None:
-    files = [REPO / "agent" / "__init__.py", REPO / "agent" / "kubectl_plugin.py"]
+    files = [REPO / "agent" / n for n in ("__init__.py", "kubectl_plugin.py", "terminal.py")]
     proc = vermin(plugin_floor(), files)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

@@ -99,7 +99,7 @@ def test_a_describe_is_its_own_section_after_other_output() -> None:
 
 def test_the_verdict_uses_the_described_service() -> None:
     snap = load_texts([("paste.txt", TWO_PORTS, "unknown")], origin="bundle:paste")
-    v = diagnose(snap, "node").to_dict()
+    v = diagnose(snap, "node").to_dict("all")
     assert [r["ip"] for r in v["lb_ips"]] == ["198.51.100.7"]
     lb = v["lb_ips"][0]
     assert lb["ports"] == ["TCP/80", "UDP/53"] and lb["services"] == ["shop/web"]
@@ -129,17 +129,18 @@ def test_an_nlb_known_by_hostname_only_is_undecided_per_port() -> None:
     nlb = host.replace("Annotations:              ",
                        "Annotations:              service.beta.kubernetes.io/"
                        "aws-load-balancer-type: nlb\n                          ")
-    v = diagnose(load_texts([("p", nlb, "unknown")], origin="bundle:p"), "node").to_dict()
+    v = diagnose(load_texts([("p", nlb, "unknown")], origin="bundle:p"), "node").to_dict("all")
     got = sorted((f["id"], f["lb_ip"], f["port"]) for f in v["findings"])
     assert got == [("pod-to-lb-undetermined", None, 53), ("pod-to-lb-undetermined", None, 80)]
-    assert v["status"] == "at-risk"
+    assert v["status"] == "unknown"
     assert any("lb-1.example.com:80/TCP" in f["summary"] for f in v["findings"])
     # no NLB asked for: a classic ELB, which proxies; named as not walked, not raised
-    v = diagnose(load_texts([("p", host, "unknown")], origin="bundle:p"), "node").to_dict()
-    assert v["findings"] == [] and v["status"] == "healthy"
+    v = diagnose(load_texts([("p", host, "unknown")], origin="bundle:p"), "node").to_dict("all")
+    assert v["findings"] == [] and v["status"] == "unknown"  # no rules: mode unknown
     assert any("ask for no NLB" in u["reason"] for u in v["unknowns"])
     # an address beside the hostname is walked instead (pod-to-lb), not said twice
-    v = diagnose(load_texts([("p", TWO_PORTS, "unknown")], origin="bundle:p"), "node").to_dict()
+    v = diagnose(load_texts([("p", TWO_PORTS, "unknown")], origin="bundle:p"),
+                 "node").to_dict("all")
     assert all(f["lb_ip"] == "198.51.100.7" for f in v["findings"])
 
 
@@ -151,14 +152,14 @@ def test_an_nlb_chosen_by_its_load_balancer_class_is_undecided_too() -> None:
            "status": {"loadBalancer": {"ingress": [
                {"hostname": "k8s-shop-web-0123456789.elb.us-west-2.amazonaws.com"}]}}}
     v = diagnose(load_texts([("svc.json", json.dumps(svc), "unknown")], origin="bundle:p"),
-                 "node").to_dict()
+                 "node").to_dict("all")
     (f,) = v["findings"]
     assert (f["id"], f["port"], f["lb_ip"]) == ("pod-to-lb-undetermined", 443, None)
     assert "spec.loadBalancerClass: service.k8s.aws/nlb" in f["evidence"][1]
     # another class: not an NLB this rule knows; named as not walked
     svc["spec"]["loadBalancerClass"] = "example.com/lb"
     v = diagnose(load_texts([("svc.json", json.dumps(svc), "unknown")], origin="bundle:p"),
-                 "node").to_dict()
+                 "node").to_dict("all")
     assert v["findings"] == []
     assert any("(loadBalancerClass example.com/lb): not walked" in u["reason"]
                for u in v["unknowns"])

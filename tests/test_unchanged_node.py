@@ -40,7 +40,7 @@ def _walks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def _json(v: object) -> str:
-    return json.dumps(v.to_dict(), sort_keys=True)  # type: ignore[attr-defined]
+    return json.dumps(v.to_dict("all"), sort_keys=True)  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("bundle", [TKE, DUAL], ids=["tke", "dual-stack"])
@@ -64,8 +64,8 @@ def test_the_same_snapshot_again_reuses_the_walks_and_gives_the_same_verdict(
         assert _json(again) == _json(fresh)
     assert _json(diagnose(snap, "n", NOW, capture=quiet, prepared=prepared)) == _json(first)
     # the capture's findings are the capture's of this cycle, not the first one's
-    v = diagnose(snap, "n", NOW, capture=burst, prepared=prepared).to_dict()
-    assert {f["id"] for f in v["findings"]} - {f["id"] for f in first.to_dict()["findings"]}
+    v = diagnose(snap, "n", NOW, capture=burst, prepared=prepared).to_dict("all")
+    assert {f["id"] for f in v["findings"]} - {f["id"] for f in first.to_dict("all")["findings"]}
 
 
 def test_a_rule_that_failed_leaves_nothing_to_reuse(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -78,7 +78,7 @@ def test_a_rule_that_failed_leaves_nothing_to_reuse(monkeypatch: pytest.MonkeyPa
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(rules, "RULES", (broken, *rules.RULES))
-    v = diagnose(snap, "n", NOW, capture=captured([]), prepared=prepared).to_dict()
+    v = diagnose(snap, "n", NOW, capture=captured([]), prepared=prepared).to_dict("all")
     assert "diagnosis-incomplete" in {f["id"] for f in v["findings"]}
     assert prepared.memo == {}
     # a failing capture rule does not stop the others' from being kept

@@ -105,13 +105,20 @@ class KubeTokenReview:
     agent posting every minute costs the API server a review every few posts, not one
     per post. At most ``concurrency`` reviews run at once: a flood of bad tokens cannot
     turn the collector into a load on the API server (beyond that: 503, retry later).
+
+    Reviews are kept apart (issue 35, item 3): a token that passed a review before (its
+    cache entry expired, the token not) is ``known`` and reviewed in its own slots; any
+    other token shares ``unknown_concurrency`` slots (the server gives it a small queue
+    too), so a flood of made-up tokens cannot hold back the fleet's re-reviews. Requests
+    that carry a token whose review is under way wait for that review, not for a slot.
     """
 
     blocking = True  # calls the API: the server runs it off its event loop
 
     def __init__(self, api_client: Any, audience: str = AUDIENCE,
                  service_account: str = AGENT_SERVICE_ACCOUNT, timeout: float = 5.0,
-                 ttl: float = 60.0, max_cached: int = 10000, concurrency: int = 4) -> None:
+                 ttl: float = 60.0, max_cached: int = 10000, concurrency: int = 4,
+                 unknown_concurrency: int = 2) -> None:
         from kubernetes import client
 
         self.auth_api = client.AuthenticationV1Api(api_client)
@@ -125,6 +132,10 @@ class KubeTokenReview:
         self._refused: OrderedDict[bytes, tuple[BadRequest, float]] = OrderedDict()
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(concurrency)
+        self._unknown_slots = threading.BoundedSemaphore(unknown_concurrency)
+        # tokens that passed a review, until they expire: their next review is "known"
+        self._seen: OrderedDict[bytes, float] = OrderedDict()
+        self._inflight: dict[bytes, threading.Event] = {}
 
     def cached(self, authorization: str) -> Caller | None:
         """The answer without calling the API, when there is one (a malformed token, or
@@ -145,14 +156,42 @@ class KubeTokenReview:
             raise refused[0]
         return None
 
+    def known(self, authorization: str) -> bool:
+        """Did this token pass a review before (and has not expired)? Cheap: for the
+        server's event loop, to queue its review apart from unknown tokens'."""
+        key = hashlib.sha256(_bearer(authorization).encode()).digest()
+        with self._lock:
+            until = self._seen.get(key)
+        return until is not None and until > time.time()
+
     def authenticate(self, authorization: str) -> Caller:
         hit = self.cached(authorization)
         if hit is not None:
             return hit
         token = _bearer(authorization)
         key = hashlib.sha256(token.encode()).digest()
+        with self._lock:
+            running = self._inflight.get(key)
+            if running is None:
+                mine = self._inflight[key] = threading.Event()
+        if running is not None:
+            # the same token's review is under way: its answer, not a slot of our own
+            running.wait(self.timeout + 1)
+            hit = self.cached(authorization)
+            if hit is not None:
+                return hit
+            raise BadRequest(503, "this token's review did not finish", retry_after=5)
+        try:
+            return self._reviewed(token, key, self.known(authorization))
+        finally:
+            with self._lock:
+                del self._inflight[key]
+            mine.set()
+
+    def _reviewed(self, token: str, key: bytes, known: bool) -> Caller:
         now = time.time()
-        if not self._slots.acquire(timeout=self.timeout):
+        slots = self._slots if known else self._unknown_slots
+        if not slots.acquire(timeout=self.timeout):
             raise BadRequest(503, "too many token reviews in progress", retry_after=5)
         try:
             caller = self._review(token)
@@ -166,7 +205,7 @@ class KubeTokenReview:
                         self._refused.popitem(last=False)
             raise
         finally:
-            self._slots.release()
+            slots.release()
         until = now + self.ttl
         exp = _token_expiry(token)
         if exp is not None:
@@ -175,6 +214,11 @@ class KubeTokenReview:
             self._cache[key] = (caller, until)
             while len(self._cache) > self.max_cached:
                 self._cache.popitem(last=False)
+            # known until the token expires (a projected token lives an hour or so)
+            self._seen[key] = exp if exp is not None else now + 3600
+            self._seen.move_to_end(key)
+            while len(self._seen) > self.max_cached:
+                self._seen.popitem(last=False)
         return caller
 
     def _call(self, what: str, fn: Any, *args: Any) -> dict[str, Any]:

@@ -18,10 +18,18 @@ import fastjsonschema
 import jsonschema
 
 from agent.ship import gz
+from agent.verdict_doc import SCHEMAS
 
 MAX_BODY = gz.WIRE_LIMIT  # on the wire: as received, compressed or not
 MAX_INFLATED = gz.INFLATED_LIMIT  # what a gzip body may inflate to
 MAX_BATCH = 500
+# What a body may make before it is built (issue 35): a 65 KB gzip body of `[{},{},...]`
+# inflating to 64 MiB was 22 million dicts, 1.7 GiB, before the batch size was looked at.
+# Values: commas, "[" and "{" counted in the bytes (an upper bound: those in strings count
+# too): a 36 MB itemised v1 verdict of 10k Services holds 650k. Objects: counted as the
+# parser makes them (a 10k-Service v1 verdict has ~30k).
+MAX_VALUES = 1_000_000
+MAX_OBJECTS = 250_000
 # what differs between two POSTs of an unchanged verdict (agent.collector.docs)
 VOLATILE = ("time", "idempotency_key")
 
@@ -49,6 +57,21 @@ class BadRequest(Exception):
         self.code = code
         self.message = message
         self.retry_after = retry_after
+
+
+class _Objects:
+    """object_pairs_hook: each JSON object as a dict, duplicate keys refused, and the
+    parse stopped at MAX_OBJECTS (before the next one is built)."""
+
+    def __init__(self) -> None:
+        self.left = MAX_OBJECTS
+
+    def __call__(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        self.left -= 1
+        if self.left < 0:
+            raise BadRequest(413, f"more than {MAX_OBJECTS} JSON objects in one body: send "
+                             "fewer verdicts per request")
+        return _no_duplicate_keys(pairs)
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -80,11 +103,17 @@ def _shown(text: str) -> str:
 
 def parse_json(body: bytes | bytearray) -> Any:
     """The document, or BadRequest(400) for anything that is not plain, unambiguous JSON:
-    malformed, duplicate keys, NaN/Infinity (Python accepts them; JSON does not)."""
+    malformed, duplicate keys, NaN/Infinity (Python accepts them; JSON does not); 413 for
+    more values or objects than a batch of verdicts holds (counted before they are built:
+    the bytes first, in C, then the objects as they are made)."""
+    values = body.count(b",") + body.count(b"[") + body.count(b"{")
+    if values > MAX_VALUES:
+        raise BadRequest(413, f"more than {MAX_VALUES} JSON values in one body ({values} "
+                         "commas and brackets): send fewer verdicts per request")
     try:
         # JSON between systems is UTF-8 (RFC 8259); json.loads would also guess UTF-16/32
         text = body.decode("utf-8", "surrogatepass")
-        return json.loads(text, object_pairs_hook=_no_duplicate_keys,
+        return json.loads(text, object_pairs_hook=_Objects(),
                           parse_constant=_not_a_number, parse_float=_finite)
     except BadRequest:
         raise
@@ -131,7 +160,8 @@ def replace_lone_surrogates(doc: Any) -> tuple[Any, list[str]]:
 _SAME_IN_DRAFT7 = frozenset({
     "type", "properties", "required", "additionalProperties", "items", "enum", "const",
     "pattern", "minimum", "maximum", "minLength", "maxLength", "maxItems", "minItems",
-    "$ref", "$defs", "description", "title", "format", "$schema", "$id"})
+    "$ref", "$defs", "description", "title", "format", "$schema", "$id", "if", "then",
+    "else"})
 _DROPPED_FOR_DRAFT7 = ("format", "$id", "$schema", "description", "title")
 
 
@@ -165,20 +195,19 @@ class Intake:
     """Turns a body into a batch of valid verdicts or raises BadRequest."""
 
     def __init__(self) -> None:
-        text = resources.files("agent").joinpath("schema/verdict-v1.json").read_text()
-        schema = json.loads(text)
-        self.validator = jsonschema.Draft202012Validator(schema)
-        self.fast = fast_validator(schema)
-        # stored with each document it validated: a document validated against another
-        # schema (an older collector's) is validated again
-        self.schema_tag = hashlib.sha256(text.encode()).hexdigest()[:16]
-        # what is left to check of a verdict whose document is stored and valid: the
-        # schema's rules for the top-level members that are not in the document
-        self.volatile_validator = jsonschema.Draft202012Validator({
-            "$schema": schema.get("$schema"), "type": "object",
-            "required": [k for k in schema.get("required", []) if k in VOLATILE],
-            "properties": {k: p for k, p in schema.get("properties", {}).items()
-                           if k in VOLATILE}})
+        # each schema version an agent of the fleet may send (it upgrades node by node):
+        # a document is validated against the one it names, else against the newest
+        texts = {name: resources.files("agent").joinpath(f"schema/verdict-{name[-2:]}.json")
+                 .read_text() for name in SCHEMAS}
+        self.schemas = {name: _Schema(json.loads(text)) for name, text in texts.items()}
+        # stored with each document it validated: a document validated against other
+        # schemas (an older collector's) is validated again
+        self.schema_tag = hashlib.sha256("".join(texts.values()).encode()).hexdigest()[:16]
+
+    def _schema(self, v: Any) -> _Schema:
+        name = v.get("schema") if isinstance(v, dict) else None
+        return self.schemas.get(name) if isinstance(name, str) and name in self.schemas \
+            else self.schemas[SCHEMAS[-1]]
 
     def verdicts(self, body: bytes | bytearray,
                  known: Callable[[Any], bool] | None = None) -> list[dict[str, Any]]:
@@ -204,13 +233,14 @@ class Intake:
             batch = doc if isinstance(doc, list) else [doc]
         for i, v in enumerate(batch):
             prefix = f"[{i}]/" if isinstance(doc, list) else ""
+            schema = self._schema(v)
             if known is not None and isinstance(v, dict) and known(v):
-                err = jsonschema.exceptions.best_match(self.volatile_validator.iter_errors(
+                err = jsonschema.exceptions.best_match(schema.volatile.iter_errors(
                     {k: v[k] for k in VOLATILE if k in v}))
-            elif self._fast_valid(v):
+            elif schema.fast_valid(v):
                 err = None
             else:
-                err = jsonschema.exceptions.best_match(self.validator.iter_errors(v))
+                err = jsonschema.exceptions.best_match(schema.full.iter_errors(v))
             if err is not None:
                 where = "/".join(str(p) for p in err.absolute_path) or "(document)"
                 raise BadRequest(422, f"{prefix}{where}: {_shown(err.message)[:300]}")
@@ -224,7 +254,22 @@ class Intake:
         return batch
 
 
-    def _fast_valid(self, v: Any) -> bool:
+
+class _Schema:
+    """One verdict schema's validators."""
+
+    def __init__(self, schema: dict[str, Any]) -> None:
+        self.full = jsonschema.Draft202012Validator(schema)
+        self.fast = fast_validator(schema)
+        # what is left to check of a verdict whose document is stored and valid: the
+        # schema's rules for the top-level members that are not in the document
+        self.volatile = jsonschema.Draft202012Validator({
+            "$schema": schema.get("$schema"), "type": "object",
+            "required": [k for k in schema.get("required", []) if k in VOLATILE],
+            "properties": {k: p for k, p in schema.get("properties", {}).items()
+                           if k in VOLATILE}})
+
+    def fast_valid(self, v: Any) -> bool:
         if self.fast is None:
             return False
         try:

@@ -44,7 +44,8 @@ def authenticator(args: argparse.Namespace) -> Any:
         raise StartError(EXIT_USAGE, f"--auth kube-token needs the Kubernetes API: {e}") \
             from None
     return KubeTokenReview(api, audience=args.kube_audience,
-                           service_account=args.agent_service_account)
+                           service_account=args.agent_service_account,
+                           ttl=max(0.0, float(getattr(args, "token_review_cache", 60.0))))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     auth = authenticator(args)
     db = args.db
     try:
-        store = open_store(db, retention_days=args.retention_days)
+        store = open_store(db, retention_days=args.retention_days,
+                           node_quota=int(getattr(args, "node_quota_mb", 64)) << 20)
     except ImportError as e:
         raise StartError(EXIT_USAGE, f"{db}: {e} (pip install 'loopback-agent[postgres]')") \
             from e

@@ -12,7 +12,7 @@ from html import escape
 from typing import Any
 from urllib.parse import urlencode
 
-STATUSES = ("loopback", "at-risk", "healthy")
+from agent.verdict_doc import STATUSES
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
@@ -21,8 +21,9 @@ th, td { border-bottom: 1px solid #ddd; padding: .3em .8em; text-align: left; }
 th { background: #f4f4f4; }
 .pill { color: #fff; padding: .2em .7em; border-radius: 1em; margin-right: .5em; }
 .pill.loopback { background: #b00020; } .pill.at-risk { background: #c77700; }
-.pill.healthy { background: #1b7f3b; }
+.pill.healthy { background: #1b7f3b; } .pill.unknown { background: #5f6368; }
 td.loopback { color: #b00020; } td.at-risk { color: #c77700; } td.healthy { color: #1b7f3b; }
+td.unknown { color: #5f6368; }
 """
 
 CSP = ("default-src 'none'; style-src 'sha256-"

@@ -10,6 +10,7 @@ server is agent.collector.web (which imports this module, never the other way).
 
 from __future__ import annotations
 
+import collections
 import json
 import threading
 import time
@@ -24,11 +25,17 @@ from agent.collector.docs import Body, split
 from agent.collector.intake import MAX_BATCH, MAX_BODY, BadRequest, Intake
 from agent.collector.page import render_page
 from agent.collector.store import Store
+from agent.verdict_doc import STATUSES
 
 __all__ = ["MAX_BATCH", "MAX_BODY", "BadRequest", "Collector"]
 
 # loopback_collector_node_last_seen_timestamp_seconds: one series per node, at most this many
 MAX_NODE_SERIES = 10_000
+# changed verdicts (a document not yet stored for the node) one node may send in
+# CHANGE_WINDOW seconds: an agent sends one per changed cycle (one a minute by default), a
+# spool drained after an outage its changes only; beyond: 429 (issue 35, item 5)
+CHANGES_PER_WINDOW = 120
+CHANGE_WINDOW = 600.0
 # silent this long: taken as removed from the cluster (the LoopbackAgentNodeSilent alert's
 # upper bound, daemonset/monitoring/prometheusrule.yaml); exported only after the others
 NODE_GONE_AFTER = 86400.0
@@ -59,6 +66,11 @@ class Collector:
         self.nodes_left_out = Gauge("loopback_collector_node_series_dropped",
                                     "Nodes left out of the last-seen series (over the cap)",
                                     registry=r)
+        self.quota_pruned = Gauge("loopback_collector_quota_pruned",
+                                  "History rows removed since start to keep a node within "
+                                  "its storage quota", registry=r)
+        self._changes: dict[str, collections.deque[float]] = {}
+        self._changes_lock = threading.Lock()
 
     # -- POST /v1/verdicts ------------------------------------------------------------
 
@@ -85,16 +97,41 @@ class Collector:
 
         batch = self.intake.verdicts(body, known)
         authorize(caller, [v["node"] for v in batch])
+        self._within_rate([v["node"] for v in batch if id(v) not in stored_docs])
         stored, dup = self.store.add(batch, bodies, schema=self.intake.schema_tag,
                                      stored_docs=stored_docs)
+        self.quota_pruned.set(getattr(self.store, "quota_pruned", 0))  # (an older Store: none)
         self.accepted.inc(stored)
         self.duplicates.inc(dup)
         return {"stored": stored, "duplicates": dup}
 
+    def _within_rate(self, changed: list[str]) -> None:
+        """429 when a node's changed verdicts in this batch would pass CHANGES_PER_WINDOW
+        in the last CHANGE_WINDOW seconds (counted only when taken)."""
+        if not changed:
+            return
+        now = time.monotonic()
+        with self._changes_lock:
+            for node, n in collections.Counter(changed).items():
+                seen = self._changes.get(node)
+                if seen is None:
+                    if len(self._changes) >= 4 * MAX_NODE_SERIES:  # forget the quietest
+                        self._changes = {k: d for k, d in self._changes.items()
+                                         if d and d[-1] > now - CHANGE_WINDOW}
+                    seen = self._changes[node] = collections.deque()
+                while seen and seen[0] <= now - CHANGE_WINDOW:
+                    seen.popleft()
+                if len(seen) + n > CHANGES_PER_WINDOW:
+                    raise BadRequest(429, f"node {node[:100]!r} sent more than "
+                                     f"{CHANGES_PER_WINDOW} changed verdicts in "
+                                     f"{CHANGE_WINDOW / 60:.0f} min", retry_after=60)
+            for node in changed:
+                self._changes[node].append(now)
+
     # -- GET: summaries only, a page at a time ------------------------------------------
 
     def metrics(self) -> bytes:
-        counts = {"healthy": 0, "at-risk": 0, "loopback": 0, **self.store.status_counts()}
+        counts = {**dict.fromkeys(STATUSES, 0), **self.store.status_counts()}
         seen = self.store.last_seen(self.max_node_series,
                                     gone_before=time.time() - NODE_GONE_AFTER)
         with self._metrics_lock:  # one scrape's set of series at a time

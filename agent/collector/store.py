@@ -95,6 +95,11 @@ CREATE INDEX IF NOT EXISTS verdicts_doc ON verdicts (doc_id);
 # POST's time and key back into it, and the served text's length (the history budget)
 _VERDICT_COLUMNS = (("doc_id", "{bigint}"), ("frame", "TEXT"), ("size", "{bigint}"))
 
+# Stored documents (gzipped) one node may hold (issue 35, item 5: one client grew the
+# database ~10 MiB/s with distinct large verdicts, the default 2Gi volume full in
+# minutes): past it the node's oldest history goes first, its newest verdict never.
+NODE_QUOTA = 64 * 1024 * 1024
+
 _NODE_COLUMNS = ("node", "status", "time", "kube_proxy_mode", "findings", "ids", "unknowns",
                  "lb_ips", "lb_ips_local")
 
@@ -131,11 +136,14 @@ class Store:
     _placeholder = "?"
     _order_node = "node"  # SQLite compares TEXT as UTF-8 bytes: code point order
 
-    def __init__(self, path: str | Path, retention_days: float = 14.0) -> None:
+    def __init__(self, path: str | Path, retention_days: float = 14.0,
+                 node_quota: int = NODE_QUOTA) -> None:
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self.retention = retention_days * 86400
+        self.node_quota = node_quota
+        self.quota_pruned = 0  # history rows removed for the quota, since start
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -213,7 +221,35 @@ class Store:
                 if got:
                     stored += 1
                     self._put_summary(tx, int(got[0][0]), summary)
+            for node in {v["node"] for v, _, packed, *_ in rows if packed is not None}:
+                self.quota_pruned += self._within_quota(tx, node)
         return stored, len(verdicts) - stored
+
+    def _within_quota(self, tx: Any, node: str) -> int:
+        """The node's oldest history removed (its newest verdict kept) until its stored
+        documents fit the quota; the rows removed."""
+        size = self._length("body")
+        total = int(self._run(tx, self._sql(f"SELECT COALESCE(SUM({size}), 0) FROM documents "
+                                            "WHERE node = ?"), (node,))[0][0])
+        if total <= self.node_quota:
+            return 0
+        rows = self._run(tx, self._sql(
+            "SELECT id, doc_id FROM verdicts WHERE node = ? AND id NOT IN "
+            "(SELECT verdict_id FROM nodes WHERE node = ?) ORDER BY id"), (node, node))
+        removed = 0
+        for vid, doc_id in rows:
+            if total <= self.node_quota:
+                break
+            self._run(tx, self._sql("DELETE FROM verdicts WHERE id = ? RETURNING id"), (vid,))
+            removed += 1
+            if doc_id is None:
+                continue
+            gone = self._run(tx, self._sql(
+                f"DELETE FROM documents WHERE id = ? AND NOT EXISTS (SELECT 1 FROM verdicts "
+                f"WHERE doc_id = ?) RETURNING {size}"), (doc_id, doc_id))
+            if gone:
+                total -= int(gone[0][0])
+        return removed
 
     def _document(self, tx: Any, node: str, body: docs.Body, packed: bytes | None,
                   schema: str | None) -> int:
@@ -449,11 +485,14 @@ class PostgresStore(Store):
     _placeholder = "%s"
     _order_node = 'node COLLATE "C"'  # code point order, as SQLite and Python sort
 
-    def __init__(self, url: str, retention_days: float = 14.0) -> None:
+    def __init__(self, url: str, retention_days: float = 14.0,
+                 node_quota: int = NODE_QUOTA) -> None:
         import psycopg
 
         self.path = url
         self.retention = retention_days * 86400
+        self.node_quota = node_quota
+        self.quota_pruned = 0
         self._lock = threading.Lock()
         self._pg = psycopg.connect(url, autocommit=True)
         with self._pg.cursor() as cur:
@@ -503,9 +542,10 @@ class PostgresStore(Store):
         self._pg.close()
 
 
-def open_store(url: str, retention_days: float = 14.0) -> Store:
+def open_store(url: str, retention_days: float = 14.0, node_quota: int = NODE_QUOTA
+               ) -> Store:
     """sqlite:///PATH (or a plain path) or postgresql://..."""
     if url.startswith(("postgresql://", "postgres://")):
-        return PostgresStore(url, retention_days)
+        return PostgresStore(url, retention_days, node_quota)
     path = url.removeprefix("sqlite://") if url.startswith("sqlite://") else url
-    return Store(path, retention_days)
+    return Store(path, retention_days, node_quota)

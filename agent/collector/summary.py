@@ -8,14 +8,22 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-RANK = {"loopback": 0, "at-risk": 1, "healthy": 2}  # worst first
-OBSERVED = {"loopback-observed", "healthcheck-dropped-local-source"}
+from agent.verdict_doc import (
+    OBSERVED_IDS,
+    STATUSES,
+    UNDECIDED_IDS,
+    lb_ip_counts,
+    status_of_doc,
+)
+
+RANK = {s: i for i, s in enumerate(STATUSES)}  # worst first
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
 class FindingRow:
-    """One serious finding that names an LB IP or a Service ('' when it names none)."""
+    """One serious finding that names an LB IP or a Service ('' when it names none): an
+    exposure or an observed loop, not an undecided path (the node's status says that)."""
 
     service: str
     lb_ip: str
@@ -38,7 +46,7 @@ class NodeSummary:
 
     @property
     def rank(self) -> int:
-        return RANK.get(self.status, 3)
+        return RANK.get(self.status, len(RANK))
 
 
 def _text(value: Any) -> str:
@@ -52,13 +60,13 @@ def summarize(v: dict[str, Any]) -> NodeSummary:
     findings = [f for f in v.get("findings") or [] if isinstance(f, dict)]
     serious = [f for f in findings if f.get("severity") != "info"]
     rows = {FindingRow(_text(f.get("service")), _text(f.get("lb_ip")), _text(f.get("id")),
-                       f.get("id") in OBSERVED)
-            for f in serious if f.get("lb_ip") or f.get("service")}
-    lb_ips = [x for x in v.get("lb_ips") or [] if isinstance(x, dict)]
+                       f.get("id") in OBSERVED_IDS)
+            for f in serious if (f.get("lb_ip") or f.get("service"))
+            and f.get("id") not in UNDECIDED_IDS}  # "could not tell" is not exposure
+    total, local = lb_ip_counts(v)
     return NodeSummary(
-        node=_text(v.get("node")), status=_text(v.get("status")), time=_text(v.get("time")),
+        node=_text(v.get("node")), status=_text(status_of_doc(v)), time=_text(v.get("time")),
         kube_proxy_mode=_text(v.get("kube_proxy_mode")), findings=len(serious),
         ids=tuple(sorted({_text(f.get("id")) for f in serious})),
-        unknowns=len(v.get("unknowns") or []), lb_ips=len(lb_ips),
-        lb_ips_local=sum(1 for x in lb_ips if x.get("local") is True),
+        unknowns=len(v.get("unknowns") or []), lb_ips=total, lb_ips_local=local,
         rows=tuple(sorted(rows, key=lambda r: (r.service, r.lb_ip, r.finding_id))))

@@ -5,9 +5,16 @@ from __future__ import annotations
 
 import os
 import ssl
+import stat
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
+
+from agent.regular_file import read_regular
+
+MAX_PEM_BYTES = 1 << 20  # a certificate chain or key file; anything bigger is not one
 
 
 class TLSFiles:
@@ -31,13 +38,25 @@ class TLSFiles:
         out = []
         for path in (self.cert, self.key):
             st = os.stat(path)  # follows the symlinks a Secret volume swaps
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(f"{path}: not a regular file")
             out.append((st.st_ino, st.st_mtime_ns, st.st_size))
         return tuple(out)
 
     def _load(self) -> ssl.SSLContext:
+        """Read as the token file is (agent.regular_file: a FIFO or device swapped in
+        never blocks the event loop that asks), then handed to OpenSSL from a private
+        copy (it loads a chain from a path only)."""
+        cert, _ = read_regular(self.cert, MAX_PEM_BYTES)
+        key, _ = read_regular(self.key, MAX_PEM_BYTES)
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.load_cert_chain(self.cert, self.key)
+        with tempfile.TemporaryDirectory(prefix="lb-tls-") as d:  # mode 0700
+            (Path(d) / "cert.pem").write_bytes(cert)
+            key_path = Path(d) / "key.pem"
+            key_path.touch(mode=0o600)
+            key_path.write_bytes(key)
+            ctx.load_cert_chain(Path(d) / "cert.pem", key_path)
         return ctx
 
     def context(self) -> ssl.SSLContext:

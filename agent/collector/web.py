@@ -51,8 +51,11 @@ from agent.listen import bind_address, dual_stack, on_every_address, split_liste
 from agent.ship.gz import GzipError, inflate_chunks
 
 _RESOURCE_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
-# token reviews waiting for the API (beyond: 503): unknown tokens cannot pile up
+# token reviews waiting for the API (beyond: 503): of tokens that passed a review before,
+# and of any other token (a small budget of their own: a flood of made-up tokens fills it,
+# never the known agents' queue)
 AUTH_QUEUE = 64
+UNKNOWN_AUTH_QUEUE = 8
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,9 @@ class Limits:
     # bodies held, all connections together: as received and as inflated from gzip (one
     # verdict inflates to at most MAX_INFLATED: 64 MiB; 128 leaves room beside it)
     body_budget: int = 128 * 1024 * 1024
+    # of which one client address may hold (issue 35, item 2: 32 connections announcing
+    # 4 MiB each and sending nothing held the whole budget for the body timeout)
+    client_share: int = 32 * 1024 * 1024
     workers: int = 4  # parsing, validation, the database
     max_queued: int = 256  # requests waiting for a worker
     backlog: int = 1024
@@ -187,15 +193,18 @@ class CollectorServer:
         self.server_address = self.socket.getsockname()
         self.pool = ThreadPoolExecutor(self.limits.workers, thread_name_prefix="collector")
         self.auth_pool = ThreadPoolExecutor(4, thread_name_prefix="collector-auth")
+        self.unknown_auth_pool = ThreadPoolExecutor(2, thread_name_prefix="collector-auth-new")
         # /healthz has its own thread: a full request queue is load, not a dead process
         # (a liveness probe failing under load would restart the collector when busiest)
         self.health_pool = ThreadPoolExecutor(1, thread_name_prefix="collector-health")
         self.blocking_auth = bool(getattr(collector.auth, "blocking", False))
         self.queued = 0  # requests given to the pool and not done (event loop only)
         self.auth_waiting = 0  # token reviews given to auth_pool and not done (loop only)
+        self.unknown_waiting = 0  # those given to unknown_auth_pool
         # bytes reserved for bodies being received or inflated; the event loop reserves
         # what arrives, a worker thread what it inflates: hence the lock
         self.receiving = 0
+        self.by_client: dict[str, int] = {}  # of it, per client address
         self._budget_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -213,7 +222,7 @@ class CollectorServer:
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
             self._stopped.wait(30)
-        for pool in (self.pool, self.auth_pool, self.health_pool):
+        for pool in (self.pool, self.auth_pool, self.unknown_auth_pool, self.health_pool):
             pool.shutdown(wait=False, cancel_futures=True)
 
     async def _main(self) -> None:
@@ -251,27 +260,61 @@ class CollectorServer:
     async def authenticate(self, authorization: str) -> Caller:
         if not self.blocking_auth:
             return self.collector.authenticate(authorization)
-        hit = self.collector.auth.cached(authorization)  # known callers: no queue
+        auth = self.collector.auth
+        hit = auth.cached(authorization)  # cached callers: no queue
         if hit is not None:
             return hit
-        if self.auth_waiting >= AUTH_QUEUE:
-            raise BadRequest(503, "too many token reviews waiting", retry_after=5)
-        self.auth_waiting += 1
+        loop = asyncio.get_running_loop()
+        if auth.known(authorization):
+            if self.auth_waiting >= AUTH_QUEUE:
+                raise BadRequest(503, "too many token reviews waiting", retry_after=5)
+            self.auth_waiting += 1
+            try:
+                return await loop.run_in_executor(self.auth_pool, self.collector.authenticate,
+                                                  authorization)
+            finally:
+                self.auth_waiting -= 1
+        if self.unknown_waiting >= UNKNOWN_AUTH_QUEUE:
+            raise BadRequest(503, "too many reviews of new tokens waiting", retry_after=5)
+        self.unknown_waiting += 1
         try:
-            return await asyncio.get_running_loop().run_in_executor(
-                self.auth_pool, self.collector.authenticate, authorization)
+            return await loop.run_in_executor(self.unknown_auth_pool,
+                                              self.collector.authenticate, authorization)
         finally:
-            self.auth_waiting -= 1
+            self.unknown_waiting -= 1
 
-    def reserve(self, n: int) -> None:
+    def room(self, n: int, client: str) -> None:
+        """503 now, before a body of ``n`` bytes is sent, where it could not be held:
+        nothing is reserved (a body is reserved as its bytes arrive, so a client that
+        announces a body and sends nothing holds nothing)."""
         with self._budget_lock:
+            if self.by_client.get(client, 0) + n > self.limits.client_share:
+                raise BadRequest(503, "this client's bodies being received are over its "
+                                 "share", retry_after=2)
+            if self.receiving + n > self.limits.body_budget:
+                raise BadRequest(503, "too many bodies being received", retry_after=2)
+
+    def reserve(self, n: int, client: str | None = None) -> None:
+        with self._budget_lock:
+            held = self.by_client.get(client, 0) if client is not None else 0
+            if client is not None and held + n > self.limits.client_share:
+                raise BadRequest(503, "this client's bodies being received are over its "
+                                 "share", retry_after=2)
             if self.receiving + n > self.limits.body_budget:
                 raise BadRequest(503, "too many bodies being received", retry_after=2)
             self.receiving += n
+            if client is not None:
+                self.by_client[client] = held + n
 
-    def release(self, n: int) -> None:
+    def release(self, n: int, client: str | None = None) -> None:
         with self._budget_lock:
             self.receiving -= n
+            if client is not None:
+                left = self.by_client.get(client, 0) - n
+                if left > 0:
+                    self.by_client[client] = left
+                else:
+                    self.by_client.pop(client, None)
 
     def inflate(self, wire: bytes) -> bytearray:
         """A gzip body inflated (on a worker thread), each step reserved in the body
@@ -342,9 +385,9 @@ class _Base(RequestHandler):
             self.fail(BadRequest(413, f"body over {MAX_BODY} bytes"))
             return
         extra = len(self.body) + len(chunk) - self.reserved
-        if extra > 0:  # a chunked body: reserved as it comes
+        if extra > 0:  # reserved as it comes
             try:
-                self.server.reserve(extra)
+                self.server.reserve(extra, self.client)
             except BadRequest as e:
                 self.fail(e)
                 return
@@ -357,9 +400,13 @@ class _Base(RequestHandler):
     def on_connection_close(self) -> None:
         self._release()
 
+    @property
+    def client(self) -> str:
+        return str(self.request.remote_ip or "")
+
     def _release(self) -> None:
         if self.reserved:
-            self.server.release(self.reserved)
+            self.server.release(self.reserved, self.client)
             self.reserved = 0
         self.body = bytearray()
 
@@ -432,8 +479,7 @@ class Verdicts(_Base):
         # who is calling is known from the headers: refused before the body is read
         self.caller = await self.server.authenticate(
             self.request.headers.get("Authorization", ""))
-        self.server.reserve(length)
-        self.reserved = length
+        self.server.room(length, self.client)
 
     async def post(self) -> None:
         assert self.caller is not None

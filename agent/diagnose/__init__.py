@@ -27,6 +27,7 @@ from agent.diagnose.node_facts import NodeFacts, build_facts, kube_proxy_mode
 from agent.diagnose.parallel import SplitRules, usable_jobs
 from agent.diagnose.rules import etp_local, pod_to_lb
 from agent.snapshot import NodeSnapshot, Unknown
+from agent.verdict_doc import OBSERVED_IDS
 
 _SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 # the rules that walk each LB IP: run again over the IPv6 view for IPv6 LB IPs
@@ -55,6 +56,7 @@ class Prepared:
 
     facts: NodeFacts
     all_targets: tuple[LbTarget, ...]  # every LB/external/Ingress address, any family
+    not_walked: tuple[str, ...] = ()  # targets left out past discovery's bounds, and why
     # what each rule that does not read the capture found, by (rule, family), with the
     # unknowns it added: filled by the first diagnosis of this snapshot when every rule
     # ran without an error, replayed by the next ones (the daemon keeps the Prepared of
@@ -64,10 +66,11 @@ class Prepared:
 
 
 def prepare(snap: NodeSnapshot) -> Prepared:
-    targets = tuple(discover(snap))
+    found = discover(snap)
+    targets = tuple(found.targets)
     if snap.nft:  # kube-proxy nftables mode: its table names LB IPs too
         targets = nft_targets(snap, targets)
-    return Prepared(build_facts(snap), targets)
+    return Prepared(build_facts(snap), targets, tuple(found.not_walked))
 
 
 def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
@@ -76,11 +79,19 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
     """The verdict for one node; ``capture`` adds what watched handshakes showed;
     ``prepared`` is ``prepare(snap)`` when the caller already made it; ``jobs`` 2 lets a
     forked child walk half of a big node's LB IPs (the same verdict, sooner)."""
-    from agent.diagnose.rules.observed import OBSERVED_IDS
-
     prepared = prepared or prepare(snap)
     ctx, v6_ctx, findings = _contexts(snap, prepared, capture)
     findings += _run_rules(ctx, v6_ctx, prepared.memo, jobs)
+    if prepared.not_walked:
+        findings.append(Finding(
+            "diagnosis-incomplete", "warning",
+            "Some LB IP:port targets were not walked (more than the agent walks per Service "
+            "or per node): loopback is not ruled out for them",
+            evidence=tuple(prepared.not_walked[:20]) + (
+                (f"... and {len(prepared.not_walked) - 20} more",)
+                if len(prepared.not_walked) > 20 else ()),
+            remedy="Check the Services named by hand; so many addresses x ports in one "
+                   "Service is unusual (a tenant's mistake or an attack on node agents)."))
     # (each LB IP's key made once: 10k LB IPs have 2-3 findings each)
     ip_keys = {ip: _ip_key(ip) for ip in {f.lb_ip for f in findings}}
     findings.sort(key=lambda f: (_SEVERITY_ORDER[f.severity], ip_keys[f.lb_ip], f.port or 0,
@@ -90,7 +101,8 @@ def diagnose(snap: NodeSnapshot, node: str, now: dt.datetime | None = None,
         node=node,
         time=now.isoformat(timespec="seconds").replace("+00:00", "Z"),
         agent_version=__version__,
-        status=status_of(findings, observed=any(f.id in OBSERVED_IDS for f in findings)),
+        status=status_of(findings, observed=any(f.id in OBSERVED_IDS for f in findings),
+                         mode=ctx.mode),
         kube_proxy_mode=ctx.mode,
         findings=tuple(findings),
         unknowns=tuple(ctx.unknowns),

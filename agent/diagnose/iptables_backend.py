@@ -26,7 +26,7 @@ from agent.diagnose.paths import (
 )
 from agent.netfilter import assumption
 from agent.netfilter.assumption import Assumption
-from agent.netfilter.packet import DROPPED, Hook, HookResult, Packet
+from agent.netfilter.packet import DROPPED, Hook, HookResult, Packet, WalkStep
 from agent.netfilter.walk import UNSEEN_REST, TableWalker
 from agent.parse.ip_text import host_port
 from agent.snapshot import Chain, Netfilter, Rule, Rules, Table
@@ -206,7 +206,7 @@ class IptablesBackend(ModeBackend):
             why = (f"what {chain} does with a pod's packet: `iptables -t nat -S {chain}` "
                    "shows it (without kube-proxy's --cluster-cidr and a local endpoint it "
                    "lets it leave unmasqueraded)")
-            return PathOutcome(Outcome.UNKNOWN, why, (*ev, why), assumptions=took)
+            return PathOutcome(Outcome.UNKNOWN, why, (*ev, why), took, res.steps)
         # kube-proxy jumps only to chains it wrote: endpoint chains DNAT to an endpoint;
         # its EXT chains (1.24+) send on to those, or leave what has no local endpoint to
         # filter's "has no local endpoints" drop. Either way the packet is handled on the
@@ -223,7 +223,7 @@ class IptablesBackend(ModeBackend):
         shows = f"iptables -t nat -S {chain}"
         return PathOutcome(Outcome.CAPTURED, how, (
             *ev, f"{chain}{ASSUMED} {does} (not in the input: `{shows}` shows it)",
-            f"result: {how}"), assumptions=(*took, assumption.unseen_chain(chain, shows)))
+            f"result: {how}"), (*took, assumption.unseen_chain(chain, shows)), res.steps)
 
     def local_assumption(self, p: Packet) -> Assumption:
         return assumption.local_address(p.dst, _SHOWS_LOCAL)
@@ -232,7 +232,8 @@ class IptablesBackend(ModeBackend):
         return DECIDES_LOCAL
 
     def to_local(self, finder: PathFinder, p: Packet, known: bool, ev: tuple[str, ...],
-                 took: tuple[Assumption, ...]) -> list[PathOutcome]:
+                 took: tuple[Assumption, ...], steps: tuple[WalkStep, ...]
+                 ) -> list[PathOutcome]:
         """filter INPUT first (kube-proxy's KUBE-PROXY-FIREWALL drops sources outside
         loadBalancerSourceRanges there), then IPVS takes it at LOCAL_IN."""
         if known:
@@ -245,9 +246,10 @@ class IptablesBackend(ModeBackend):
         for ir in self.walk_hook("input", p):
             ev2 = (*ev, routing, *map(rendered, ir.steps))
             took2 = took + ir.assumed
+            st2 = steps + ir.steps
             if ir.verdict in DROPPED:
                 out.append(PathOutcome(Outcome.DROPPED, self.ended(ir.verdict, "input"), ev2,
-                                       assumptions=took2))
+                                       took2, st2))
             else:
                 how, line = self._ipvs_capture(p)
                 if ir.verdict == "UNKNOWN":
@@ -258,7 +260,7 @@ class IptablesBackend(ModeBackend):
                     ev2 = (*ev2, ir.detail)
                 out.append(PathOutcome(Outcome.CAPTURED, how,
                                        (*ev2, line, finder.once(f"result: {how}")),
-                                       assumptions=took2))
+                                       took2, st2))
         return out
 
     def _ipvs_capture(self, p: Packet) -> tuple[str, str]:

@@ -7,6 +7,7 @@ import ipaddress
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from agent.netfilter.rules import Cond, parse_rule_text
 from agent.numbers import is_number
@@ -109,8 +110,21 @@ def infer_service(evidence: tuple[str, ...], hashed: Mapping[str, str]) -> str |
     return None
 
 
-def discover(snap: NodeSnapshot) -> list[LbTarget]:
+# One object's addresses x ports walked at most (issue 35, item 12: one Service with 500
+# externalIPs x 500 ports made 250k targets, 26 s and 746 MiB, and any tenant who may
+# create a Service can make one); and the node's in all (a 50k-Service node has 55k).
+PER_OBJECT_TARGETS = 1_000
+MAX_TARGETS = 100_000
+
+
+class Discovery(NamedTuple):
+    targets: list[LbTarget]
+    not_walked: list[str]  # what was left out past the bounds above, and why
+
+
+def discover(snap: NodeSnapshot) -> Discovery:
     found: dict[tuple[str, int, str], LbTarget] = {}
+    not_walked: list[str] = []
     # what later sources said of an address already found, merged once at the end (one
     # LbTarget per address rather than one per source: 10k LB IPs have two or three)
     more: dict[tuple[str, int, str], list[LbTarget]] = {}
@@ -137,21 +151,27 @@ def discover(snap: NodeSnapshot) -> list[LbTarget]:
     for svc in snap.services or ():
         by_key[svc.key] = svc
         annotations = tuple(sorted(svc.annotations.items()))
+        ips = [(ing.ip, ing.ip_mode, "loadbalancer") for ing in svc.lb_ingress
+               if ing.ip and svc.type == "LoadBalancer"]
+        ips += [(ip, None, "external") for ip in svc.external_ips]
+        many = len(ips) * len(svc.ports)
+        if many > PER_OBJECT_TARGETS:
+            not_walked.append(
+                f"Service {svc.key} has {many} address:port targets ({len(ips)} addresses x "
+                f"{len(svc.ports)} ports): the first {PER_OBJECT_TARGETS} were walked")
+        left = PER_OBJECT_TARGETS
         for p in svc.ports:
-            if svc.type == "LoadBalancer":
-                for ing in svc.lb_ingress:
-                    if ing.ip:
-                        add(LbTarget(ing.ip, p.port, p.protocol, "loadbalancer", svc.key,
-                                     (f"Service {svc.key} status.loadBalancer.ingress",),
-                                     svc.external_traffic_policy,
-                                     "Service spec" if svc.external_traffic_policy else "",
-                                     ing.ip_mode, annotations, node_port=p.node_port))
-            for ip in svc.external_ips:
-                add(LbTarget(ip, p.port, p.protocol, "external", svc.key,
-                             (f"Service {svc.key} spec.externalIPs",),
+            for ip, ip_mode, kind in ips:
+                left -= 1
+                if left < 0:
+                    break
+                add(LbTarget(ip, p.port, p.protocol, kind, svc.key,
+                             (f"Service {svc.key} "
+                              + ("status.loadBalancer.ingress" if kind == "loadbalancer"
+                                 else "spec.externalIPs"),),
                              svc.external_traffic_policy,
                              "Service spec" if svc.external_traffic_policy else "",
-                             None, annotations, node_port=p.node_port))
+                             ip_mode, annotations, node_port=p.node_port))
 
     for ingress in snap.ingresses or ():
         backends = sorted({b.service for b in ingress.backends})
@@ -186,7 +206,12 @@ def discover(snap: NodeSnapshot) -> list[LbTarget]:
             if np is not None:
                 t = replace(t, node_port=np)
         out.append(t)
-    return sorted(out, key=lambda t: (_ip_key(t.ip), t.port, t.protocol))
+    out.sort(key=lambda t: (_ip_key(t.ip), t.port, t.protocol))
+    if len(out) > MAX_TARGETS:
+        not_walked.append(f"the node knows {len(out)} LB IP:port targets: the first "
+                          f"{MAX_TARGETS} (in address order) were walked")
+        del out[MAX_TARGETS:]
+    return Discovery(out, not_walked)
 
 
 # where each source hands what it found to discover()

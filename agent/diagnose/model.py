@@ -1,4 +1,10 @@
-"""Findings and the verdict document (schema loopback-agent/verdict/v1)."""
+"""Findings and the verdict document (schema loopback-agent/verdict/v2; v1 read too).
+
+The document's size follows the problems, not the Services (issue 32): every finding that
+is not fine is named (address, port, Service, id), its evidence in full for the first
+FULL_PER_ID of its id, past that by reference to the example of its rule shape; the LB
+IPs that are fine are counted by outcome and shape, with one example's evidence each and
+their addresses in a compact form. ``to_dict("all")`` itemises everything, as v1 did."""
 
 from __future__ import annotations
 
@@ -8,14 +14,17 @@ from typing import Any, Literal
 from agent.capture.model import CaptureResult, Corroboration, NodePortStats
 from agent.quick_init import quick_init
 from agent.snapshot import Unknown
+from agent.verdict_doc import OBSERVED_IDS, SCHEMA_V2, UNDECIDED_IDS, compact_targets
 
-VERDICT_SCHEMA = "loopback-agent/verdict/v1"
+VERDICT_SCHEMA = SCHEMA_V2
+Detail = Literal["summary", "all", "lb_ip"]
+FULL_PER_ID = 20  # findings of one id shown with their evidence; the rest by their shape
 
 Severity = Literal["info", "warning", "critical"]
-Status = Literal["healthy", "at-risk", "loopback"]
+Status = Literal["healthy", "unknown", "at-risk", "loopback"]
 KubeProxyMode = Literal["iptables", "ipvs", "nftables", "unknown"]
 SEVERITIES: tuple[Severity, ...] = ("info", "warning", "critical")
-STATUSES: tuple[Status, ...] = ("healthy", "at-risk", "loopback")
+STATUSES: tuple[Status, ...] = ("healthy", "unknown", "at-risk", "loopback")  # best first
 KUBE_PROXY_MODES: tuple[KubeProxyMode, ...] = ("iptables", "ipvs", "nftables", "unknown")
 
 
@@ -47,6 +56,9 @@ class Finding:
     remedy: str | None = None
     # structured evidence, e.g. the NodePort table of a capture finding (schema: data)
     data: dict[str, Any] | None = None
+    # the way the walk decided it (agent.netfilter.shape): findings of one id and shape
+    # were decided by rules of the same shapes, and the verdict shows one's evidence
+    shape: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -60,6 +72,7 @@ class Finding:
             "evidence": list(self.evidence),
             "remedy": self.remedy,
             **({"data": self.data} if self.data is not None else {}),
+            **({"shape": self.shape} if self.shape is not None else {}),
         }
 
 
@@ -151,7 +164,18 @@ class Verdict:
     context: VerdictContext = field(default_factory=VerdictContext)
     capture: CaptureResult | None = None  # watched handshakes, when captured
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, detail: Detail = "summary") -> dict[str, Any]:
+        """The verdict document: "summary" (the default: what is shipped, spooled and
+        served) or "all" (every finding and LB IP itemised, as `check --json --all`)."""
+        if detail == "summary":
+            findings, ok, shapes, abridged = _summarised(self.findings)
+            # the LB IPs whose findings are shown in full (the others are named by them)
+            named = {f["lb_ip"] for f in findings if not f.get("abridged")}
+            reports = [r.to_dict() for r in self.lb_ips if r.ip in named]
+        else:
+            findings = [f.to_dict() for f in self.findings]
+            ok, shapes, reports = [], [], [r.to_dict() for r in self.lb_ips]
+            abridged = 0
         return {
             "schema": VERDICT_SCHEMA,
             "node": self.node,
@@ -159,25 +183,53 @@ class Verdict:
             "agent_version": self.agent_version,
             "status": self.status,
             "kube_proxy_mode": self.kube_proxy_mode,
-            "findings": [f.to_dict() for f in self.findings],
+            "detail": detail,
+            "findings": findings,
+            **({"ok": ok, "shapes": shapes, "abridged": abridged} if detail == "summary"
+               else {}),
             "unknowns": [{"source": u.source, "reason": u.reason} for u in self.unknowns],
-            "lb_ips": [r.to_dict() for r in self.lb_ips],
+            "lb_ip_counts": {"total": len(self.lb_ips),
+                             "local": sum(1 for r in self.lb_ips if r.local),
+                             "listed": len(reports)},
+            "lb_ips": reports,
             "context": self.context.to_dict(),
             **({"capture": _capture_summary(self.capture)} if self.capture is not None
                else {}),
         }
 
+    def for_lb_ip(self, ip: str) -> Verdict:
+        """The verdict as it regards one address: its findings and its LB IP report (the
+        node's findings about no LB IP too), the status of those."""
+        findings = tuple(f for f in self.findings if f.lb_ip in (ip, None))
+        return Verdict(
+            self.node, self.time, self.agent_version,
+            status_of(findings, observed=any(f.id in OBSERVED_IDS for f in findings),
+                      mode=self.kube_proxy_mode),
+            self.kube_proxy_mode, findings, self.unknowns,
+            tuple(r for r in self.lb_ips if r.ip == ip), self.context, self.capture)
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Verdict:
-        """The typed verdict back from its document (what a collector stored); the
-        capture keeps its counts, not its samples."""
+        """The typed verdict back from its document (what a collector stored, v1 or v2);
+        the capture keeps its counts, not its samples. A v2 summary's fine LB IPs come
+        back as counts only (not findings), its abridged findings with their shape's
+        example's evidence."""
         cap = d.get("capture")
+        examples = {(s["id"], s["shape"]): s["example"] for s in d.get("shapes", ())}
+
+        def finding(f: dict[str, Any]) -> Finding:
+            if f.get("abridged"):
+                ex = examples.get((f["id"], f.get("shape")), {})
+                f = {**f, "summary": f"{f['id']}: as {ex.get('lb_ip')} (shape {f.get('shape')})",
+                     "evidence": ex.get("evidence", ()), "remedy": ex.get("remedy")}
+                del f["abridged"]
+            return Finding(**{**f, "severity": _severity(f["severity"]),
+                              "evidence": tuple(f.get("evidence", ()))})
+
         return cls(
             node=d["node"], time=d["time"], agent_version=d["agent_version"],
             status=_status(d["status"]), kube_proxy_mode=as_mode(d["kube_proxy_mode"]),
-            findings=tuple(Finding(**{**f, "severity": _severity(f["severity"]),
-                                      "evidence": tuple(f.get("evidence", ()))})
-                           for f in d["findings"]),
+            findings=tuple(map(finding, d["findings"])),
             unknowns=tuple(Unknown(u["source"], u["reason"]) for u in d.get("unknowns", ())),
             lb_ips=tuple(LbIpReport(r["ip"], tuple(r["ports"]), r["kind"],
                                     tuple(r["services"]), tuple(r["learned_from"]),
@@ -198,6 +250,50 @@ class Verdict:
         """What makes a verdict different enough to ship at once."""
         return (self.status, tuple(sorted((f.id, f.lb_ip or "", f.port or 0)
                                           for f in self.findings)))
+
+
+# Findings that say an LB IP is fine (served inside the node, masqueraded, or failing
+# the load balancer's health check by design): counted by shape, not itemised.
+FINE_IDS = frozenset({"pod-to-lb-captured", "pod-to-lb-masqueraded",
+                      "etp-local-no-local-endpoint"})
+_NAMED = ("id", "severity", "lb_ip", "port", "protocol", "service", "shape")
+
+
+def _summarised(findings: tuple[Finding, ...]
+                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                           list[dict[str, Any]], int]:
+    """(itemised findings, the fine ones grouped, the examples of abridged findings'
+    shapes, how many findings were abridged): see the module's doc."""
+    out: list[dict[str, Any]] = []
+    in_full: dict[str, int] = {}
+    ok: dict[tuple[str, str | None], tuple[Finding, list[Finding]]] = {}
+    # per id and shape (a finding no walk made: its id is its shape) the first finding
+    # and how many were abridged to refer to it
+    examples: dict[tuple[str, str | None], tuple[Finding, int]] = {}
+    abridged = 0
+    for f in findings:
+        if f.id in FINE_IDS and f.lb_ip is not None and f.severity == "info":
+            ok.setdefault((f.id, f.shape), (f, []))[1].append(f)
+            continue
+        shown = in_full.get(f.id, 0)
+        if shown < FULL_PER_ID or f.lb_ip is None:
+            in_full[f.id] = shown + 1
+            out.append(f.to_dict())
+            examples.setdefault((f.id, f.shape), (f, 0))
+            continue
+        abridged += 1
+        first, n = examples.get((f.id, f.shape), (f, 0))
+        examples[(f.id, f.shape)] = (first, n + 1)
+        out.append({**{k: getattr(f, k) for k in _NAMED}, "abridged": True})
+    ordered = sorted(ok.items(), key=lambda kv: (-len(kv[1][1]), kv[0][0], kv[0][1] or ""))
+    groups = [{"id": fid, "severity": first.severity, "shape": shape, "count": len(members),
+               "example": first.to_dict(),
+               "targets": compact_targets([(m.lb_ip or "", m.port, m.protocol)
+                                           for m in members])}
+              for (fid, shape), (first, members) in ordered]
+    shapes = [{"id": fid, "shape": shape, "abridged": n, "example": first.to_dict()}
+              for (fid, shape), (first, n) in examples.items() if n]
+    return out, groups, shapes, abridged
 
 
 # NodePorts listed in a verdict's capture summary: a burst to the whole range must not
@@ -234,11 +330,19 @@ def _capture_summary(cap: CaptureResult) -> dict[str, Any]:
     }
 
 
-def status_of(findings: tuple[Finding, ...] | list[Finding], observed: bool = False
-              ) -> Status:
-    """"loopback" when capture saw it, "at-risk" with any warning/critical finding."""
+
+def status_of(findings: tuple[Finding, ...] | list[Finding], *, observed: bool,
+              mode: KubeProxyMode) -> Status:
+    """"loopback" when capture saw it; "at-risk" with a warning/critical finding that is
+    positive evidence of exposure; "unknown" when nothing at risk was found but something
+    that could hide a risk was not decided (an undecided finding, kube-proxy's mode not
+    known); "healthy" when every known LB IP was decided. Kubernetes conditions'
+    True/Unknown/False, NPD's NonOK/Unknown/OK."""
     if observed:
         return "loopback"
-    if any(f.severity in ("warning", "critical") for f in findings):
+    serious = {f.id for f in findings if f.severity in ("warning", "critical")}
+    if serious - UNDECIDED_IDS:
         return "at-risk"
+    if serious or mode == "unknown":
+        return "unknown"
     return "healthy"

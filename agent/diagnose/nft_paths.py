@@ -35,7 +35,7 @@ from agent.netfilter.assumption import Assumption
 from agent.netfilter.nft_model import NftRuleset, NftTable
 from agent.netfilter.nft_read import ruleset_of
 from agent.netfilter.nft_walk import NftWalker, iptables_nft_table
-from agent.netfilter.packet import Hook, HookResult, Packet
+from agent.netfilter.packet import Hook, HookResult, Packet, WalkStep
 from agent.numbers import is_number
 from agent.snapshot import NodeSnapshot
 
@@ -264,7 +264,8 @@ class NftBackend(ModeBackend):
                 "decides it]")
 
     def to_local(self, finder: PathFinder, p: Packet, known: bool, ev: tuple[str, ...],
-                 took: tuple[Assumption, ...]) -> list[PathOutcome]:
+                 took: tuple[Assumption, ...], steps: tuple[WalkStep, ...]
+                 ) -> list[PathOutcome]:
         if known:
             route = self.facts.local_route(p.dst)
             routing = f"routing: {p.dst} is local ({route.line if route else ''}) -> input"
@@ -275,9 +276,10 @@ class NftBackend(ModeBackend):
         for ir in self.walker.walk_hook("input", p):
             ev2 = (*ev, routing, *map(rendered, ir.steps))
             took2 = took + ir.assumed
+            st2 = steps + ir.steps
             if ir.verdict in ("DROP", "REJECT"):
                 out.append(PathOutcome(Outcome.DROPPED, self.ended(ir.verdict, "input"), ev2,
-                                       assumptions=took2))
+                                       took2, st2))
             else:
                 how = "delivered to this node's own stack (local address): it does not " \
                       "leave the node"
@@ -286,7 +288,7 @@ class NftBackend(ModeBackend):
                     ev2 = (*ev2, ir.detail)
                 out.append(PathOutcome(Outcome.CAPTURED, how,
                                        (*ev2, finder.once(f"result: {how}")),
-                                       assumptions=took2))
+                                       took2, st2))
         return out
 
     def finish(self, got: PathOutcome) -> PathOutcome:
@@ -296,7 +298,7 @@ class NftBackend(ModeBackend):
                    f"nft line(s) could not be read ({self.problems[0]}): what they hold "
                    "may DNAT or masquerade it")
             return PathOutcome(Outcome.UNKNOWN, why, (*got.evidence, why),
-                               assumptions=got.assumptions)
+                               got.assumptions, got.steps)
         return got
 
     def node_address(self, finder: PathFinder, v6: bool) -> tuple[str | None, str]:

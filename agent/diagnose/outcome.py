@@ -20,6 +20,8 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from agent.netfilter.assumption import Assumption
+from agent.netfilter.packet import WalkStep
+from agent.netfilter.shape import shape_id
 
 
 class Outcome(StrEnum):
@@ -45,6 +47,7 @@ class PathOutcome(NamedTuple):
     how: str
     evidence: tuple[str, ...]
     assumptions: tuple[Assumption, ...] = ()  # what the path took without the input
+    steps: tuple[WalkStep, ...] = ()  # the rules it took, in order (its shape: see shape_of)
 
 
 def _rank(o: PathOutcome) -> int:
@@ -66,7 +69,7 @@ def merge(outcomes: Sequence[PathOutcome]) -> PathOutcome:
                            + "; ".join(facts[:2]),
                            (*loop.evidence, "the other answer: " + next(
                                (o.how for o in outcomes if o.kind != loop.kind), "")),
-                           assumptions=loop.assumptions)
+                           assumptions=loop.assumptions, steps=loop.steps)
     if assumed:
         notes = tuple(f"either way ({len(outcomes)} paths over what the input does not "
                       f"show): {fact}" for fact in facts)
@@ -77,10 +80,20 @@ def merge(outcomes: Sequence[PathOutcome]) -> PathOutcome:
             other = next(o for o in outcomes if o.kind != shown.kind)
             return PathOutcome(shown.kind, f"{shown.how}; or, depending on a fact the input "
                                f"lacks, {other.kind}: {other.how} (no loop either way)",
-                               (*shown.evidence, f"the other answer: {other.how}", *notes))
+                               (*shown.evidence, f"the other answer: {other.how}", *notes),
+                               steps=shown.steps)
         return PathOutcome(worst.kind, worst.how + " (decided without a fact the input "
-                           "lacks: every answer to it leads here)", (*worst.evidence, *notes))
+                           "lacks: every answer to it leads here)", (*worst.evidence, *notes),
+                           steps=worst.steps)
     if len(kinds) > 1:
         return PathOutcome(worst.kind, worst.how + " (on some of the paths kube-proxy's "
-                           "random endpoint choice can take)", worst.evidence)
+                           "random endpoint choice can take)", worst.evidence,
+                           steps=worst.steps)
     return worst
+
+
+def shape_of(o: PathOutcome) -> str:
+    """The name of the way this outcome was reached: its kind and the shapes of the rules
+    its path took (agent.netfilter.shape), the same for every LB IP kube-proxy serves with
+    the same chains."""
+    return shape_id((o.kind.value, *(s.shape() for s in o.steps)))

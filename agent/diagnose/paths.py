@@ -52,7 +52,7 @@ class ServedOutcome:
     source_kept: bool | None  # no masquerade on the way to the endpoint
     evidence: tuple[str, ...]
     how: str
-
+    steps: tuple[WalkStep, ...] = ()  # the rules of the path the evidence shows
 
 class ModeBackend:
     """One kube-proxy mode's rules as the path finder walks them, and what the mode's
@@ -96,9 +96,11 @@ class ModeBackend:
         return f"kube-proxy rewrites the destination to {host_port(p.dst, p.dport)} ({verdict})"
 
     def to_local(self, finder: PathFinder, p: Packet, known: bool, ev: tuple[str, ...],
-                 took: tuple[Assumption, ...]) -> list[PathOutcome]:
+                 took: tuple[Assumption, ...], steps: tuple[WalkStep, ...]
+                 ) -> list[PathOutcome]:
         """A pod's packet routed to a local address (``known``: the input says it is
-        local; else the walk assumes it, and ``took`` says so)."""
+        local; else the walk assumes it, and ``took`` says so); ``steps`` the rules taken
+        so far."""
         raise NotImplementedError
 
     def local_assumption(self, p: Packet) -> Assumption:
@@ -202,38 +204,39 @@ class PathFinder:
         if verdict == "UNKNOWN":
             got = b.unseen(res, ev, took)
             return [got if got is not None else
-                    PathOutcome(Outcome.UNKNOWN, detail, (*ev, detail), assumptions=took)]
+                    PathOutcome(Outcome.UNKNOWN, detail, (*ev, detail), took, steps)]
         if verdict in DROPPED:
-            return [PathOutcome(Outcome.DROPPED, b.ended(verdict, "prerouting"), ev,
-                                assumptions=took)]
+            return [PathOutcome(Outcome.DROPPED, b.ended(verdict, "prerouting"), ev, took,
+                                steps)]
         if verdict in REWRITTEN:
             how = b.dnat_how(p, verdict)
             result = f"result: {how}; the packet never goes to the load balancer"
             if not b.forward_after_dnat:
-                return [PathOutcome(Outcome.CAPTURED, how, (*ev, result), assumptions=took)]
+                return [PathOutcome(Outcome.CAPTURED, how, (*ev, result), took, steps)]
             out = []
             for fr in b.walk_hook("forward", p._replace(out_iface=None)):
                 ev2 = ev + tuple(map(rendered, fr.steps))
                 took2 = took + fr.assumed
+                st2 = steps + fr.steps
                 if fr.verdict in DROPPED:
                     out.append(PathOutcome(Outcome.DROPPED, b.ended(fr.verdict, "forward"),
-                                           ev2, assumptions=took2))
+                                           ev2, took2, st2))
                 elif fr.verdict == "UNKNOWN":
                     out.append(PathOutcome(Outcome.UNKNOWN, fr.detail, (*ev2, fr.detail),
-                                           assumptions=took2))
+                                           took2, st2))
                 else:
-                    out.append(PathOutcome(Outcome.CAPTURED, how, (*ev2, result),
-                                           assumptions=took2))
+                    out.append(PathOutcome(Outcome.CAPTURED, how, (*ev2, result), took2,
+                                           st2))
             return out
         local = self.is_local(p.dst)
         results: list[PathOutcome] = []
         if local is None:
             # not given the node's addresses: follow both answers (merge decides)
             took = (*took, b.local_assumption(p))
-            results += b.to_local(self, p, False, ev, took)
+            results += b.to_local(self, p, False, ev, took, steps)
             ev = (*ev, f"routing{ASSUMED} {p.dst} is NOT a local address{b.unknown_local(p)}")
         elif local:
-            return b.to_local(self, p, True, ev, took)
+            return b.to_local(self, p, True, ev, took, steps)
         v6 = p.v6
         out_iface = self.uplink(v6)
         leaving = out_iface or "(uplink unknown)"
@@ -244,17 +247,19 @@ class PathFinder:
         for fr in b.walk_hook("forward", p):
             ev2 = ev + tuple(map(rendered, fr.steps))
             took2 = took + fr.assumed
+            st2 = steps + fr.steps
             if fr.verdict == "UNKNOWN":
                 results.append(PathOutcome(Outcome.UNKNOWN, fr.detail, (*ev2, fr.detail),
-                                           assumptions=took2))
+                                           took2, st2))
                 continue
             if fr.verdict in DROPPED:
                 results.append(PathOutcome(Outcome.DROPPED, b.ended(fr.verdict, "forward"),
-                                           ev2, assumptions=took2))
+                                           ev2, took2, st2))
                 continue
             for pr in b.walk_hook("postrouting", fr.packet):
                 ev3 = ev2 + tuple(map(rendered, pr.steps))
-                results.append(self._postrouted(pr, p, leaving, ev3, took2 + pr.assumed))
+                results.append(self._postrouted(pr, p, leaving, ev3, took2 + pr.assumed)
+                               ._replace(steps=st2 + pr.steps))
         return results
 
     def _postrouted(self, pr: HookResult, p: Packet, leaving: str,
@@ -365,15 +370,16 @@ class PathFinder:
                     kept = (not masq) if kept is None else (kept and not masq)
                     last, tail = (*seen, pr.steps), ""
         evidence = _evidence(head, last, tail)
+        steps = tuple(step for part in last for step in part)
         if served_any and unserved_any and facts:
             why = "it depends on a fact the input does not show: " + "; ".join(list(facts)[:2])
-            return ServedOutcome(None, None, (*evidence, why), why)
+            return ServedOutcome(None, None, (*evidence, why), why, steps)
         if served_any:
             said = ("served here" + ("" if kept is None else
                                      (", client source kept" if kept else
                                       ", source masqueraded")))
-            return ServedOutcome(True, kept, evidence, said)
-        return ServedOutcome(False, None, evidence, "not served on this node")
+            return ServedOutcome(True, kept, evidence, said, steps)
+        return ServedOutcome(False, None, evidence, "not served on this node", steps)
 
 
 def _evidence(head: tuple[str, ...], steps: tuple[tuple[WalkStep, ...], ...], tail: str

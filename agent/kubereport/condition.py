@@ -9,15 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent.diagnose.model import Finding, Verdict
+from agent.verdict_doc import UNDECIDED_IDS
 
 CONDITION_TYPE = "LoadBalancerLoopback"
 HEALTHY_REASON = "NoLoadBalancerLoopback"
 UNKNOWN_REASON = "LoopbackUndetermined"
 MESSAGE_MAX = 256  # a condition message is read in `kubectl describe node`: keep it short
-# Findings that say the agent could not tell, not that the node is at risk.
-UNDECIDED = frozenset({"lb-ips-unknown", "pod-to-lb-undetermined", "diagnosis-incomplete"})
 RANK = {"critical": 0, "warning": 1, "info": 2}
-KNOWN_MODES = ("iptables", "ipvs", "nftables")  # the modes the diagnosis walks
 
 
 @dataclass(frozen=True)
@@ -40,15 +38,17 @@ def serious(v: Verdict) -> list[Finding]:
 
 
 def condition_of(v: Verdict) -> Condition:
+    """The verdict's status as a condition: loopback and at-risk True, unknown Unknown,
+    healthy False (the status decides; the findings name the reason)."""
     found = serious(v)
-    definite = [f for f in found if f.id not in UNDECIDED]
-    if v.status == "loopback" or definite:
+    definite = [f for f in found if f.id not in UNDECIDED_IDS]
+    if v.status in ("loopback", "at-risk"):
         top = (definite or found or [None])[0]
         reason = camel(top.id) if top else "LoopbackObserved"
         return Condition("True", reason, _message(v.status, definite or found))
-    if found:  # only "cannot tell" findings
-        return Condition("Unknown", camel(found[0].id), _message("undetermined", found))
-    if v.kube_proxy_mode not in KNOWN_MODES:
+    if v.status == "unknown":
+        if found:  # the "cannot tell" findings say what
+            return Condition("Unknown", camel(found[0].id), _message("undetermined", found))
         return Condition("Unknown", UNKNOWN_REASON,
                          _bounded(f"kube-proxy's mode is unknown ({v.kube_proxy_mode}): "
                                   "no exposure found, none ruled out"))

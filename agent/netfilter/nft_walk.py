@@ -24,6 +24,7 @@ from agent.netfilter.assumption import Assumption
 from agent.netfilter.nft_model import NftChain, NftRule, NftRuleset, NftSet, NftTable
 from agent.netfilter.nft_text import render, split_elements
 from agent.netfilter.packet import MAX_PATHS, MAX_RULES, Hook, HookResult, Packet
+from agent.netfilter.shape import chain_shape, rule_shape
 from agent.netfilter.walk import Step
 from agent.numbers import is_number
 from agent.parse.ip_text import PLAIN_V4, host_port
@@ -55,6 +56,10 @@ class NftStep(NamedTuple):
     source: str
     assumptions: tuple[Assumption, ...] = ()  # facts this rule's answer took
     notes: str = ""  # what this path's answer was (the map element, the fork taken)
+
+    def shape(self) -> str:
+        head, _, chain = self.where.rpartition(" ")
+        return f"{head} {chain_shape(chain)}: {rule_shape(self.text)}"
 
     def render(self) -> str:
         text = self.text

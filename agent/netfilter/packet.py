@@ -82,6 +82,10 @@ class WalkStep(Protocol):
 
     def render(self) -> str: ...
 
+    def shape(self) -> str:
+        """The step with what differs from one Service to the next left out."""
+        ...
+
 
 class HookResult(NamedTuple):
     """How one path through a hook ended (a transient value: one per path of a walk)."""

@@ -305,28 +305,40 @@ def exact_dst(rule: ParsedRule) -> str | None:
     return None
 
 
+_MARK = re.compile(r"(?:0[xX][0-9a-fA-F]{1,8}|[0-9]{1,10})\Z")
+
+
 def parse_mark(text: str) -> tuple[int, int]:
-    """'0x4000/0x4000' -> (value, mask); '0x4000' -> (value, 0xffffffff)."""
-    if "/" in text:
-        v, m = text.split("/", 1)
-        return int(v, 0), int(m, 0)
-    return int(text, 0), 0xFFFFFFFF
+    """'0x4000/0x4000' -> (value, mask); '0x4000' -> (value, 0xffffffff). ValueError for
+    anything else (a superscript digit, 5,000 digits), raised before int() sees it."""
+    v, _, m = text.partition("/")
+    if not _MARK.match(v) or (m and not _MARK.match(m)):
+        raise ValueError(f"mark {text[:40]!r} is not a number")
+    return int(v, 0), int(m, 0) if m else 0xFFFFFFFF
 
 
-def port_in(spec: str, port: int) -> bool:
-    """'80', '30000:32767', '80,443,8000:8080' (multiport) contain ``port``."""
+def port_in(spec: str, port: int) -> bool | None:
+    """'80', '30000:32767', '80,443,8000:8080' (multiport) contain ``port``; None where
+    the spec holds what is no port (a superscript digit, a service name not known here):
+    the match is then not decided, never silently false."""
     for part in spec.split(","):
         if ":" in part:
             lo, hi = part.split(":", 1)
+            if not (lo == "" or is_number(lo)) or not (hi == "" or is_number(hi)):
+                return None
             if int(lo or 0) <= port <= int(hi or 65535):
                 return True
-        elif part and _port_num(part) == port:
-            return True
+        elif part:
+            n = _port_num(part)
+            if n is None:
+                return None
+            if n == port:
+                return True
     return False
 
 
 _SERVICES = {"http": 80, "https": 443, "ssh": 22, "domain": 53}
 
 
-def _port_num(text: str) -> int:
-    return int(text) if is_number(text) else _SERVICES.get(text, -1)
+def _port_num(text: str) -> int | None:
+    return int(text) if is_number(text) else _SERVICES.get(text)

@@ -30,6 +30,7 @@ from agent.netfilter.rules import (
     parse_rule_text,
     port_in,
 )
+from agent.netfilter.shape import chain_shape, rule_shape
 from agent.numbers import is_number
 from agent.parse.ip_text import host_port
 from agent.snapshot import Chain, Rules, Table
@@ -71,6 +72,9 @@ class Step(NamedTuple):
     def render(self) -> str:
         where = f" ({self.source})" if self.source else ""
         return f"{self.table} {self.chain}: {self.text}{where}"
+
+    def shape(self) -> str:
+        return f"{self.table} {chain_shape(self.chain)}: {rule_shape(self.text)}"
 
 
 # NamedTuple(...) through its generated __new__ costs three times this, for each step
@@ -513,9 +517,9 @@ class TableWalker:
         opt = "--" + opt
         if module in ("tcp", "udp", "sctp"):
             if opt in ("--dport", "--destination-port"):
-                return (TRUE if port_in(a[0], pkt.dport) else FALSE), ""
+                return _port(a[0], pkt.dport)
             if opt in ("--sport", "--source-port"):
-                return (TRUE if port_in(a[0], pkt.sport) else FALSE), ""
+                return _port(a[0], pkt.sport)
             if opt == "--syn":
                 return TRUE, ""  # the packet we walk is the handshake's SYN
             if opt == "--tcp-flags":
@@ -528,12 +532,12 @@ class TableWalker:
             return None, f"{module} option {opt}"
         if module == "multiport":
             if opt in ("--dports", "--destination-ports"):
-                return (TRUE if port_in(a[0], pkt.dport) else FALSE), ""
+                return _port(a[0], pkt.dport)
             if opt in ("--sports", "--source-ports"):
-                return (TRUE if port_in(a[0], pkt.sport) else FALSE), ""
+                return _port(a[0], pkt.sport)
             if opt == "--ports":
-                ok = port_in(a[0], pkt.dport) or port_in(a[0], pkt.sport)
-                return (TRUE if ok else FALSE), ""
+                d, s_ = _port(a[0], pkt.dport), _port(a[0], pkt.sport)
+                return d if d[0] != FALSE else s_
             return None, f"multiport option {opt}"
         if module == "set":
             if opt == "--match-set":
@@ -555,7 +559,10 @@ class TableWalker:
             return None, f"addrtype option {opt}"
         if module in ("mark", "connmark"):
             if opt == "--mark":
-                v, m = parse_mark(a[0])
+                try:
+                    v, m = parse_mark(a[0])
+                except ValueError as e:
+                    return None, str(e)
                 cur = pkt.mark if module == "mark" else pkt.ctmark
                 return (TRUE if (cur & m) == v else FALSE), ""
             return None, f"{module} option {opt}"
@@ -572,7 +579,7 @@ class TableWalker:
             if opt == "--ctproto":
                 return (TRUE if a[0].lower() in (pkt.proto, _PROTO_NUM[pkt.proto]) else FALSE), ""
             if opt == "--ctorigdstport":
-                return (TRUE if port_in(a[0], pkt.orig_dport or pkt.dport) else FALSE), ""
+                return _port(a[0], pkt.orig_dport or pkt.dport)
             return None, f"conntrack option {opt}"
         if module == "statistic":
             return MAYBE, ""
@@ -973,7 +980,15 @@ def _t_proto(w: TableWalker | None, a: tuple[str, ...], pkt: Packet) -> tuple[in
 
 
 def _t_dport(w: TableWalker | None, a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
-    return (TRUE if port_in(a[0], pkt.dport) else FALSE), ""
+    return _port(a[0], pkt.dport)
+
+
+def _port(spec: str, port: int) -> tuple[int | None, str]:
+    got = port_in(spec, port)
+    if got is None:
+        return None, (f"port {spec[:40]!r} is not a port number (malformed, or a service "
+                      "name this agent does not know)")
+    return (TRUE if got else FALSE), ""
 
 
 def _t_maybe(w: TableWalker | None, a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
@@ -981,7 +996,10 @@ def _t_maybe(w: TableWalker | None, a: tuple[str, ...], pkt: Packet) -> tuple[in
 
 
 def _t_mark(w: TableWalker | None, a: tuple[str, ...], pkt: Packet) -> tuple[int | None, str]:
-    v, m = parse_mark(a[0])
+    try:
+        v, m = parse_mark(a[0])
+    except ValueError as e:
+        return None, str(e)
     return (TRUE if (pkt.mark & m) == v else FALSE), ""
 
 

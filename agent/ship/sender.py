@@ -31,6 +31,7 @@ from pathlib import Path
 import requests
 
 from agent.numbers import is_number
+from agent.regular_file import read_regular
 from agent.ship import gz
 from agent.ship.spool import Spool, SpoolItem
 
@@ -89,18 +90,7 @@ class TokenFile:
         self._stamp = None
 
     def _read(self) -> tuple[str | None, tuple[int, int, int, int]]:
-        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise OSError(errno.EINVAL, "not a regular file")
-            if st.st_size > MAX_TOKEN_BYTES:
-                raise OSError(errno.EFBIG, f"{st.st_size} bytes: not a token")
-            data = os.read(fd, MAX_TOKEN_BYTES + 1)
-        finally:
-            os.close(fd)
-        if len(data) > MAX_TOKEN_BYTES:
-            raise OSError(errno.EFBIG, "grew while read: not a token")
+        data, st = read_regular(self.path, MAX_TOKEN_BYTES)
         try:
             text = data.decode("ascii").strip()
         except UnicodeDecodeError as e:

@@ -15,6 +15,7 @@ from agent.diagnose.rules.common import (
     ipv6_commands,
     no_kube_proxy_rules,
 )
+from agent.netfilter.shape import shape_id
 from agent.snapshot import IpvsVirtualServer, NodeSnapshot
 
 ID = "etp-local-no-local-endpoint"
@@ -95,6 +96,7 @@ def check(ctx: Context) -> list[Finding]:
         if t.kind == "ingress" or t.etp == "Cluster":
             continue
         ev: list[str] = []
+        shape: tuple[str, ...]  # how it was decided (agent.netfilter.shape)
         if ctx.mode == "ipvs":
             if t.etp != "Local":
                 continue
@@ -123,6 +125,7 @@ def check(ctx: Context) -> list[Finding]:
                     on_node = _OnThisNode(ctx, pod.prefix)
                 if any(on_node(r.address) for r in vs.real_servers):
                     continue
+                shape = ("ipvs", "real servers, none on this node")
                 ev.append(f"externalTrafficPolicy=Local ({t.etp_how})")
                 ev.append(f"IPVS virtual server {t.protocol} {host}:{port}: real servers "
                           + ", ".join(r.address for r in vs.real_servers[:5])
@@ -135,11 +138,13 @@ def check(ctx: Context) -> list[Finding]:
                 ev.append(f"externalTrafficPolicy=Local ({t.etp_how})")
                 ev.append(f"IPVS virtual server {t.protocol} {host}:{port} "
                           + ("has no real servers" if vs else "does not exist"))
+                shape = ("ipvs", "no real servers" if vs else "no virtual server")
         elif t.service in stated and (said := _stated_for(t, stated[t.service])):
             # the rule that says so is kube-proxy's statement of the endpoints it has: no
             # walk needed (a walk can be misled by an excerpt or a test's shared NodePort)
             ev.append(f"kube-proxy's rule: {said}")
             ev.append(f"externalTrafficPolicy=Local ({t.etp_how or 'kube-proxy rules'})")
+            shape = ("kube-proxy's rule says so",)
         else:
             if ctx.mode != "nftables" and not has_kube_proxy_rules(ctx):
                 # no kube-proxy chain to walk: "not served" would be a claim on nothing
@@ -161,6 +166,7 @@ def check(ctx: Context) -> list[Finding]:
                 continue
             ev.extend(served.evidence)
             ev.append(f"externalTrafficPolicy=Local ({t.etp_how or 'kube-proxy rules'})")
+            shape = ("walk", *(step.shape() for step in served.steps))
         out.append(Finding(
             ID, "info",
             f"{t.service or t.ip} ({f'[{t.ip}]' if ':' in t.ip else t.ip}:{t.port}/"
@@ -168,7 +174,7 @@ def check(ctx: Context) -> list[Finding]:
             "Local and has no endpoint on this node: the load balancer's health checks "
             "fail here by design",
             lb_ip=t.ip, port=t.port, protocol=t.protocol, service=t.service,
-            evidence=tuple(ev), remedy=None))
+            evidence=tuple(ev), remedy=None, shape=shape_id((ID, *shape))))
     return out
 
 

@@ -40,7 +40,6 @@ from agent.parse.ip_text import host_port
 LOOPBACK_OBSERVED = "loopback-observed"
 HEALTHCHECK_DROPPED = "healthcheck-dropped-local-source"
 SYN_UNANSWERED = "nodeport-syn-unanswered"
-OBSERVED_IDS = frozenset({LOOPBACK_OBSERVED, HEALTHCHECK_DROPPED})
 
 # One finding per cause, not per port: a burst to the whole NodePort range is one finding
 # whose table (``data``) holds the ports. Bounded: the busiest TOP_PORTS rows, the ports

@@ -8,7 +8,7 @@ from typing import TypedDict
 from agent.diagnose.context import Context
 from agent.diagnose.lb_ip import infer_service
 from agent.diagnose.model import Finding
-from agent.diagnose.outcome import Outcome, PathOutcome
+from agent.diagnose.outcome import Outcome, PathOutcome, shape_of
 from agent.diagnose.remedies import for_not_masqueraded
 from agent.diagnose.rules.common import (
     has_kube_proxy_rules,
@@ -31,6 +31,7 @@ class _Target(TypedDict):
     port: int
     protocol: str
     service: str | None
+    shape: str | None
 
 
 def check(ctx: Context) -> list[Finding]:
@@ -57,7 +58,7 @@ def check(ctx: Context) -> list[Finding]:
         if t.service is None:
             t = replace(t, service=infer_service(o.evidence, ctx.chain_services))
         common: _Target = {"lb_ip": t.ip, "port": t.port, "protocol": t.protocol,
-                           "service": t.service}
+                           "service": t.service, "shape": shape_of(o) if o.steps else None}
         ev = list(o.evidence)
         if t.etp:
             line = etp_lines.get((t.etp, t.etp_how))
