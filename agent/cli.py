@@ -423,8 +423,10 @@ def load_snapshot(args: argparse.Namespace) -> NodeSnapshot:
             raise _Exit(_input_exit(e), str(e)) from e
         for u in snap.unknowns:
             if not u.reason.startswith("not given") and u.source != "kube-proxy":
-                print(f"loopback-agent: warning: {one_line(u.source)}: "
-                      f"{one_line(u.reason)}", file=sys.stderr)
+                # (a reason that names its file and line already is not prefixed again)
+                said = u.reason if u.reason.startswith(u.source) else \
+                    f"{u.source}: {u.reason}"
+                print(f"loopback-agent: warning: {one_line(said)}", file=sys.stderr)
         return snap
     if getattr(args, "snapshot", None):
         from agent.bundle import read_input

@@ -46,7 +46,8 @@ def render(v: Verdict, verbose: bool = False, width: int = 100) -> str:
                f"({ctx.origin})")
     out.append(_STATUS_LINE.get(v.status, v.status))
     out.append(f"kube-proxy mode: {v.kube_proxy_mode}"
-               + (f" ({ctx.kube_proxy_mode_from})" if ctx.kube_proxy_mode_from else ""))
+               + (f" ({ctx.kube_proxy_mode_from})" if ctx.kube_proxy_mode_from else "")
+               + (f"; version {ctx.kube_proxy_version}" if ctx.kube_proxy_version else ""))
     node_bits = []
     if ctx.uplink:
         node_bits.append(f"uplink {ctx.uplink} {ctx.node_ip or ''}".rstrip())

@@ -226,6 +226,7 @@ class KubeProxy:
     masquerade_all: bool | None = None
     config_file: str | None = None
     args: tuple[str, ...] = ()
+    version: str | None = None  # "v1.29.15", as its log says it ("Version info")
 
 
 @quick_init

@@ -63,7 +63,8 @@ def agrees(line: dict[str, Any], verdict: dict[str, Any]) -> None:
     ok = verdict.get("ok", [])
     assert c["findings"] == len(fs) + sum(g["count"] for g in ok)
     assert c["lb_ips"] == verdict["lb_ip_counts"]["total"]
-    assert c["unknowns"] == len(verdict["unknowns"])
+    assert c["unknowns"] == len(verdict["unknowns"]) + sum(
+        verdict.get("unknowns_more", {}).values())
     for sev in ("critical", "warning", "info"):
         assert c["by_severity"][sev] == sum(1 for f in fs if f["severity"] == sev) + sum(
             g["count"] for g in ok if g["severity"] == sev), sev

@@ -379,3 +379,19 @@ def test_finding_json_is_json_dumps() -> None:
     remedies: dict[str | None, str] = {}
     for f in findings * 2:
         assert _finding_json(f, remedies) == json.dumps(f.to_dict())
+
+
+def test_an_offline_verdict_is_named_by_its_input_not_by_this_machine(tmp_path: Path) -> None:
+    """issue 37: `check --from` of a bundle without node.json was named after the
+    analyst's own machine; a bundle with node.json is named by it, --node-name wins."""
+    import socket
+
+    v = json.loads(run("check", "--from", str(TKE), "--json").stdout)
+    assert v["node"] == "unnamed-node" != socket.gethostname()
+    d = copy_bundle(tmp_path)
+    (d / "node.json").write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "10.0.0.10"},
+        "spec": {"podCIDR": "172.16.1.0/24"}}))
+    assert json.loads(run("check", "--from", str(d), "--json").stdout)["node"] == "10.0.0.10"
+    named = run("check", "--from", str(d), "--json", "--node-name", "given")
+    assert json.loads(named.stdout)["node"] == "given"

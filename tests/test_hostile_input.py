@@ -355,6 +355,9 @@ def test_a_malformed_insert_position_is_said_with_file_and_line(tmp_path: Path) 
     assert "Traceback" not in proc.stderr and proc.returncode == 3, proc.stderr
     assert "iptables-save.txt:3: -I position '99999999999999999999' is not a number" \
         in proc.stderr
+    # each said once, the file not named twice (issue 37: "FILE: FILE:3: ...")
+    warnings = [ln for ln in proc.stderr.splitlines() if "-I position" in ln]
+    assert len(warnings) == 2 and all(ln.count("iptables-save.txt") == 1 for ln in warnings)
     assert "iptables-save.txt:4: -I position '\\xb9' is not a number" in proc.stderr \
         or "iptables-save.txt:4: -I position '¹' is not a number" in proc.stderr
 

@@ -268,3 +268,24 @@ def test_a_50k_service_nodes_verdict_is_spooled_shipped_and_shown(tmp_path: Path
         assert "<td>node-50k</td>" in page
     finally:
         col.stop()
+
+
+def test_unknowns_of_one_source_are_counted_past_twenty() -> None:
+    """A 50k-Service nftables node without NodePorts for some eTP=Local Services had an
+    unknown per LB IP: 790 KB of a summary. The first 20 of a source are listed, the rest
+    counted; --all lists every one."""
+    from dataclasses import replace
+
+    from agent.snapshot import Unknown
+
+    v = diagnose(load_bundle(str(TKE)), "n")
+    many = tuple(Unknown("etp-local-no-local-endpoint", f"10.64.0.{i}:80: the NodePort is "
+                                                          "unknown") for i in range(50))
+    had = sum(1 for u in v.unknowns if u.source == "etp-local-no-local-endpoint")
+    v = replace(v, unknowns=(*v.unknowns, *many))
+    doc = v.to_dict()
+    jsonschema.validate(doc, json.loads(schema_text()))
+    listed = [u for u in doc["unknowns"] if u["source"] == "etp-local-no-local-endpoint"]
+    assert len(listed) == 20
+    assert doc["unknowns_more"] == {"etp-local-no-local-endpoint": had + 50 - 20}
+    assert len(v.to_dict("all")["unknowns"]) == len(v.unknowns)

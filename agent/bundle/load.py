@@ -245,9 +245,11 @@ def _kube_proxy_lines(text: str, source: str, ev: _Evidence) -> None:
     a big dump costs little); the file counts as read when it does say it."""
     if "KubeProxyConfiguration" in text:
         lines = text.splitlines()  # a YAML document: its lines together
-    elif "kube-proxy" in text or "Prox" in text or "FLAG: --" in text:
+    elif "kube-proxy" in text or "Prox" in text or "FLAG: --" in text or \
+            '"Version info"' in text:
         lines = [ln for ln in text.splitlines()
-                 if ("kube-proxy" in ln or "Prox" in ln or "FLAG: --" in ln)
+                 if ("kube-proxy" in ln or "Prox" in ln or "FLAG: --" in ln
+                     or '"Version info"' in ln)
                  and not ln.startswith(("-A ", ":", "["))]
     else:
         return
@@ -663,7 +665,8 @@ def _kube(s: Section, ev: _Evidence) -> bool:
                 for ing in parse_ingresses(doc, where):
                     ev.ingresses[ing.key] = ing
             else:
-                ev.notes.append(Unknown(where, f"{len(objs)} {kind} objects: not used"))
+                what = f"{kind} objects" if kind != "None" else "objects without a kind"
+                ev.notes.append(Unknown(where, f"{len(objs)} {what}: not used"))
                 continue
         except InputError as e:
             ev.problems.append((s.source, s.first_line, e.message))

@@ -13,6 +13,7 @@ from agent.diagnose import parallel
 from agent.diagnose.context import Context, Unknowns
 from agent.diagnose.family import ipv6_facts, ipv6_snapshot, v6_local_known
 from agent.diagnose.iptables_backend import iptables_paths
+from agent.diagnose.kube_proxy_version import kube_proxy_version
 from agent.diagnose.lb_ip import ChainServices, LbTarget, discover, split_by_family
 from agent.diagnose.model import (
     Finding,
@@ -34,9 +35,19 @@ _SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 FAMILY_RULES = (pod_to_lb.check, etp_local.check)
 
 
+# the node of a saved input that does not name it (no node.json, no --node-name): never
+# the name of the machine the analyst runs the check on
+UNNAMED_NODE = "unnamed-node"
+
+
 def node_name(explicit: str | None, snap: NodeSnapshot | None, environ: dict[str, str]) -> str:
-    """--node-name, else NODE_NAME (downward API), else the snapshot's, else the hostname."""
-    name = explicit or environ.get("NODE_NAME") or (snap.node if snap else None)
+    """--node-name, else (a live node) NODE_NAME (downward API), else the snapshot's, else
+    (live) the hostname; a saved input (a bundle, a paste, a snapshot file) is named by
+    what it holds, else NODE_NAME, else UNNAMED_NODE: never by the machine that reads it."""
+    held = snap.node if snap is not None else None
+    if snap is not None and snap.origin != "live":
+        return explicit or held or environ.get("NODE_NAME") or UNNAMED_NODE
+    name = explicit or environ.get("NODE_NAME") or held
     if name:
         return name
     import socket  # (here: a bundle names its node, and socket costs 4 ms to import)
@@ -135,7 +146,8 @@ def _contexts(snap: NodeSnapshot, prepared: Prepared, capture: CaptureResult | N
         targets += [t for t in v6_targets if nft.walks(t.ip)]
         v6_targets = [t for t in v6_targets if not nft.walks(t.ip)]
     ctx = Context(snap, facts, targets, paths, mode, mode_how, unknowns,
-                  ChainServices(snap), capture, v6_targets)
+                  ChainServices(snap), capture, v6_targets,
+                  kube_proxy_version=kube_proxy_version(snap, mode))
     findings = _lb_ips_unknown(ctx)
     if mode == "unknown" and snap.ip6tables is not None:
         # an ip6tables-save alone says it
@@ -275,6 +287,7 @@ def _context_record(ctx: Context, v6_ctx: Context | None) -> VerdictContext:
     return VerdictContext(
         origin=snap.origin,
         kube_proxy_mode_from=ctx.mode_how,
+        kube_proxy_version=ctx.kube_proxy_version.said() if ctx.kube_proxy_version else None,
         node_ip=facts.node_ip,
         uplink=facts.uplink,
         pod_ip=facts.pod.pod_ip if facts.pod else None,

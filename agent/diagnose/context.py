@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from agent.capture.model import CaptureResult
+from agent.diagnose.kube_proxy_version import KubeProxyVersion
 from agent.diagnose.lb_ip import LbTarget
 from agent.diagnose.model import KubeProxyMode
 from agent.diagnose.node_facts import NodeFacts
@@ -30,6 +31,8 @@ class Context:
     # the family this context walks: 6 for the IPv6 view (agent.diagnose.family), where
     # findings that rest on IPv4-only sysctls (rp_filter, accept_local) do not apply
     family: int = 4
+    # which kube-proxy wrote the rules, where the input says (its log, its rules' shape)
+    kube_proxy_version: KubeProxyVersion | None = None
 
     def unknown(self, source: str, reason: str) -> None:
         self.unknowns.add(source, reason)

@@ -106,6 +106,8 @@ class VerdictContext:
 
     origin: str | None = None
     kube_proxy_mode_from: str = ""
+    # and how it was learned (agent.diagnose.kube_proxy_version)
+    kube_proxy_version: str | None = None
     node_ip: str | None = None
     uplink: str | None = None
     pod_ip: str | None = None
@@ -125,6 +127,8 @@ class VerdictContext:
         return {
             "origin": self.origin,
             "kube_proxy_mode_from": self.kube_proxy_mode_from,
+            **({"kube_proxy_version": self.kube_proxy_version} if self.kube_proxy_version
+               else {}),
             "node_ip": self.node_ip,
             "uplink": self.uplink,
             "pod_ip": self.pod_ip,
@@ -142,6 +146,7 @@ class VerdictContext:
     def from_dict(cls, d: dict[str, Any]) -> VerdictContext:
         return cls(
             origin=d.get("origin"), kube_proxy_mode_from=d.get("kube_proxy_mode_from", ""),
+            kube_proxy_version=d.get("kube_proxy_version"),
             node_ip=d.get("node_ip"), uplink=d.get("uplink"), pod_ip=d.get("pod_ip"),
             pod_network=d.get("pod_network"), pod_interface=d.get("pod_interface"),
             iptables_backend=d.get("iptables_backend"),
@@ -167,6 +172,7 @@ class Verdict:
     def to_dict(self, detail: Detail = "summary") -> dict[str, Any]:
         """The verdict document: "summary" (the default: what is shipped, spooled and
         served) or "all" (every finding and LB IP itemised, as `check --json --all`)."""
+        unknowns, more = _unknowns(self.unknowns, summary=detail == "summary")
         if detail == "summary":
             findings, ok, shapes, abridged = _summarised(self.findings)
             # the LB IPs whose findings are shown in full (the others are named by them)
@@ -187,7 +193,8 @@ class Verdict:
             "findings": findings,
             **({"ok": ok, "shapes": shapes, "abridged": abridged} if detail == "summary"
                else {}),
-            "unknowns": [{"source": u.source, "reason": u.reason} for u in self.unknowns],
+            "unknowns": unknowns,
+            **({"unknowns_more": more} if more else {}),
             "lb_ip_counts": {"total": len(self.lb_ips),
                              "local": sum(1 for r in self.lb_ips if r.local),
                              "listed": len(reports)},
@@ -250,6 +257,23 @@ class Verdict:
         """What makes a verdict different enough to ship at once."""
         return (self.status, tuple(sorted((f.id, f.lb_ip or "", f.port or 0)
                                           for f in self.findings)))
+
+
+UNKNOWNS_PER_SOURCE = 20  # in a summary: past it, a source's unknowns are counted
+
+
+def _unknowns(unknowns: tuple[Unknown, ...], summary: bool
+              ) -> tuple[list[dict[str, str]], dict[str, int]]:
+    """The unknowns, in a summary the first UNKNOWNS_PER_SOURCE of each source, and how
+    many more of each source there are (one per LB IP at 50k Services was 790 KB)."""
+    out: list[dict[str, str]] = []
+    seen: dict[str, int] = {}
+    for u in unknowns:
+        n = seen[u.source] = seen.get(u.source, 0) + 1
+        if not summary or n <= UNKNOWNS_PER_SOURCE:
+            out.append({"source": u.source, "reason": u.reason})
+    return out, {s: n - UNKNOWNS_PER_SOURCE for s, n in seen.items()
+                 if summary and n > UNKNOWNS_PER_SOURCE}
 
 
 # Findings that say an LB IP is fine (served inside the node, masqueraded, or failing

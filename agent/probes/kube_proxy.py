@@ -205,6 +205,8 @@ PROBE = register(Probe(name=SOURCE, field="kube_proxy", collect=collect))
 # iptables proxy"; klog's structured form quotes it)
 _LOG_FLAG = re.compile(r'FLAG: --(proxy-mode|cluster-cidr|masquerade-all)="([^"]*)"')
 _LOG_PROXIER = re.compile(r'"?Using (ipvs|iptables|nftables|userspace) [Pp]rox(?:ier|y)\b')
+# its version, logged at startup: `server.go:865] "Version info" version="v1.29.15"`
+_LOG_VERSION = re.compile(r'"Version info" version="(v\d{1,2}\.\d{1,3}\.\d{1,4})[^"]{0,40}"')
 _PROXY_ARGS = re.compile(r"(?:^|[\s/\"'])kube-proxy(?:\s|\"|'|$)")
 
 
@@ -213,7 +215,7 @@ def from_paste(lines: Sequence[str]) -> tuple[KubeProxy | None, str]:
     unit), its startup log, or its KubeProxyConfiguration (also inside the kube-proxy
     ConfigMap). (None, "") when the text says nothing of it; else the fact and where the
     mode came from."""
-    mode = cidr = masq = None
+    mode = cidr = masq = version = None
     how = ""
     text = "\n".join(lines)
     if "KubeProxyConfiguration" in text:
@@ -226,6 +228,9 @@ def from_paste(lines: Sequence[str]) -> tuple[KubeProxy | None, str]:
         if not mode:
             mode, how = "iptables", "KubeProxyConfiguration with mode unset (iptables on Linux)"
     for line in lines:
+        v = _LOG_VERSION.search(line)
+        if v:
+            version = v.group(1)
         m = _LOG_PROXIER.search(line)
         if m and m.group(1) != "userspace":
             mode, how = m.group(1), f"kube-proxy's log: {line.strip()[:100]}"
@@ -248,10 +253,13 @@ def from_paste(lines: Sequence[str]) -> tuple[KubeProxy | None, str]:
     if cidr and not all(is_network(c.strip()) for c in cidr.split(",")):
         how = (f"{how}; " if how else "") + f"its cluster CIDR {cidr!r} is not a CIDR: not used"
         cidr = None
-    if mode is None and cidr is None and masq is None:
+    if version and not (mode or cidr or masq is not None or "kube-proxy" in text
+                        or "Prox" in text):
+        version = None  # another component's "Version info" (its log says nothing else)
+    if mode is None and cidr is None and masq is None and version is None:
         return None, how
     return KubeProxy(mode=mode or None, cluster_cidr=cidr or None,
-                     masquerade_all=masq), how
+                     masquerade_all=masq, version=version), how
 
 
 def _dedent(block: str) -> str:

@@ -9,13 +9,21 @@ from collections.abc import Callable
 
 from agent.diagnose.context import Context
 from agent.diagnose.model import Finding
-from agent.diagnose.rules import etp_local, lb_hostname, lb_ip_local, observed, pod_to_lb
+from agent.diagnose.rules import (
+    etp_local,
+    known_bugs,
+    lb_hostname,
+    lb_ip_local,
+    observed,
+    pod_to_lb,
+)
 
 RULES: tuple[Callable[[Context], list[Finding]], ...] = (
     lb_ip_local.check,
     pod_to_lb.check,
     lb_hostname.check,
     etp_local.check,
+    known_bugs.check,
     observed.check,
 )
 # the rules that read the capture (ctx.capture); every other rule's findings follow from

@@ -1,0 +1,127 @@
+"""Which kube-proxy wrote the node's rules (issue 33): its version where the input says it
+(its startup log), else the versions whose rule shapes the input shows. Each shape is
+cited with the kube-proxy change that introduced or removed it; a known bug's detector
+(agent.diagnose.known_bugs) asks ``affected`` whether the version or shape falls before
+its fix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from agent.netfilter.nft_read import ruleset_of
+from agent.snapshot import NodeSnapshot
+
+_VERSION = re.compile(r"v?(\d{1,2})\.(\d{1,3})\.(\d{1,4})")
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """A rule shape only some kube-proxy versions write: between ``since`` (inclusive) and
+    ``until`` (exclusive; and ``backport``, the first release of an older minor line that
+    has the change), as (major, minor, patch)."""
+
+    name: str
+    since: tuple[int, int, int] | None
+    until: tuple[int, int, int] | None
+    backport: tuple[int, int, int] | None
+    source: str
+
+
+# nftables mode (GA 1.33): kubernetes#132456 replaced filter-prerouting / filter-output-post-
+# dnat by filter-prerouting-pre-dnat / filter-output-pre-dnat (merged for v1.34.0,
+# cherry-picked to v1.33.6 as #133969: CHANGELOG-1.33)
+NFT_BEFORE_132456 = Shape(
+    "nftables table ip kube-proxy with chains filter-prerouting and "
+    "filter-output-post-dnat", (1, 29, 0), (1, 34, 0), (1, 33, 6),
+    "kube-proxy nftables mode before kubernetes#132456 (v1.34.0; v1.33.6 in the 1.33 line)")
+NFT_SINCE_132456 = Shape(
+    "nftables table ip kube-proxy with chain filter-prerouting-pre-dnat",
+    (1, 34, 0), None, (1, 33, 6),
+    "kube-proxy nftables mode since kubernetes#132456 (v1.34.0; v1.33.6 in the 1.33 line)")
+# iptables mode: kubernetes#109060 ("Kube proxy rule reorg XLB->EXT", v1.24.0) replaced the
+# KUBE-XLB-* chains by KUBE-EXT-* and KUBE-SVL-*
+IPT_XLB = Shape("iptables nat chains KUBE-XLB-*", None, (1, 24, 0), None,
+                "kube-proxy iptables mode before kubernetes#109060 (v1.24.0: KUBE-XLB -> "
+                "KUBE-EXT)")
+IPT_EXT = Shape("iptables nat chains KUBE-EXT-*", (1, 24, 0), None, None,
+                "kube-proxy iptables mode since kubernetes#109060 (v1.24.0)")
+
+
+@dataclass(frozen=True, slots=True)
+class KubeProxyVersion:
+    version: tuple[int, int, int] | None  # as kube-proxy said it (its log)
+    shape: Shape | None  # what its rules' shapes say
+    how: str  # for people: where each came from
+
+    def said(self) -> str:
+        """"v1.29.15 (kube-proxy's log: ...)", "rules shaped as ...": for people."""
+        return self.how
+
+    def before(self, fixed: tuple[int, int, int],
+               backports: tuple[tuple[int, int, int], ...] = ()) -> bool | None:
+        """Is this kube-proxy older than a fix released in ``fixed`` (and in each of
+        ``backports``, the first patch release of an older minor line with it)? None when
+        neither the version nor the shape decides it."""
+        if self.version is not None:
+            v = self.version
+            line = next((b for b in backports if b[:2] == v[:2]), None)
+            return v < (line or fixed)
+        s = self.shape
+        if s is None:
+            return None
+        if s.until is not None and s.until <= fixed:
+            if s.backport is None:
+                return True
+            # the older line that dropped the shape at s.backport: its fix must come no
+            # sooner, or versions between the two have the shape and the fix
+            line = next((b for b in backports if b[:2] == s.backport[:2]), None)
+            return True if line is None or line >= s.backport else None
+        if s.since is not None and s.since >= fixed:
+            return False
+        return None
+
+
+def version_of(text: str | None) -> tuple[int, int, int] | None:
+    m = _VERSION.fullmatch(text.strip()) if text else None
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
+
+
+def kube_proxy_version(snap: NodeSnapshot, mode: str) -> KubeProxyVersion | None:
+    """What the input says of kube-proxy's version, or None when it says nothing."""
+    kp = snap.kube_proxy
+    said = version_of(kp.version) if kp is not None else None
+    shape = _shape(snap, mode)
+    if said is None and shape is None:
+        return None
+    parts = []
+    if said is not None:
+        parts.append(f"v{'.'.join(map(str, said))} (kube-proxy's log: \"Version info\")")
+    if shape is not None:
+        parts.append(f"rules shaped as {shape.source}: {shape.name}")
+    return KubeProxyVersion(said, shape, "; ".join(parts))
+
+
+def _shape(snap: NodeSnapshot, mode: str) -> Shape | None:
+    if mode == "nftables":
+        rs, _ = ruleset_of(snap)  # (read once per snapshot: the walk's own parse)
+        table = None if rs is None else (rs.table("ip", "kube-proxy") or
+                                         rs.table("ip6", "kube-proxy"))
+        if table is None:
+            return None
+        names = {c.name for c in table.chains}
+        if "filter-prerouting-pre-dnat" in names:
+            return NFT_SINCE_132456
+        if "filter-output-post-dnat" in names or "filter-prerouting" in names:
+            return NFT_BEFORE_132456
+        return None
+    nat = snap.netfilter.table("nat") if snap.netfilter is not None else None
+    if nat is None or mode not in ("iptables", "ipvs"):
+        return None
+    chains = [c.name for c in nat.chains]
+    if any(n.startswith("KUBE-XLB-") for n in chains):
+        return IPT_XLB
+    if any(n.startswith("KUBE-EXT-") for n in chains):
+        return IPT_EXT
+    return None

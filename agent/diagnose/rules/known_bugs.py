@@ -1,0 +1,126 @@
+"""kube-proxy-known-bug: a node state that a known kube-proxy bug makes, with the fix to
+move to (issue 33). The bugs are data (agent/diagnose/data/known_bugs.json: the issue, the
+fix and the releases that have it, the modes, the remedy); each names its detector here,
+a pure function of the context that returns the targets it applies to. A detector never
+fires where kube-proxy's version (its log) or its rules' shape says the fix is in
+(agent.diagnose.kube_proxy_version); where neither says, the finding says so.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+from agent.diagnose.context import Context
+from agent.diagnose.kube_proxy_version import KubeProxyVersion, version_of
+from agent.diagnose.lb_ip import LbTarget
+from agent.diagnose.model import Finding
+from agent.netfilter.nft_read import ruleset_of
+
+ID = "kube-proxy-known-bug"
+Version = tuple[int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Bug:
+    id: str  # "kubernetes#131765"
+    title: str
+    issue: str
+    fix: str
+    modes: tuple[str, ...]
+    fixed: Version
+    backports: tuple[Version, ...]
+    detector: str
+    why: str
+    remedy: str
+
+
+def _version(text: str) -> Version:
+    v = version_of(text)
+    if v is None:
+        raise ValueError(f"known_bugs.json: {text!r} is not a version (MAJOR.MINOR.PATCH)")
+    return v
+
+
+@cache
+def catalogue() -> tuple[Bug, ...]:
+    doc = json.loads(resources.files("agent.diagnose").joinpath("data/known_bugs.json")
+                     .read_text())
+    return tuple(Bug(b["id"], b["title"], b["issue"], b["fix"], tuple(b["modes"]),
+                     _version(b["fixed"]), tuple(map(_version, b["backports"])),
+                     b["detector"], b["why"], b["remedy"]) for b in doc["bugs"])
+
+
+# -- detectors: (context) -> [(target, evidence lines)] ---------------------------------
+
+Hit = tuple[LbTarget, tuple[str, ...]]
+
+
+def nft_no_endpoint_drop_for_pods(ctx: Context) -> list[Hit]:
+    """An externalTrafficPolicy=Local address in kube-proxy's no-endpoint-services map
+    with verdict drop and not in its service-ips map: before kubernetes#132456 the filter
+    chains checked that map for pods' packets too, and dropped them."""
+    rs, _ = ruleset_of(ctx.snapshot)
+    if rs is None:
+        return []
+    out: list[Hit] = []
+    for t in ctx.targets:
+        if t.etp != "Local" or t.kind not in ("loadbalancer", "external") or not t.port:
+            continue
+        table = rs.table("ip6" if ":" in t.ip else "ip", "kube-proxy")
+        if table is None:
+            continue
+        drops, served = table.set("no-endpoint-services"), table.set("service-ips")
+        if drops is None:
+            continue
+        key = (t.ip, t.protocol.lower(), str(t.port))
+        verdict = next((v for parts, v in drops.elements if parts == key), None)
+        if verdict != "drop":
+            continue
+        if served is not None and any(parts == key for parts, _ in served.elements):
+            continue  # kube-proxy sends pods' packets to its endpoints first
+        out.append((t, (f"nft {table.family} kube-proxy map no-endpoint-services has "
+                        f"{' . '.join(key)} : drop, and service-ips has no element for it",
+                        f"externalTrafficPolicy=Local ({t.etp_how or 'kube-proxy rules'})")))
+    return out
+
+
+DETECTORS: dict[str, Callable[[Context], list[Hit]]] = {
+    "nft_no_endpoint_drop_for_pods": nft_no_endpoint_drop_for_pods,
+}
+
+
+def check(ctx: Context) -> list[Finding]:
+    if ctx.family != 4:
+        return []  # (nftables mode walks both families in one context)
+    version = ctx.kube_proxy_version
+    out = []
+    for bug in catalogue():
+        if ctx.mode not in bug.modes:
+            continue
+        before = version.before(bug.fixed, bug.backports) if version else None
+        if before is False:
+            continue
+        for t, evidence in DETECTORS[bug.detector](ctx):
+            out.append(_finding(bug, t, evidence, version, before))
+    return out
+
+
+def _finding(bug: Bug, t: LbTarget, evidence: tuple[str, ...],
+             version: KubeProxyVersion | None, before: bool | None) -> Finding:
+    fixed = "v" + ".".join(map(str, bug.fixed)) + "".join(
+        f" (v{'.'.join(map(str, b))} in the {b[0]}.{b[1]} line)" for b in bug.backports)
+    which = (f"kube-proxy ({version.said()})" if version is not None and before else
+             f"kube-proxy older than {fixed}, if it is (its version is not in the input: "
+             "its log's \"Version info\" line, or its rules' shape, would say)")
+    host = f"[{t.ip}]" if ":" in t.ip else t.ip
+    return Finding(
+        ID, "info",
+        f"{host}:{t.port}/{t.protocol} meets {bug.id} of {which}: {bug.title}",
+        lb_ip=t.ip, port=t.port, protocol=t.protocol, service=t.service,
+        evidence=(*evidence, f"{bug.id}: {bug.why}", f"fixed by {bug.fix}: in {fixed}",
+                  *((f"kube-proxy: {version.said()}",) if version is not None else ())),
+        remedy=bug.remedy, data={"kind": "known-bug", "bug": bug.id, "issue": bug.issue})

@@ -1,0 +1,112 @@
+"""Known kube-proxy bugs (issue 33): the catalogue (agent/diagnose/data/known_bugs.json),
+its detectors, and kube-proxy's version as the input shows it (its log, its rules' shape).
+
+kubernetes#131765 is tested on the map its reporter posted (verbatim, in the realworld
+corpus) with the Service the issue describes (constructed: its name and port are in the
+map element's comment, its externalIP in the element, externalTrafficPolicy: Local in the
+issue's text), and with kube-proxy's startup log lines in the form its logs print them
+(`server.go:...] "Version info" version="v1.32.13"`, `"Using nftables Proxier"`; the
+lines here constructed in that form) for versions before and after the fix.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent.bundle import load_texts
+from agent.bundle.sections import name_format
+from agent.diagnose import diagnose
+from agent.diagnose.kube_proxy_version import (
+    IPT_EXT,
+    IPT_XLB,
+    NFT_BEFORE_132456,
+    NFT_SINCE_132456,
+    KubeProxyVersion,
+)
+from agent.diagnose.rules.known_bugs import catalogue
+
+CASE = Path(__file__).parent / "data" / "realworld" / \
+    "k8s-issue-131765-nft-list-map-no-endpoint-services-excerpt"
+SERVICE = json.dumps({"kind": "List", "items": [{
+    "kind": "Service",
+    "metadata": {"namespace": "sys-ingress-priv", "name": "internal-ingress-controller-v2"},
+    "spec": {"type": "LoadBalancer", "clusterIP": "10.2.0.10", "externalIPs": ["10.88.1.2"],
+             "externalTrafficPolicy": "Local",
+             "ports": [{"name": "web", "port": 80, "protocol": "TCP", "nodePort": 31080}]},
+    "status": {"loadBalancer": {}}}]})
+
+
+def log(version: str) -> str:
+    return ('I0320 14:32:47.011506       1 server_linux.go:292] "Using nftables Proxier"\n'
+            f'I0320 14:32:47.079907       1 server.go:497] "Version info" version="{version}"\n')
+
+
+def verdict(*extra: tuple[str, str]) -> dict:  # type: ignore[type-arg]
+    files = [("paste.txt", (CASE / "paste.txt").read_text()), ("services.json", SERVICE),
+             *extra]
+    snap = load_texts([(n, t, name_format(n)) for n, t in files], origin="bundle:t")
+    return diagnose(snap, "n").to_dict("all")
+
+
+def bugs(v: dict) -> list[dict]:  # type: ignore[type-arg]
+    return [f for f in v["findings"] if f["id"] == "kube-proxy-known-bug"]
+
+
+def test_the_catalogue_reads_and_names_a_detector_for_each_bug() -> None:
+    from agent.diagnose.rules.known_bugs import DETECTORS
+
+    found = catalogue()
+    assert [b.id for b in found] == ["kubernetes#131765"]
+    for b in found:
+        assert b.detector in DETECTORS and b.issue.startswith("https://github.com/")
+        assert b.fixed == (1, 34, 0) and b.backports == ((1, 33, 6),)
+
+
+def test_131765_on_the_reporters_map_says_the_fix_when_the_version_is_unknown() -> None:
+    v = verdict()
+    (f,) = bugs(v)
+    assert (f["lb_ip"], f["port"], f["service"]) == (
+        "10.88.1.2", 80, "sys-ingress-priv/internal-ingress-controller-v2")
+    assert "kubernetes#131765" in f["summary"] and "its version is not in the input" \
+        in f["summary"]
+    assert "v1.33.6" in f["remedy"] and "v1.34.0" in f["remedy"]
+    assert any("no-endpoint-services has 10.88.1.2 . tcp . 80 : drop" in e
+               for e in f["evidence"])
+    assert f["data"]["bug"] == "kubernetes#131765"
+
+
+@pytest.mark.parametrize("version,affected", [
+    ("v1.33.2", True), ("v1.32.13", True), ("v1.33.6", False), ("v1.34.1", False),
+])
+def test_131765_follows_the_version_kube_proxy_logs(version: str, affected: bool) -> None:
+    v = verdict(("kube-proxy.log", log(version)))
+    assert v["context"]["kube_proxy_version"].startswith(version + " (kube-proxy's log")
+    found = bugs(v)
+    assert bool(found) == affected, found
+    if found:
+        assert f"kube-proxy ({version}" in found[0]["summary"]
+
+
+def test_versions_from_rule_shapes_decide_a_fix_only_where_every_version_agrees() -> None:
+    fix, backports = (1, 34, 0), ((1, 33, 6),)
+    assert KubeProxyVersion(None, NFT_BEFORE_132456, "").before(fix, backports) is True
+    assert KubeProxyVersion(None, NFT_SINCE_132456, "").before(fix, backports) is False
+    # a fix in 1.30.0: the old nft shape spans 1.29-1.33.5, so it cannot tell
+    assert KubeProxyVersion(None, NFT_BEFORE_132456, "").before((1, 30, 0)) is None
+    assert KubeProxyVersion(None, IPT_XLB, "").before((1, 24, 0)) is True
+    assert KubeProxyVersion(None, IPT_EXT, "").before((1, 24, 0)) is False
+    assert KubeProxyVersion(None, IPT_EXT, "").before((1, 28, 0)) is None
+    # a backport older than the shape's own change in that line: versions between have both
+    assert KubeProxyVersion(None, NFT_BEFORE_132456, "").before(
+        (1, 34, 0), ((1, 33, 2),)) is None
+    assert KubeProxyVersion((1, 33, 3), None, "").before((1, 34, 0), ((1, 33, 2),)) is False
+
+
+def test_another_components_version_line_is_not_kube_proxys() -> None:
+    v = verdict(("scheduler.log", 'I0101 00:00:00.000000       1 server.go:154] '
+                                  '"Version info" version="v1.35.0"\n'))
+    assert "kube_proxy_version" not in v["context"]
+    assert bugs(v)  # still said, with the version unknown
