@@ -16,6 +16,7 @@ done by the user's own `kubectl`, with their --kubeconfig, --context and -n/--na
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import secrets
@@ -359,20 +360,31 @@ def _forwarded_port(proc: subprocess.Popen[str], timeout: float) -> int:
     assert proc.stdout is not None
     end = time.monotonic() + timeout
     seen: list[str] = []
+    exited = False
     while time.monotonic() < end:
         ready, _, _ = select.select([proc.stdout], [], [], max(0.0, end - time.monotonic()))
         if not ready:
             break
         line = proc.stdout.readline()
-        if not line:  # kubectl exited
+        if not line:  # kubectl is exiting: its error is on stderr
+            exited = True
             break
         seen.append(line.strip())
         m = re.search(r"Forwarding from 127\.0\.0\.1:(\d+) ->", line)
         if m:
             return int(m.group(1))
-    err = proc.stderr.read() if proc.poll() is not None and proc.stderr else ""
-    raise PluginError("kubectl port-forward to the collector failed: "
-                      f"{(err or ' '.join(seen)).strip() or 'no port within the timeout'}")
+    err = ""
+    if exited or proc.poll() is not None:
+        # stdout closed comes before the exit: wait for it, then read what kubectl said
+        # (its stderr read before it had exited was empty: "no port" 8 times in 10)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        if proc.stderr is not None and proc.poll() is not None:
+            err = proc.stderr.read(64 * 1024)
+    why = (err or " ".join(seen)).strip() or (
+        f"kubectl exited ({proc.returncode}) without a word" if exited
+        else f"no port within {timeout:.0f} s")
+    raise PluginError(f"kubectl port-forward to the collector failed: {why}")
 
 
 MAX_REPLY = 64 * 1024 * 1024  # a page of 5,000 nodes is far less

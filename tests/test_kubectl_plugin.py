@@ -87,6 +87,9 @@ elif verb == "logs":
     (state / "logs-done").write_text("")
 elif verb == "delete":
     print("pod deleted")
+elif verb == "port-forward" and os.environ.get("FAKE_PF_FAIL"):
+    print(os.environ["FAKE_PF_FAIL"], file=sys.stderr, flush=True)
+    sys.exit(1)
 elif verb == "port-forward":
     print("Forwarding from 127.0.0.1:" + os.environ["FAKE_PF_PORT"] + " -> 8080", flush=True)
     print("Forwarding from [::1]:" + os.environ["FAKE_PF_PORT"] + " -> 8080", flush=True)
@@ -467,3 +470,13 @@ def test_readme_documents_the_plugin() -> None:
     for needle in ("kubectl loopback check", "kubectl loopback nodes",
                    "kubectl loopback services", "plugins/loopback.yaml"):
         assert needle in text, needle
+
+
+def test_a_failing_port_forward_says_kubectls_own_error(fake: Path) -> None:
+    """issue 37, bug 1: with a broken kubeconfig, `nodes` said "no port within the
+    timeout" 8 times in 10: kubectl's stderr was read before it had exited."""
+    error = 'error: error loading config file "/nope": open /nope: no such file or directory'
+    for _ in range(10):
+        proc = run_plugin(fake, "nodes", FAKE_PF_FAIL=error)
+        assert proc.returncode != 0
+        assert error in proc.stderr and "no port" not in proc.stderr, proc.stderr
