@@ -1,6 +1,7 @@
 """Known kube-proxy bugs (issue 33): the catalogue (agent/diagnose/data/known_bugs.json),
 its detectors, and kube-proxy's version as the input shows it (its log, its rules' shape).
 
+kubernetes#75262 is tested likewise on its reporter's `ipvsadm` line and `ip route get`.
 kubernetes#131765 is tested on the map its reporter posted (verbatim, in the realworld
 corpus) with the Service the issue describes (constructed: its name and port are in the
 map element's comment, its externalIP in the element, externalTrafficPolicy: Local in the
@@ -59,10 +60,11 @@ def test_the_catalogue_reads_and_names_a_detector_for_each_bug() -> None:
     from agent.diagnose.rules.known_bugs import DETECTORS
 
     found = catalogue()
-    assert [b.id for b in found] == ["kubernetes#131765"]
+    assert [b.id for b in found] == ["kubernetes#131765", "kubernetes#75262"]
     for b in found:
         assert b.detector in DETECTORS and b.issue.startswith("https://github.com/")
-        assert b.fixed == (1, 34, 0) and b.backports == ((1, 33, 6),)
+    assert (found[0].fixed, found[0].backports) == ((1, 34, 0), ((1, 33, 6),))
+    assert (found[1].fixed, found[1].backports) == ((1, 21, 0), ())
 
 
 def test_131765_on_the_reporters_map_says_the_fix_when_the_version_is_unknown() -> None:
@@ -110,3 +112,41 @@ def test_another_components_version_line_is_not_kube_proxys() -> None:
                                   '"Version info" version="v1.35.0"\n'))
     assert "kube_proxy_version" not in v["context"]
     assert bugs(v)  # still said, with the version unknown
+
+
+IPVS_CASE = Path(__file__).parent / "data" / "realworld" / \
+    "k8s-issue-75262-ipvs-etp-local-empty-vs-route-get"
+# the Service the issue describes (constructed): a LoadBalancer IP 10.1.109.187:443 with
+# externalTrafficPolicy: Local, its endpoints on other nodes
+IPVS_SERVICE = json.dumps({"kind": "List", "items": [{
+    "kind": "Service", "metadata": {"namespace": "default", "name": "ingress"},
+    "spec": {"type": "LoadBalancer", "clusterIP": "10.2.0.20",
+             "externalTrafficPolicy": "Local",
+             "ports": [{"name": "https", "port": 443, "protocol": "TCP", "nodePort": 30443}]},
+    "status": {"loadBalancer": {"ingress": [{"ip": "10.1.109.187"}]}}}]})
+
+
+def ipvs_verdict(*extra: tuple[str, str]) -> dict:  # type: ignore[type-arg]
+    files = [("paste.txt", (IPVS_CASE / "paste.txt").read_text()),
+             ("services.json", IPVS_SERVICE), *extra]
+    snap = load_texts([(n, t, name_format(n)) for n, t in files], origin="bundle:t")
+    return diagnose(snap, "n").to_dict("all")
+
+
+@pytest.mark.parametrize("version,affected", [
+    (None, True), ("v1.14.0", True), ("v1.20.15", True), ("v1.21.0", False),
+])
+def test_75262_on_the_reporters_ipvsadm_and_route_get(version: str | None,
+                                                       affected: bool) -> None:
+    """The issue's own output: `TCP 10.1.109.187:443 rr` (no real server) and `ip ro get`
+    saying the address is local."""
+    extra = [("kube-proxy.log", log(version).replace("nftables", "ipvs"))] if version else []
+    v = ipvs_verdict(*extra)
+    assert v["kube_proxy_mode"] == "ipvs"
+    found = [f for f in bugs(v) if f["data"]["bug"] == "kubernetes#75262"]
+    assert bool(found) == affected, v["findings"]
+    if found:
+        (f,) = found
+        assert (f["lb_ip"], f["port"]) == ("10.1.109.187", 443)
+        assert any("has no real servers" in e for e in f["evidence"])
+        assert any("local 10.1.109.187 dev lo table local" in e for e in f["evidence"])

@@ -88,8 +88,33 @@ def nft_no_endpoint_drop_for_pods(ctx: Context) -> list[Hit]:
     return out
 
 
+def ipvs_empty_local_virtual_server(ctx: Context) -> list[Hit]:
+    """An externalTrafficPolicy=Local address whose IPVS virtual server has no real
+    servers, the address local to this node (or not known not to be): before
+    kubernetes#97081 that was every such Service on a node without a local endpoint."""
+    if ctx.snapshot.ipvs is None:
+        return []
+    out: list[Hit] = []
+    for t in ctx.targets:
+        if t.etp != "Local" or t.kind not in ("loadbalancer", "external") or not t.port:
+            continue
+        vs = ctx.facts.virtual_server(t.protocol, t.ip, t.port)
+        local = ctx.facts.is_local(t.ip)
+        if vs is None or vs.real_servers or local is False:
+            continue
+        host = f"[{t.ip}]" if ":" in t.ip else t.ip
+        route = ctx.facts.local_route(t.ip) if local else None
+        out.append((t, (f"IPVS virtual server {t.protocol} {host}:{t.port} has no real "
+                        "servers",
+                        f"routing: {t.ip} is local ({route.line if route else 'bound here'})"
+                        if local else f"{t.ip}: whether it is local is not in the input",
+                        f"externalTrafficPolicy=Local ({t.etp_how or 'the Service'})")))
+    return out
+
+
 DETECTORS: dict[str, Callable[[Context], list[Hit]]] = {
     "nft_no_endpoint_drop_for_pods": nft_no_endpoint_drop_for_pods,
+    "ipvs_empty_local_virtual_server": ipvs_empty_local_virtual_server,
 }
 
 
