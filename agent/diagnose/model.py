@@ -354,7 +354,6 @@ def _capture_summary(cap: CaptureResult) -> dict[str, Any]:
     }
 
 
-
 def status_of(findings: tuple[Finding, ...] | list[Finding], *, observed: bool,
               mode: KubeProxyMode) -> Status:
     """"loopback" when capture saw it; "at-risk" with a warning/critical finding that is
