@@ -338,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     col.add_argument("--kubeconfig", metavar="FILE",
                      help="--auth kube-token: API credentials (default: in-cluster, then "
                           "$KUBECONFIG or ~/.kube/config)")
-    _env_opt(col, "--token-review-cache", metavar="SECONDS", type=float, default=60.0,
+    _env_opt(col, "--token-review-cache", metavar="SECONDS", type=_seconds, default=60.0,
              help="--auth kube-token: how long a token's positive review is kept (default "
                   "60; never past the token's expiry)")
 
@@ -543,6 +543,16 @@ def _check(args: argparse.Namespace) -> int:
         sys.stdout.write(for_terminal(render(verdict, verbose=args.verbose or args.all
                                              or bool(args.lb_ip))))
     return EXIT_BY_STATUS[verdict.status]
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= 86400:  # (NaN too)
+        raise argparse.ArgumentTypeError(f"not a number of seconds from 0 to 86400: {text!r}")
+    return value
 
 
 def _positive_int(text: str) -> int:

@@ -395,3 +395,16 @@ def test_an_offline_verdict_is_named_by_its_input_not_by_this_machine(tmp_path: 
     assert json.loads(run("check", "--from", str(d), "--json").stdout)["node"] == "10.0.0.10"
     named = run("check", "--from", str(d), "--json", "--node-name", "given")
     assert json.loads(named.stdout)["node"] == "given"
+
+
+@pytest.mark.parametrize("option,value,said", [
+    ("--token-review-cache", "nan", "not a number of seconds"),
+    ("--token-review-cache", "-5", "not a number of seconds"),
+    ("--node-quota-mb", "0", "not a positive whole number"),
+    ("--node-quota-mb", "\u00b2", "not a positive whole number"),
+])
+def test_collector_limits_refuse_what_is_no_limit(option: str, value: str, said: str,
+                                                  tmp_path: Path) -> None:
+    r = run("collector", "--listen", "127.0.0.1:9", "--db", str(tmp_path / "c.db"),
+            option, value)
+    assert r.returncode == 64 and said in r.stderr and option in r.stderr, r.stderr

@@ -45,7 +45,7 @@ def authenticator(args: argparse.Namespace) -> Any:
             from None
     return KubeTokenReview(api, audience=args.kube_audience,
                            service_account=args.agent_service_account,
-                           ttl=max(0.0, float(getattr(args, "token_review_cache", 60.0))))
+                           ttl=float(getattr(args, "token_review_cache", 60.0)))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -288,20 +288,22 @@ class CollectorServer:
         nothing is reserved (a body is reserved as its bytes arrive, so a client that
         announces a body and sends nothing holds nothing)."""
         with self._budget_lock:
-            if self.by_client.get(client, 0) + n > self.limits.client_share:
-                raise BadRequest(503, "this client's bodies being received are over its "
-                                 "share", retry_after=2)
-            if self.receiving + n > self.limits.body_budget:
-                raise BadRequest(503, "too many bodies being received", retry_after=2)
+            self._fits(n, client)
+
+    def _fits(self, n: int, client: str | None) -> int:
+        """503 unless ``n`` more bytes fit the budget and ``client``'s share; what the
+        client holds (the lock held)."""
+        held = self.by_client.get(client, 0) if client is not None else 0
+        if client is not None and held + n > self.limits.client_share:
+            raise BadRequest(503, "this client's bodies being received are over its "
+                             "share", retry_after=2)
+        if self.receiving + n > self.limits.body_budget:
+            raise BadRequest(503, "too many bodies being received", retry_after=2)
+        return held
 
     def reserve(self, n: int, client: str | None = None) -> None:
         with self._budget_lock:
-            held = self.by_client.get(client, 0) if client is not None else 0
-            if client is not None and held + n > self.limits.client_share:
-                raise BadRequest(503, "this client's bodies being received are over its "
-                                 "share", retry_after=2)
-            if self.receiving + n > self.limits.body_budget:
-                raise BadRequest(503, "too many bodies being received", retry_after=2)
+            held = self._fits(n, client)
             self.receiving += n
             if client is not None:
                 self.by_client[client] = held + n

@@ -287,7 +287,7 @@ def _context_record(ctx: Context, v6_ctx: Context | None) -> VerdictContext:
     return VerdictContext(
         origin=snap.origin,
         kube_proxy_mode_from=ctx.mode_how,
-        kube_proxy_version=ctx.kube_proxy_version.said() if ctx.kube_proxy_version else None,
+        kube_proxy_version=ctx.kube_proxy_version.how if ctx.kube_proxy_version else None,
         node_ip=facts.node_ip,
         uplink=facts.uplink,
         pod_ip=facts.pod.pod_ip if facts.pod else None,

@@ -53,11 +53,7 @@ IPT_EXT = Shape("iptables nat chains KUBE-EXT-*", (1, 24, 0), None, None,
 class KubeProxyVersion:
     version: tuple[int, int, int] | None  # as kube-proxy said it (its log)
     shape: Shape | None  # what its rules' shapes say
-    how: str  # for people: where each came from
-
-    def said(self) -> str:
-        """"v1.29.15 (kube-proxy's log: ...)", "rules shaped as ...": for people."""
-        return self.how
+    how: str  # for people: "v1.29.15 (kube-proxy's log ...)", "rules shaped as ..."
 
     def before(self, fixed: tuple[int, int, int],
                backports: tuple[tuple[int, int, int], ...] = ()) -> bool | None:

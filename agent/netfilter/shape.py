@@ -31,7 +31,8 @@ def rule_shape(text: str) -> str:
     rule asks for the same text)."""
     got = _cache.get(text)
     if got is None:
-        got = _VARYING.sub("*", _SET.sub("{*}", text))
+        # (iptables rules have no brace set: one pass of the two)
+        got = _VARYING.sub("*", _SET.sub("{*}", text) if "{" in text else text)
         if len(_cache) >= _CACHE_MAX:
             _cache.clear()
         _cache[text] = got
