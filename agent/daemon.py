@@ -39,6 +39,7 @@ from agent.capture.model import OUTCOMES, SOURCE_CLASSES
 from agent.daemon_http import BoundedHTTPServer, QuietHandler, from_this_host
 from agent.diagnose import Prepared, diagnose, node_name, prepare
 from agent.diagnose.model import Verdict
+from agent.diagnose.rules.consistency import sync_state
 from agent.listen import on_every_address, split_listen
 from agent.probes import collect_live, kube_api
 from agent.probes.base import ProbeContext, ReadCache
@@ -364,7 +365,8 @@ class Daemon:
         snap = self._kube_as_read(snap)
         # the same snapshot as last cycle (its parts reused: ReadCache): the same facts,
         # and without a capture the same verdict, made again only in its time
-        last = self._last if self._last is not None and self._last[0] == snap else None
+        last = self._last if self._last is not None and same_node(self._last[0], snap) \
+            else None
         self._last = None  # changed: the old facts go before the new ones are made
         # the capture and the diagnosis share the facts; no capture: the verdict is reused
         work = time.thread_time()  # (the capture's minutes below are not the diagnosis)
@@ -674,6 +676,16 @@ class Daemon:
 
 class ListenError(Exception):
     """--listen cannot be served (the command says so and exits 73, not as a bug)."""
+
+
+def same_node(a: NodeSnapshot, b: NodeSnapshot) -> bool:
+    """The same node for the verdict: equal snapshots, except that kube-proxy's metrics
+    (their read time, each sync's timestamp) move on every read and count only by what
+    they decide (agent.diagnose.rules.consistency.sync_state)."""
+    if a.kube_proxy_sync == b.kube_proxy_sync:
+        return a == b
+    return sync_state(a.kube_proxy_sync) == sync_state(b.kube_proxy_sync) and \
+        replace(a, kube_proxy_sync=None) == replace(b, kube_proxy_sync=None)
 
 
 def log(msg: str) -> None:

@@ -217,6 +217,21 @@ class NftDump:
 
 
 @dataclass(frozen=True, slots=True)
+class KubeProxySync:
+    """kube-proxy's own account of its syncs (its metrics, :10249/metrics), per IP family
+    ("IPv4", "IPv6"; "" where the metric has no family label, before v1.30)."""
+
+    source: str  # "http://127.0.0.1:10249/metrics", "kube-proxy-metrics.txt"
+    read_at: float | None  # the node's clock when read (None: a paste that does not say)
+    # kubeproxy_sync_proxy_rules_last_timestamp_seconds: the last successful sync
+    last_sync: tuple[tuple[str, float], ...] = ()
+    # kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds: the last change queued
+    last_queued: tuple[tuple[str, float], ...] = ()
+    # kubeproxy_sync_proxy_rules_{iptables_restore,nftables_sync}_failures_total
+    failures: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class KubeProxy:
     """The kube-proxy process as seen through /proc (psutil)."""
 
@@ -263,6 +278,12 @@ class Service:
     # one): its load balancer addresses are not in the input, not absent
     status_given: bool = True
     load_balancer_class: str | None = None  # spec.loadBalancerClass ("service.k8s.aws/nlb")
+    # spec.clusterIPs (the first is cluster_ip): a dual-stack Service's second family's
+    # ClusterIP is only here
+    cluster_ips: tuple[str, ...] = ()
+    # label service.kubernetes.io/service-proxy-name: kube-proxy leaves such a Service to
+    # the proxy named (its service informer selects only Services without the label)
+    proxy_name: str | None = None
 
     @property
     def key(self) -> str:
@@ -330,6 +351,7 @@ class NodeSnapshot:
     # the IPv6 iptables rules (`ip6tables-save`) of the backend kube-proxy writes to, as
     # ``netfilter`` holds the IPv4 ones; None: not read (an old snapshot has none)
     ip6tables: Netfilter | None = None
+    kube_proxy_sync: KubeProxySync | None = None  # None: its metrics were not read
     schema: str = SNAPSHOT_SCHEMA
 
     def ipset(self, name: str) -> IpSet | None:

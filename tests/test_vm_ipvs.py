@@ -94,5 +94,6 @@ def test_ipvs_mode_on_real_ipvs(guest_run: tuple[vm.VmResult, ET.Element]) -> No
                      "test_the_lab_runs_on_real_ipvs",
                      "test_healthcheck_from_a_vip_bound_here_is_observed_dropped",
                      "test_same_node_pod_loop_is_observed",
-                     "test_live_check_finds_what_the_scenario_expects"):
+                     "test_live_check_finds_what_the_scenario_expects",
+                     "test_ipvs_sources_that_disagree_on_real_ipvs"):
         assert required in names

@@ -13,6 +13,8 @@ INGRESSES = "ingresses.json"
 # nft-kube-proxy.json, `nft -j`: every file is read by its content, so both still load)
 NFT = "nft-ruleset.txt"
 IP6TABLES = "ip6tables-save.txt"  # the IPv6 rules, of the backend iptables-save.txt's is
+# kube-proxy's :10249/metrics, with the time it was read above it (its sync health)
+KUBE_PROXY_METRICS = "kube-proxy-metrics.txt"
 
 ALL = (IPTABLES, IPSET, IPVSADM, ROUTE_LOCAL, ADDR, SYSCTL, SERVICES, NODE, INGRESSES, NFT,
-       IP6TABLES)
+       IP6TABLES, KUBE_PROXY_METRICS)

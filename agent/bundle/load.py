@@ -34,6 +34,7 @@ from agent.parse.addr_text import parse_addresses
 from agent.parse.ipset_text import parse_ipsets
 from agent.parse.ipvsadm_text import parse_ipvsadm
 from agent.parse.kube import parse_ingresses, parse_node, parse_services
+from agent.parse.kube_proxy_metrics import read_metrics
 from agent.parse.route_text import parse_local_routes
 from agent.parse.svc_describe import parse_svc_describe
 from agent.parse.svc_table import parse_svc_table
@@ -43,6 +44,7 @@ from agent.snapshot import (
     Address,
     IpSet,
     IpvsVirtualServer,
+    KubeProxySync,
     LocalRoute,
     Netfilter,
     NftDump,
@@ -82,6 +84,7 @@ class _Evidence:
     nft: list[NftDump] = field(default_factory=list)  # kube-proxy nftables mode's rules
     ip6_none: bool = False  # an empty ip6tables-save.txt: the node has no IPv6 table
     ip4_none: bool = False  # an empty iptables-save.txt: no IPv4 table
+    kube_proxy_sync: KubeProxySync | None = None  # kube-proxy's sync metrics
 
     def saw(self, format_: str, where: str) -> None:
         self.seen.setdefault(format_, []).append(where)
@@ -609,6 +612,22 @@ def _sysctl(s: Section, ev: _Evidence) -> bool:
     return True
 
 
+def _metrics(s: Section, ev: _Evidence) -> bool:
+    lines = s.all_lines()
+    got, problems = read_metrics((t for _, t in lines), s.source,
+                                 lines[0][0] if lines else 1)
+    ev.problems += [(s.source, n, why) for n, why in problems]
+    if got is None:
+        return False
+    old = ev.kube_proxy_sync  # (a page and a grep of it: what the later one adds)
+    ev.kube_proxy_sync = got if old is None else KubeProxySync(
+        old.source, old.read_at or got.read_at,
+        tuple(sorted({**dict(old.last_sync), **dict(got.last_sync)}.items())),
+        tuple(sorted({**dict(old.last_queued), **dict(got.last_queued)}.items())),
+        tuple(sorted({**dict(old.failures), **dict(got.failures)}.items())))
+    return True
+
+
 def _kube(s: Section, ev: _Evidence) -> bool:
     text = "\n".join(t for _, t in s.lines) if s.doc is None else ""
     try:
@@ -722,6 +741,7 @@ _READERS: dict[str, Callable[[Section, _Evidence], bool]] = {
     fmt.IPTABLES: _iptables, fmt.IPTABLES_LIST: _iptables_list, fmt.IPSET: _ipset,
     fmt.IPVSADM: _ipvsadm, fmt.ADDR: _addr, fmt.ROUTE: _route, fmt.SYSCTL: _sysctl,
     fmt.KUBE: _kube, fmt.SVC_TABLE: _svc_table, fmt.SVC_DESCRIBE: _svc_describe,
+    fmt.METRICS: _metrics,
 }
 
 
@@ -813,6 +833,7 @@ def _snapshot(ev: _Evidence, origin: str, refused: list[str]) -> NodeSnapshot:
         unknowns=tuple(unknowns),
         nft=tuple(ev.nft) or None,
         ip6tables=ip6tables,
+        kube_proxy_sync=ev.kube_proxy_sync,
     )
 
 

@@ -28,6 +28,7 @@ SYSCTL = "sysctl"
 KUBE = "kubectl yaml/json"
 SVC_TABLE = "kubectl get svc"
 SVC_DESCRIBE = "kubectl describe svc"
+METRICS = "kube-proxy metrics"  # its :10249/metrics page, or a grep of it
 UNKNOWN = "unknown"
 
 # The command that gives each format, for messages ("this looked like X; run Y").
@@ -36,7 +37,7 @@ COMMAND_FOR = {
     IPSET: "ipset save", IPVSADM: "ipvsadm -Ln", ADDR: "ip addr",
     ROUTE: "ip route show table local", SYSCTL: "sysctl -a",
     KUBE: "kubectl get svc -A -o yaml", SVC_TABLE: "kubectl get svc -A -o wide",
-    SVC_DESCRIBE: "kubectl describe svc",
+    SVC_DESCRIBE: "kubectl describe svc", METRICS: "curl -s http://127.0.0.1:10249/metrics",
 }
 
 _KNOWN_COMMANDS = frozenset({
@@ -77,6 +78,8 @@ _STARTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     (SVC_TABLE, re.compile(r"^\s*(?:NAMESPACE\s+)?NAME\s+TYPE\s+CLUSTER-IP\s+EXTERNAL-IP")),
     # `kubectl describe`'s first line: its columns pad "Name:" (ipset's has one blank)
     (SVC_DESCRIBE, re.compile(r"^Name:(?: {2,}|\t)[ \t]*\S+\s*$")),
+    (METRICS, re.compile(r"^(?:# loopback-agent read-at: |# (?:HELP|TYPE) kubeproxy_|"
+                         r"kubeproxy_sync_proxy_rules_\w+(?:\{[^}]*\})?\s+\S+\s*$)")),
 )
 # Lines that continue whatever section they are in but start none.
 _IPVS_ROW = re.compile(r"^\s*(?:(?:TCP|UDP|SCTP)\s+\S+:\d+|FWM\s+\d+|->\s+\S+:\d+)\s")
@@ -186,6 +189,8 @@ def command_format(cmd: str) -> tuple[str, dict[str, str]]:
         return UNKNOWN, hint
     if prog == "sysctl":
         return SYSCTL, hint
+    if prog in ("curl", "wget") and any(":10249" in a or a.endswith("/metrics") for a in args):
+        return METRICS, hint
     if prog in ("kubectl", "k", "oc"):
         joined = " ".join(args)
         if re.search(r"(?:-o|--output)[= ]?(?:yaml|json)", joined):
@@ -226,7 +231,8 @@ def name_format(name: str) -> str:
     n = name.lower().rsplit("/", 1)[-1]
     for needle, fmt in (("iptables", IPTABLES), ("ipset", IPSET), ("ipvs", IPVSADM),
                         ("route", ROUTE), ("addr", ADDR), ("sysctl", SYSCTL),
-                        ("service", KUBE), ("svc", KUBE), ("node", KUBE), ("ingress", KUBE)):
+                        ("service", KUBE), ("svc", KUBE), ("node", KUBE), ("ingress", KUBE),
+                        ("metrics", METRICS)):
         if needle in n:
             if fmt == KUBE and not n.endswith((".json", ".yaml", ".yml")):
                 continue
@@ -297,7 +303,7 @@ _BODY = {IPTABLES: ("-A ", ":KUBE-", "[0:0] -A "), IPSET: ("add ",),
          ROUTE: ("local ", "broadcast "), ADDR: ("    inet", "    link/", "       valid_lft"),
          # a describe's indented lines go on with its Labels, Annotations or Events (a
          # label "net.example.io/tier=edge" would otherwise start a sysctl section)
-         SVC_DESCRIBE: (" ", "\t")}
+         SVC_DESCRIBE: (" ", "\t"), METRICS: ("kubeproxy_", "# HELP ", "# TYPE ")}
 
 # A Markdown code fence: ``` or ~~~ (three or more), an info string ("console", "yaml");
 # the paste's indent and quote markers are gone already (agent.bundle.markup)

@@ -11,6 +11,7 @@ half a file. A file that cannot be produced is reported as skipped, with why.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import tempfile
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from pathlib import Path
 from agent.bundle import files as bundle_files
 from agent.probes import ipsets as ipsets_probe
 from agent.probes import ipvs as ipvs_probe
-from agent.probes import kube_api, nat_rules, nft_rules, sysctls
+from agent.probes import kube_api, kube_proxy_metrics, nat_rules, nft_rules, sysctls
 from agent.probes.base import CommandError, ProbeContext, kernel_module_present, run_command
 
 
@@ -123,6 +124,14 @@ def _sysctl(ctx: ProbeContext) -> bytes:
     return sysctls.render_sysctl_txt(values).encode()
 
 
+def _kube_proxy_metrics(ctx: ProbeContext) -> bytes:
+    try:
+        text, _ = kube_proxy_metrics.fetch(min(ctx.timeout, 5.0))
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        raise Skip(f"{kube_proxy_metrics.url()}: {exc or type(exc).__name__}") from None
+    return text.encode()
+
+
 def write_bundle(directory: str | os.PathLike[str], ctx: ProbeContext) -> list[tuple[str, str]]:
     """Write every bundle file into ``directory`` (created if missing).
 
@@ -140,6 +149,7 @@ def write_bundle(directory: str | os.PathLike[str], ctx: ProbeContext) -> list[t
         bundle_files.SYSCTL: lambda: _sysctl(ctx),
         bundle_files.NFT: lambda: _nft(ctx),
         bundle_files.IP6TABLES: lambda: _ip6tables(ctx),
+        bundle_files.KUBE_PROXY_METRICS: lambda: _kube_proxy_metrics(ctx),
     }
     api_files = {"services": bundle_files.SERVICES, "node": bundle_files.NODE,
                  "ingresses": bundle_files.INGRESSES}

@@ -38,6 +38,10 @@ class LbTarget:
     ingress: str | None = None  # "ns/name" of the Ingress for kind "ingress"
     node_port: int | None = None  # where the load balancer really sends it
     disagreements: tuple[str, ...] = ()  # where two sources said different things
+    # kube-proxy's own rules, sets or maps name it (not only a Service, an Ingress or an
+    # address on kube-ipvs0): where a Service's address lacks it, kube-proxy has not
+    # written it (agent.diagnose.rules.consistency)
+    by_kube_proxy: bool = False
 
     @property
     def key(self) -> tuple[str, int, str]:
@@ -224,7 +228,7 @@ def _merged(first: LbTarget, later: list[LbTarget]) -> LbTarget:
     kind, service, learned = first.kind, first.service, first.learned_from
     etp, etp_how, ip_mode = first.etp, first.etp_how, first.ip_mode
     annotations, ingress, node_port = first.annotations, first.ingress, first.node_port
-    disagreements = first.disagreements
+    disagreements, by_kube_proxy = first.disagreements, first.by_kube_proxy
     for t in later:
         disagree = disagreements + t.disagreements
         if etp and t.etp and etp != t.etp:
@@ -242,11 +246,12 @@ def _merged(first: LbTarget, later: list[LbTarget]) -> LbTarget:
         annotations = annotations or t.annotations
         ingress = ingress or t.ingress
         node_port = node_port or t.node_port
+        by_kube_proxy = by_kube_proxy or t.by_kube_proxy
     last = later[-1]
     return LbTarget(last.ip, last.port, last.protocol, kind=kind, service=service,
                     learned_from=learned, etp=etp, etp_how=etp_how, ip_mode=ip_mode,
                     annotations=annotations, ingress=ingress, node_port=node_port,
-                    disagreements=disagreements)
+                    disagreements=disagreements, by_kube_proxy=by_kube_proxy)
 
 
 def split_by_family(targets: list[LbTarget]
@@ -329,10 +334,10 @@ def _from_ipsets(snap: NodeSnapshot, add: _Add) -> None:
         local = snap.ipset(local_name)
         local_keys = local_sets.get(local_name)
         if local_keys is None:
-            local_keys = local_sets[local_name] = {_ip_proto_port(m) for m in local.members} \
+            local_keys = local_sets[local_name] = {ip_proto_port(m) for m in local.members} \
                 if local else set()
         for m in s.members:
-            parsed = _ip_proto_port(m)
+            parsed = ip_proto_port(m)
             if parsed is None:
                 continue
             ip, proto, port = parsed
@@ -343,7 +348,8 @@ def _from_ipsets(snap: NodeSnapshot, add: _Add) -> None:
                 etp = "Local" if is_local else "Cluster"
                 how = f"ipset {local_name} {'lists' if is_local else 'does not list'} " \
                       f"{ip},{proto.lower()}:{port}"
-            add(LbTarget(ip, port, proto, kind, None, (f"ipset {name} entry {m}",), etp, how))
+            add(LbTarget(ip, port, proto, kind, None, (f"ipset {name} entry {m}",), etp, how,
+                         by_kube_proxy=True))
 
 
 # kube-proxy's filter-table rules name LB and external IPs too: "ns/svc:port has no
@@ -372,7 +378,7 @@ def _from_filter(snap: NodeSnapshot, add: _Add) -> None:
             src = f"filter {chain_name} rule ({r.source})" if r.source \
                 else f"filter {chain_name} rule"
             add(LbTarget(ip, port, proto, kind, service, (src,), etp,
-                         f"filter rule '{r.comment}'" if etp else ""))
+                         f"filter rule '{r.comment}'" if etp else "", by_kube_proxy=True))
 
 
 def _from_kube_ipvs0(snap: NodeSnapshot, add: _Add, known: set[str]) -> None:
@@ -472,7 +478,7 @@ def _from_rules(snap: NodeSnapshot, add: _Add) -> None:
             service = hashed.get(r.target or "")
         add(LbTarget(ip, port, proto, kind, service,
                      (f"nat KUBE-SERVICES rule ({r.source})" if r.source
-                      else "nat KUBE-SERVICES rule",)))
+                      else "nat KUBE-SERVICES rule",), by_kube_proxy=True))
 
 
 def _mapped_v4(text: str) -> str | None:
@@ -486,7 +492,8 @@ def _mapped_v4(text: str) -> str | None:
     return str(mapped) if mapped else None
 
 
-def _ip_proto_port(member: str) -> tuple[str, str, int] | None:
+def ip_proto_port(member: str) -> tuple[str, str, int] | None:
+    """(ip, PROTOCOL, port) of an ipset member "ip,proto:port[,...]", else None."""
     parts = member.split(",")
     if len(parts) < 2 or ":" not in parts[1]:
         return None

@@ -146,10 +146,11 @@ def _table_targets(snap: NodeSnapshot, t: NftTable, version: int,
             by_key[old.key] = replace(
                 old, learned_from=tuple(dict.fromkeys((*old.learned_from, src))),
                 service=old.service or service, etp=old.etp or etp,
-                etp_how=old.etp_how or etp_how, node_port=old.node_port or nodeports.get(chain))
+                etp_how=old.etp_how or etp_how, node_port=old.node_port or nodeports.get(chain),
+                by_kube_proxy=True)
             continue
         new = LbTarget(ip, port, proto, kind, service, (src,), etp, etp_how,
-                       node_port=nodeports.get(chain))
+                       node_port=nodeports.get(chain), by_kube_proxy=True)
         by_key[new.key] = new
 
 

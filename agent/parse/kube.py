@@ -131,6 +131,9 @@ def _service(item: dict[str, Any], path: str, source: str) -> Service:
         ports=tuple(ports),
         status_given=item.get("status") is not None,
         load_balancer_class=_opt_str(spec, "loadBalancerClass", sp, source) or None,
+        cluster_ips=tuple(ip for ip in _str_list(spec, "clusterIPs", sp, source)
+                          if ip not in ("", "None")),
+        proxy_name=_proxy_name(meta.get("labels")),
     )
 
 
@@ -153,9 +156,12 @@ def _plain_service(item: dict[str, Any]) -> Service | None:
         spec.get("loadBalancerClass")
     etp, ext, raw_ports = spec.get("externalTrafficPolicy"), spec.get("externalIPs"), \
         spec.get("ports")
+    ips = spec.get("clusterIPs")
     if not _str_or_none(cluster_ip, stype, etp, lb_class) or \
             (ext is not None and (type(ext) is not list or
                                   any(type(v) is not str for v in ext))) or \
+            (ips is not None and (type(ips) is not list or
+                                  any(type(v) is not str for v in ips))) or \
             (raw_ports is not None and type(raw_ports) is not list):
         return None
     ports = []
@@ -197,7 +203,19 @@ def _plain_service(item: dict[str, Any]) -> Service | None:
         ports=tuple(ports),
         status_given=status is not None,
         load_balancer_class=lb_class or None,
+        cluster_ips=tuple(intern(ip) for ip in ips if ip not in ("", "None")) if ips else (),
+        proxy_name=_proxy_name(meta.get("labels")),
     )
+
+
+# kube-proxy's informer selects Services without this label (pkg/proxy/apis:
+# LabelServiceProxyName); a Service with it is served by the proxy it names
+PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
+
+
+def _proxy_name(labels: Any) -> str | None:
+    value = labels.get(PROXY_NAME_LABEL) if type(labels) is dict else None
+    return value if type(value) is str else None
 
 
 def _str_or_none(*values: Any) -> bool:

@@ -16,6 +16,7 @@ from agent.probes import (  # noqa: F401  (imported for their registration)
     ipvs,
     kube_api,
     kube_proxy,
+    kube_proxy_metrics,
     local_table,
     nat_rules,
     nft_rules,

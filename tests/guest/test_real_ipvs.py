@@ -148,3 +148,37 @@ def test_the_lab_runs_on_real_ipvs(etp_local: Cluster, tmp_path: Path) -> None:
     assert back.returncode == 0, back.stderr
     assert {(v["address"], v["port"]) for v in json.loads(back.stdout)["ipvs"]} == {
         (v[1], v[2]) for v in listing}
+
+
+def test_ipvs_sources_that_disagree_on_real_ipvs() -> None:
+    """Issue 33, item 3, with real virtual servers: a local endpoint taken out of
+    KUBE-LOOP-BACK and an LB address's virtual server deleted (a kube-proxy sync that
+    stopped half way) are found, and the agent changes nothing."""
+    from agent.diagnose.rules.consistency import LOOP_BACK_MISSING, SET_WITHOUT_VS
+    from lab.node import build_lab
+    from lab.scenarios import SCENARIOS
+    from tests.nodestate import capture
+
+    def findings(ns: Netns, kube: str) -> list[dict[str, Any]]:
+        r = agent_in(ns, "check", "--json", "--all", "--node-name", "n", "--kube-json", kube)
+        assert r.returncode in (0, 1, 3), r.stderr
+        return [f for f in json.loads(r.stdout)["findings"]
+                if f["id"] in (LOOP_BACK_MISSING, SET_WITHOUT_VS)]
+
+    with build_lab(SCENARIOS["ipvs-lb-bound"], "legacy") as lab:
+        assert ipvs_kind() == REAL
+        kube = str(lab.kube_dir)
+        assert findings(lab.node, kube) == []
+        lab.node.run("ipset", "del", "KUBE-LOOP-BACK", "172.16.1.10,tcp:8080,172.16.1.10")
+        lab.node.run("ipvsadm", "-D", "-t", "10.0.1.10:80")
+        before = capture(lab.node)
+        got = findings(lab.node, kube)
+        assert capture(lab.node) == before
+        by_id = {f["id"]: f for f in got}
+        assert len(got) == 2, got
+        assert (by_id[SET_WITHOUT_VS]["lb_ip"], by_id[SET_WITHOUT_VS]["port"]) == \
+            ("10.0.1.10", 80)
+        loop = by_id[LOOP_BACK_MISSING]
+        assert loop["summary"].startswith("Endpoint 172.16.1.10:8080 is on this node")
+        assert "ipset KUBE-LOOP-BACK has no member 172.16.1.10,tcp:8080,172.16.1.10" in \
+            loop["evidence"]

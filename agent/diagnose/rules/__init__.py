@@ -10,6 +10,7 @@ from collections.abc import Callable
 from agent.diagnose.context import Context
 from agent.diagnose.model import Finding
 from agent.diagnose.rules import (
+    consistency,
     etp_local,
     known_bugs,
     lb_hostname,
@@ -24,6 +25,7 @@ RULES: tuple[Callable[[Context], list[Finding]], ...] = (
     lb_hostname.check,
     etp_local.check,
     known_bugs.check,
+    consistency.check,
     observed.check,
 )
 # the rules that read the capture (ctx.capture); every other rule's findings follow from
