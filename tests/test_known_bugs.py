@@ -60,7 +60,8 @@ def test_the_catalogue_reads_and_names_a_detector_for_each_bug() -> None:
     from agent.diagnose.rules.known_bugs import DETECTORS
 
     found = catalogue()
-    assert [b.id for b in found] == ["kubernetes#131765", "kubernetes#75262"]
+    assert [b.id for b in found] == ["kubernetes#131765", "kubernetes#75262",
+                                    "kubernetes#117621"]
     for b in found:
         assert b.detector in DETECTORS and b.issue.startswith("https://github.com/")
     assert (found[0].fixed, found[0].backports) == ((1, 34, 0), ((1, 33, 6),))
@@ -150,3 +151,59 @@ def test_75262_on_the_reporters_ipvsadm_and_route_get(version: str | None,
         assert (f["lb_ip"], f["port"]) == ("10.1.109.187", 443)
         assert any("has no real servers" in e for e in f["evidence"])
         assert any("local 10.1.109.187 dev lo table local" in e for e in f["evidence"])
+
+
+# -- kubernetes#117621: KUBE-IPVS-FILTER rejects health checks to a bound LB address -----
+
+BUGS = Path(__file__).parent / "data" / "known_bugs"
+# constructed beside the posted chains: an externalTrafficPolicy=Local LoadBalancer Service
+# (the issue's GCP case: its health checks go to the LB address) and the address in
+# KUBE-IPVS-IPS, as kube-proxy puts every address it binds on kube-ipvs0
+LB = "34.90.1.10"
+HC_SERVICE = json.dumps({"kind": "List", "items": [{
+    "kind": "Service", "metadata": {"namespace": "web", "name": "front"},
+    "spec": {"type": "LoadBalancer", "clusterIP": "10.96.40.10",
+             "externalTrafficPolicy": "Local", "healthCheckNodePort": 32001,
+             "ports": [{"port": 443, "protocol": "TCP", "nodePort": 30443}]},
+    "status": {"loadBalancer": {"ingress": [{"ip": LB}]}}}]})
+HC_SETS = (f"create KUBE-IPVS-IPS hash:ip family inet hashsize 1024 maxelem 65536\n"
+           f"add KUBE-IPVS-IPS 10.96.40.10\nadd KUBE-IPVS-IPS {LB}\n"
+           "create KUBE-HEALTH-CHECK-NODE-PORT bitmap:port range 0-65535\n"
+           "add KUBE-HEALTH-CHECK-NODE-PORT 32001\n")
+
+
+def hc_verdict(chain_file: str, *extra: tuple[str, str]) -> dict:  # type: ignore[type-arg]
+    files = [("iptables-filter.txt", (BUGS / chain_file).read_text()),
+             ("ipset.txt", HC_SETS), ("services.json", HC_SERVICE), *extra]
+    snap = load_texts([(n, t, name_format(n)) for n, t in files], origin="bundle:t")
+    return diagnose(snap, "n").to_dict("all")
+
+
+def test_117621_the_posted_chain_rejects_the_health_checks() -> None:
+    got = [f for f in bugs(hc_verdict("k8s-117621-kube-ipvs-filter-v1.26.3.txt"))
+           if f["data"]["bug"] == "kubernetes#117621"]
+    assert [(f["lb_ip"], f["port"], f["service"]) for f in got] == [(LB, 443, "web/front")]
+    ev = "\n".join(got[0]["evidence"])
+    assert "--match-set KUBE-IPVS-IPS dst -j REJECT" in ev
+    assert "iptables-filter.txt:4" in ev  # the posted line, by file and line
+    assert f"{LB} is in ipset KUBE-IPVS-IPS" in ev
+    assert "v1.26.5" in got[0]["remedy"] and "older than v1.28.0" in got[0]["summary"]
+
+
+def test_117621_the_fixed_chain_and_fixed_versions_say_nothing() -> None:
+    # the chain as the fix writes it (posted in the fix's pull request)
+    fixed = hc_verdict("k8s-117723-kube-ipvs-filter-fixed.txt")
+    assert [f for f in bugs(fixed) if f["data"]["bug"] == "kubernetes#117621"] == []
+    # the posted chain under a kube-proxy whose version has the fix: not this bug
+    for version in ("v1.26.5", "v1.27.2", "v1.28.0"):
+        log_lines = ('I0504 10:00:00.000000       1 server_others.go:255] "Using ipvs Proxier"\n'
+                     f'I0504 10:00:00.000001       1 server.go:497] "Version info" '
+                     f'version="{version}"\n')
+        v = hc_verdict("k8s-117621-kube-ipvs-filter-v1.26.3.txt", ("kube-proxy.log", log_lines))
+        assert [f for f in bugs(v) if f["data"]["bug"] == "kubernetes#117621"] == [], version
+    # and under one without it: said with the version
+    log_lines = ('I0426 10:00:00.000000       1 server_others.go:255] "Using ipvs Proxier"\n'
+                 'I0426 10:00:00.000001       1 server.go:497] "Version info" version="v1.26.3"\n')
+    v = hc_verdict("k8s-117621-kube-ipvs-filter-v1.26.3.txt", ("kube-proxy.log", log_lines))
+    got = [f for f in bugs(v) if f["data"]["bug"] == "kubernetes#117621"]
+    assert len(got) == 1 and "v1.26.3" in got[0]["summary"]

@@ -115,9 +115,47 @@ def ipvs_empty_local_virtual_server(ctx: Context) -> list[Hit]:
     return out
 
 
+def ipvs_filter_rejects_health_checks(ctx: Context) -> list[Hit]:
+    """KUBE-IPVS-FILTER rejecting new connections to every address on kube-ipvs0 (its
+    KUBE-IPVS-IPS set) without first letting through the Services' health check node
+    ports: an externalTrafficPolicy=Local load balancer's health checks to its own
+    address bound here are rejected. kube-proxy v1.26.0 wrote the REJECT
+    (kubernetes#108460); kubernetes#117723 added the RETURN before it. The chain's shape
+    decides, whatever the version says."""
+    nf = ctx.snapshot.netfilter
+    table = nf.table("filter") if nf else None
+    chain = table.chain("KUBE-IPVS-FILTER") if table else None
+    if chain is None:
+        return []
+    texts = chain.rules.texts
+    reject = next((i for i, x in enumerate(texts)
+                   if "KUBE-IPVS-IPS" in x and "-j REJECT" in x), None)
+    if reject is None or any("KUBE-HEALTH-CHECK-NODE-PORT" in x and "-j RETURN" in x
+                             for x in texts[:reject]):
+        return []
+    src = chain.rules.source(reject)
+    rule = f"filter KUBE-IPVS-FILTER: {texts[reject]}" + (f" ({src})" if src else "")
+    out: list[Hit] = []
+    for t in ctx.targets:
+        if t.etp != "Local" or t.kind != "loadbalancer":
+            continue
+        listed = ctx.facts.in_ipset("KUBE-IPVS-IPS", t.ip)
+        local = ctx.facts.is_local(t.ip)
+        if not listed and not local:
+            continue  # (not bound here, as TKE's IPVS mode leaves LB addresses: no REJECT)
+        out.append((t, (rule, "no rule before it lets KUBE-HEALTH-CHECK-NODE-PORT through",
+                        f"{t.ip} is " + ("in ipset KUBE-IPVS-IPS" if listed else
+                                         "local here (bound on kube-ipvs0)"),
+                        f"externalTrafficPolicy=Local ({t.etp_how or 'the Service'}): "
+                        "the load balancer health-checks its address at the Service's "
+                        "healthCheckNodePort")))
+    return out
+
+
 DETECTORS: dict[str, Callable[[Context], list[Hit]]] = {
     "nft_no_endpoint_drop_for_pods": nft_no_endpoint_drop_for_pods,
     "ipvs_empty_local_virtual_server": ipvs_empty_local_virtual_server,
+    "ipvs_filter_rejects_health_checks": ipvs_filter_rejects_health_checks,
 }
 
 
