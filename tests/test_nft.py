@@ -141,9 +141,14 @@ def test_iptables_rules_on_the_same_hooks_are_walked_with_kube_proxys() -> None:
             ("routes.txt", routes)]
     alone = verdict_of(*base)
     with_cni = verdict_of(*base, ("iptables-save.txt", ipt))
-    f = next(f for f in alone["findings"] if f["lb_ip"] == "9.9.9.9")
+    f = next(f for f in alone["findings"]
+             if f["lb_ip"] == "9.9.9.9" and f["id"].startswith("pod-to-lb"))
     assert f["id"] == "pod-to-lb-not-masqueraded", f
-    g = next(f for f in with_cni["findings"] if f["lb_ip"] == "9.9.9.9")
+    # (and the Service kube-proxy has not synced is said as such: issue 33's consistency)
+    assert "lb-ip-without-kube-proxy-rule" in {
+        f["id"] for f in alone["findings"] if f["lb_ip"] == "9.9.9.9"}
+    g = next(f for f in with_cni["findings"]
+             if f["lb_ip"] == "9.9.9.9" and f["id"].startswith("pod-to-lb"))
     assert g["id"] == "pod-to-lb-masqueraded", g
     assert any(e.startswith("iptables nat POSTROUTING: -A POSTROUTING -s 10.0.1.0/24")
                for e in g["evidence"]), g["evidence"]

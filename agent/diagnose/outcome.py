@@ -4,8 +4,9 @@ merge into one answer: the same for every kube-proxy mode (iptables, IPVS, nftab
 A walk forks where the input cannot decide a match (an assumption: which fact, see
 agent.netfilter.assumption) or where kube-proxy chooses at random (an endpoint). Merged:
 
-- one end on every path: that end; where paths assumed a fact, each fact is named as
-  not deciding it ("either way");
+- one end on every path: that end; where paths forked on a fact, each fact is named as
+  not deciding it ("either way"); where a path took the standard layout of kube-proxy or
+  a CNI for a chain the input does not show, that assumption is named;
 - ends that differ, one of them a loop, where a path assumed a fact: undecided, naming the
   fact it hangs on;
 - ends that differ, none a loop: the least served one, with the other said beside it;
@@ -61,7 +62,12 @@ def merge(outcomes: Sequence[PathOutcome]) -> PathOutcome:
     # (one kind: min would return the first; the key costs a call per outcome)
     worst = outcomes[0] if len(kinds) == 1 else min(outcomes, key=_rank)
     assumed = [o for o in outcomes if o.assumptions]
-    facts = list(dict.fromkeys(a.fact for o in assumed for a in o.assumptions))
+    # the facts the walk forked on (every answer followed) before those it took from the
+    # standard layout of kube-proxy or a CNI (one answer, the one they write)
+    forked = list(dict.fromkeys(a.fact for o in assumed for a in o.assumptions if a.forked))
+    layout = list(dict.fromkeys(a.fact for o in assumed for a in o.assumptions
+                                if not a.forked and a.fact not in forked))
+    facts = forked + layout
     if assumed and len(kinds) > 1 and not kinds <= NO_LOOP:
         # the answer depends on a fact the input lacks: name it, decide nothing
         loop = next((o for o in outcomes if o.kind == Outcome.NOT_MASQUERADED), worst)
@@ -72,7 +78,9 @@ def merge(outcomes: Sequence[PathOutcome]) -> PathOutcome:
                            assumptions=loop.assumptions, steps=loop.steps)
     if assumed:
         notes = tuple(f"either way ({len(outcomes)} paths over what the input does not "
-                      f"show): {fact}" for fact in facts)
+                      f"show): {fact}" for fact in forked) + tuple(
+            f"assumed as it is written where the input does not show it: {fact}"
+            for fact in layout)
         if len(kinds) > 1:
             # no loop on any answer, but not the same end (served here on one, dropped on
             # another): say both, claim neither
@@ -82,8 +90,10 @@ def merge(outcomes: Sequence[PathOutcome]) -> PathOutcome:
                                f"lacks, {other.kind}: {other.how} (no loop either way)",
                                (*shown.evidence, f"the other answer: {other.how}", *notes),
                                steps=shown.steps)
-        return PathOutcome(worst.kind, worst.how + " (decided without a fact the input "
-                           "lacks: every answer to it leads here)", (*worst.evidence, *notes),
+        said = " (decided without a fact the input lacks: every answer to it leads here)" \
+            if forked else " (taking the chains the input does not show as they are " \
+            "written: the assumption is in the evidence)"
+        return PathOutcome(worst.kind, worst.how + said, (*worst.evidence, *notes),
                            steps=worst.steps)
     if len(kinds) > 1:
         return PathOutcome(worst.kind, worst.how + " (on some of the paths kube-proxy's "

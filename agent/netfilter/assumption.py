@@ -19,6 +19,7 @@ class AssumptionKind(StrEnum):
     IPSET = "ipset"  # a set the input does not hold
     LOCAL_ADDRESS = "local-address"  # routing: is the destination bound on the node
     UNSEEN_CHAIN = "unseen-chain"  # a kube-proxy chain jumped to, not in the input
+    CNI_CHAIN = "cni-chain"  # a CNI's chain jumped to, not in the input
     MATCH = "match"  # any other match the input does not decide
 
 
@@ -27,6 +28,9 @@ class Assumption:
     kind: AssumptionKind
     subject: str  # the address, interface, set, chain or match asked about
     fact: str  # what it asks, and the command on the node that shows it
+    # True: the walk followed every answer (a fork); False: it took the one the standard
+    # layout of kube-proxy or a CNI gives, where the input does not show it
+    forked: bool = True
 
     @property
     def direction(self) -> str:
@@ -68,7 +72,16 @@ def local_address(addr: str, shows: str) -> Assumption:
 
 def unseen_chain(chain: str, shows: str) -> Assumption:
     """``shows``: the command that prints the chain (``iptables -t nat -S CHAIN``)."""
-    return Assumption(AssumptionKind.UNSEEN_CHAIN, chain, f"what {chain} does; `{shows}` shows it")
+    return Assumption(AssumptionKind.UNSEEN_CHAIN, chain, f"what {chain} does; `{shows}` shows it",
+                      forked=False)
+
+
+def cni_chain(chain: str, cni: str, shows: str, forked: bool) -> Assumption:
+    """A CNI's chain the input does not hold: its standard layout taken (``forked``
+    False), or both of the answers its configuration allows followed."""
+    return Assumption(AssumptionKind.CNI_CHAIN, chain,
+                      f"what {cni}'s {chain} does on this node; `{shows}` shows it",
+                      forked=forked)
 
 
 def match(what: str) -> Assumption:

@@ -19,6 +19,7 @@ from typing import NamedTuple, Protocol
 
 from agent.netfilter import assumption
 from agent.netfilter.assumption import Assumption
+from agent.netfilter.cni_chains import CniChain, known_chain
 from agent.netfilter.packet import MAX_PATHS, MAX_RULES, HookResult, Packet
 from agent.netfilter.rules import (
     BUILTIN_TARGETS,
@@ -434,6 +435,20 @@ class TableWalker:
                 if sub is None:
                     if tgt in BUILTIN_TARGETS:
                         continue
+                    cni = known_chain(tname, tgt)
+                    if cni is not None:
+                        # a CNI's chain the input does not hold: what that CNI writes
+                        cni_end, go_on = _cni_chain(cni, tgt, tname, ix.name, rtext,
+                                                    rsource, pkt, steps, self._budget > 0)
+                        if cni_end is None:  # it passes the packet on
+                            steps = go_on or steps
+                            continue
+                        if go_on is not None:  # or, as its configuration may say, not
+                            self._budget -= 1
+                            threads.append((i + 1, pkt, go_on, False))
+                        results.append(cni_end)
+                        jumped = True
+                        break
                     results.append(("UNKNOWN", pkt, steps, _unknown(
                         r, f"target {tgt} is neither a chain of table {tname} "
                            "nor a target this walker knows" + (
@@ -840,6 +855,39 @@ def _assumption(why: str, line: str) -> Assumption:
     if m:
         return assumption.ipset(m.group(1))
     return assumption.match(f"{line}: {why}")
+
+
+def _cni_step(cni: CniChain, chain: str, table: str, at: str, rtext: str, rsource: str,
+              effect: str, forked: bool) -> Step:
+    what = {"passes": "passes the packet on (no NAT for it)",
+            "masquerades": "masquerades it to the node's address"}[effect]
+    taken = "assumed" if not forked else "assumed (one of the answers its configuration " \
+        "allows)"
+    fact = assumption.cni_chain(chain, cni.cni, cni.shows, forked)
+    return _new_step(Step, (table, at, f"{rtext}: {chain}, {taken}: {what}; {cni.does} "
+                                       f"[{cni.source}] (not in the input: `{cni.shows}` "
+                                       "shows it)", rsource, ASSUME, (fact,)))
+
+
+def _cni_chain(cni: CniChain, chain: str, table: str, at: str, rtext: str, rsource: str,
+               pkt: Packet, steps: tuple[Step, ...], can_fork: bool
+               ) -> tuple[tuple[str, Packet, tuple[Step, ...], str] | None,
+                          tuple[Step, ...] | None]:
+    """What a known CNI chain the input lacks does to ``pkt``: (how the path ends there,
+    if it does; the steps to go on with, where it passes the packet on). Where the CNI's
+    configuration decides, both: it masquerades on one path and passes on the other."""
+    effect = cni.effect(pkt.dst)
+    forked = effect == "depends"
+    passed = (*steps, _cni_step(cni, chain, table, at, rtext, rsource, "passes", forked))
+    if effect == "passes":
+        return None, passed
+    if forked and not can_fork:
+        return ("UNKNOWN", pkt, steps, f"what {cni.cni}'s {chain} does is not in the input "
+                f"(`{cni.shows}` shows it), and the walk has no paths left to follow both "
+                "answers"), None
+    masq = (*steps, _cni_step(cni, chain, table, at, rtext, rsource, "masquerades", forked))
+    return (("MASQUERADE", pkt._replace(snat="masquerade"), masq,
+             f"MASQUERADE in {chain} (assumed: {cni.cni}'s)"), passed if forked else None)
 
 
 def _unknown(r: ParsedRule, why: str) -> str:

@@ -222,14 +222,16 @@ def _without_rule(ctx: Context) -> list[Finding]:
     snap = ctx.snapshot
     if snap.services is None or ctx.mode == "unknown":
         return []
-    written = _kube_proxy_writes(ctx)
-    if written is None:
+    writes = _kube_proxy_writes(ctx)
+    if writes is None:
         return []
+    written, versions = writes
     skipped = {s.key for s in snap.services if s.proxy_name}
     found = []
     for t in ctx.targets:
         if t.by_kube_proxy or t.kind == "ingress" or not t.port or t.service is None or \
-                t.service in skipped or t.ip_mode == "Proxy":
+                t.service in skipped or t.ip_mode == "Proxy" or \
+                (6 if ":" in t.ip else 4) not in versions:
             continue
         if ctx.mode == "ipvs" and snap.ipvs is not None and \
                 ctx.facts.virtual_server(t.protocol, t.ip, t.port) is not None:
@@ -254,17 +256,19 @@ def _without_rule(ctx: Context) -> list[Finding]:
     return _capped(found, "addresses")
 
 
-def _kube_proxy_writes(ctx: Context) -> str | None:
-    """What holds kube-proxy's record of LB addresses in this mode, if it is in the input
-    in full and kube-proxy has written into it (its Services' ClusterIPs are there): else a
-    missing address proves nothing."""
+def _kube_proxy_writes(ctx: Context) -> tuple[str, frozenset[int]] | None:
+    """What holds kube-proxy's record of LB addresses in this mode, and the IP versions
+    it is in the input for, where it is in the input in full and kube-proxy has written
+    into it (its Services' ClusterIPs are there): else a missing address proves nothing."""
     snap = ctx.snapshot
     if ctx.mode == "nftables":
         rs, _ = ruleset_of(snap)
-        table = rs.table("ip", "kube-proxy") or rs.table("ip6", "kube-proxy") if rs else None
-        svc_ips = table.set("service-ips") if table is not None else None
-        return "nftables maps (service-ips, no-endpoint-services, firewall-ips)" \
-            if svc_ips is not None and svc_ips.elements else None
+        versions = frozenset(
+            v for fam, v in (("ip", 4), ("ip6", 6))
+            if rs is not None and (t := rs.table(fam, "kube-proxy")) is not None and
+            (m := t.set("service-ips")) is not None and m.elements)
+        return ("nftables maps (service-ips, no-endpoint-services, firewall-ips)",
+                versions) if versions else None
     nf = snap.netfilter
     if nf is None or nf.partial:
         return None
@@ -273,12 +277,12 @@ def _kube_proxy_writes(ctx: Context) -> str | None:
         if snap.ipsets is None or cluster is None or not cluster.members:
             return None
         return "ipsets (KUBE-LOAD-BALANCER, KUBE-EXTERNAL-IP)" + (
-            " and IPVS virtual servers" if snap.ipvs is not None else "")
+            " and IPVS virtual servers" if snap.ipvs is not None else ""), frozenset({4})
     nat = nf.table("nat")
     services = nat.chain("KUBE-SERVICES") if nat else None
     if services is None or not services.rules:
         return None
-    return "iptables rules (KUBE-SERVICES, KUBE-EXTERNAL-SERVICES)"
+    return "iptables rules (KUBE-SERVICES, KUBE-EXTERNAL-SERVICES)", frozenset({4})
 
 
 def _named_in_rules(snap: NodeSnapshot, ip: str) -> bool:
