@@ -218,6 +218,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--lb-ip", metavar="IP", type=_lb_ip,
                    help="only this LB / external / Ingress address: its findings in full "
                         "and the status they make (its exit code)")
+    c.add_argument("--what-if", metavar="MODE", choices=("nftables",),
+                   help="before moving kube-proxy to MODE (nftables): predict what this "
+                        "node would show, for the Services and endpoints it serves today "
+                        "(the rules kube-proxy would write, walked by the same engine), and "
+                        "say per LB address what appears and what vanishes; the exit code "
+                        "is the predicted verdict's. Needs the Services (API, --kube-json, "
+                        "services.json) and iptables or IPVS mode today")
     c.add_argument("--npd", action="store_true",
                    help="node-problem-detector custom plugin: one line on stdout, exit 0 "
                         "OK, 1 NonOK (at risk or looping), 2 Unknown (cannot tell, or an "
@@ -513,6 +520,8 @@ def _check(args: argparse.Namespace) -> int:
 
     if args.npd:
         return _npd(args)
+    if args.what_if:
+        return _what_if(args)
     verdict = _verdict(args)
     if args.lb_ip:
         known = {r.ip for r in verdict.lb_ips} | {f.lb_ip for f in verdict.findings}
@@ -543,6 +552,28 @@ def _check(args: argparse.Namespace) -> int:
         sys.stdout.write(for_terminal(render(verdict, verbose=args.verbose or args.all
                                              or bool(args.lb_ip))))
     return EXIT_BY_STATUS[verdict.status]
+
+
+def _what_if(args: argparse.Namespace) -> int:
+    from agent.predict.what_if import what_if
+    from agent.report import render_what_if
+
+    if args.capture or args.lb_ip or args.npd:
+        raise _Exit(EXIT_USAGE, "--what-if predicts from the node's rules: it cannot be "
+                                "combined with --capture, --lb-ip or --npd")
+    _one_shot_gc()
+    with _built_without_gc():
+        snap = load_snapshot(args)
+    try:
+        w = what_if(snap, _node(args, snap), args.what_if)
+    except ValueError as e:
+        raise _Exit(EXIT_DATAERR, f"--what-if {args.what_if}: {e}") from None
+    if args.json:
+        sys.stdout.write(json.dumps(w.to_dict("all" if args.all else "summary"), indent=2)
+                         + "\n")
+    else:
+        sys.stdout.write(for_terminal(render_what_if(w, verbose=args.verbose or args.all)))
+    return EXIT_BY_STATUS[w.predicted.status]
 
 
 def _seconds(text: str) -> float:

@@ -7,6 +7,7 @@ from collections import Counter
 
 from agent.capture.model import NodePortStats
 from agent.diagnose.model import Finding, Verdict
+from agent.predict.what_if import WhatIf
 
 _STATUS_LINE = {
     "healthy": "HEALTHY: no CLB loopback exposure found",
@@ -221,3 +222,55 @@ def _nodeport_table(d: dict, wrap) -> list[str]:  # type: ignore[no-untyped-def,
     if d.get("ports_more"):
         lines.append(f"      ... and {d['ports_more']} more NodePorts")
     return lines
+
+
+# changes listed one by one in the --what-if report; past it, counted (--verbose: all)
+CHANGES_LISTED = 30
+
+
+def render_what_if(w: WhatIf, verbose: bool = False, width: int = 100) -> str:
+    """`check --what-if MODE`: today's status and the predicted one, then per LB address
+    what appears and what vanishes, and what the prediction took."""
+
+    def wrap(text: str, indent: str, then: str | None = None) -> list[str]:
+        return textwrap.wrap(text, width=width, initial_indent=indent,
+                             subsequent_indent=then or indent + "  ", break_long_words=False,
+                             break_on_hyphens=False) or [indent]
+
+    t, p = w.today, w.predicted
+    out = [f"loopback-agent {t.agent_version}  node {t.node}  {t.time}  ({t.context.origin})",
+           f"WHAT IF kube-proxy ran in {w.target} mode here (predicted for the Services and "
+           f"endpoints it serves today)",
+           f"  today ({t.kube_proxy_mode}):  {_STATUS_LINE[t.status]}",
+           f"  predicted ({w.target}):  {_STATUS_LINE[p.status]}", ""]
+    if not w.changes:
+        out.append(f"No LB address changes its findings ({w.same} address:ports compared).")
+    else:
+        out.append(f"Changes ({len(w.changes)} LB address:ports; {w.same} unchanged):")
+        shown = w.changes if verbose else w.changes[:CHANGES_LISTED]
+        for c in shown:
+            host = f"[{c.lb_ip}]" if ":" in c.lb_ip else c.lb_ip
+            where = f"{host}:{c.port}/{c.protocol}" if c.port else host
+            out.append(f"  {where}" + (f"  ({c.service})" if c.service else ""))
+            if c.vanish:
+                out += wrap("vanish: " + ", ".join(c.vanish), "    ")
+            if c.appear:
+                out += wrap("appear: " + ", ".join(c.appear), "    ")
+            if c.unfixed is not None:
+                out += wrap("with a kube-proxy older than v1.34.0 / v1.33.6 (before "
+                            "kubernetes#132456, the fix of kubernetes#131765): "
+                            + ", ".join(c.unfixed), "    ")
+        if len(shown) < len(w.changes):
+            out.append(f"  ... and {len(w.changes) - len(shown)} more (--verbose lists "
+                       "them, --json gives them all)")
+    out += ["", "The prediction took:"]
+    for n in w.notes:
+        out += wrap(n, "  - ", "    ")
+    if verbose:
+        out += ["", "=" * 20 + " the predicted verdict " + "=" * 20, "",
+                render(p, verbose=True, width=width)]
+    else:
+        out.append("")
+        out.append("(--verbose adds the predicted verdict in full; --json gives both "
+                   "verdicts and the changes.)")
+    return "\n".join(out) + "\n"

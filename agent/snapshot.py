@@ -284,6 +284,7 @@ class Service:
     # label service.kubernetes.io/service-proxy-name: kube-proxy leaves such a Service to
     # the proxy named (its service informer selects only Services without the label)
     proxy_name: str | None = None
+    source_ranges: tuple[str, ...] = ()  # spec.loadBalancerSourceRanges
 
     @property
     def key(self) -> str:

@@ -58,7 +58,8 @@ def comparable(verdict: dict[str, Any]) -> dict[str, Any]:
     # unknowns name different sources (a live probe vs a missing bundle file)
     v["unknowns"] = sorted(u["source"] for u in v["unknowns"]
                            if u["source"] not in ("ipvs", "ipvsadm.txt", "kube-proxy",
-                                                  "kubernetes API", "services.json",
+                                                  "kube-proxy metrics", "kubernetes API",
+                                                  "services.json",
                                                   "node.json", "ingresses.json"))
     return v
 

@@ -58,7 +58,8 @@ def _comparable(verdict: dict[str, Any]) -> dict[str, Any]:
     v["context"].pop("ip6tables_backend")
     v["unknowns"] = sorted(u["source"] for u in v["unknowns"]
                            if u["source"] not in ("ipvs", "ipvsadm.txt", "kube-proxy",
-                                                  "kubernetes API", "services.json",
+                                                  "kube-proxy metrics", "kubernetes API",
+                                                  "services.json",
                                                   "node.json", "ingresses.json",
                                                   "nft-ruleset.txt"))
     return v

@@ -61,7 +61,6 @@ from lab.kube_proxy_rules import (
 from lab.kube_proxy_rules.ipvs import IPVS_SETS, set_name
 from lab.kube_proxy_rules.ipvs import _ipset_text as ipvs_ipset_text
 from lab.kube_proxy_rules.ipvs import _ipvs_tables as ipvs_tables
-from lab.kube_proxy_rules.nftables import TABLE as NFT_TABLE
 from lab.kube_proxy_rules.nftables import nftables_mode
 
 # --- the node -------------------------------------------------------------------------
@@ -216,91 +215,13 @@ def _ipvs_files(svcs: list[LbService], family: int, bind: bool, cidr: str | None
             state.kube_ipvs0_addresses)
 
 
-def _nft_source_ranges(text: str, svcs: list[LbService]) -> str:
-    """kube-proxy's nftables LoadBalancerSourceRanges (pkg/proxy/nftables/proxier.go,
-    syncProxyRules: a `firewall-` chain per service port dropping `ip saddr != { ranges }`,
-    and the LB IP:port in the @firewall-ips verdict map, which the firewall-check chain of
-    the prerouting hook (before DNAT) consults); lab.kube_proxy_rules.nftables writes the
-    map and the check, not the elements."""
-    out = [text]
-    for s in svcs:
-        if not (s.lb_ip and s.source_ranges):
-            continue
-        proto = s.protocol.lower()
-        m = re.search(rf"add chain {NFT_TABLE} (external-[A-Z2-7]{{8}}-{s.namespace}/{s.name}/"
-                      rf"{proto}/{s.port_name})\n", text)
-        assert m, f"no external chain for {s.port_name_key}"
-        fw = "firewall-" + m.group(1).removeprefix("external-")
-        out += [f"add chain {NFT_TABLE} {fw}",
-                f"add rule {NFT_TABLE} {fw} ip saddr != {{ {', '.join(s.source_ranges)} }} drop",
-                f"add element {NFT_TABLE} firewall-ips {{ {s.lb_ip} . {proto} . {s.port} "
-                f'comment "{s.port_name_key}" : goto {fw} }}', ""]
-    return "\n".join(out)
-
-
-def _nft_ipv6(text: str) -> str:
-    """The same transaction as kube-proxy's IPv6 proxier writes it (`ip6` family,
-    ipv6_addr keys, `ip6 saddr/daddr`, `dnat to [addr]:port`, and an endpoint chain name
-    with the address's ':' as '.': servicePortEndpointChainNameBase in
-    pkg/proxy/nftables/proxier.go)."""
-    text = (text.replace(f" {NFT_TABLE} ", " ip6 kube-proxy ").replace("ipv4_addr", "ipv6_addr")
-            .replace(" ip daddr ", " ip6 daddr ").replace(" ip saddr ", " ip6 saddr "))
-    text = re.sub(r"dnat to ([0-9a-f:]+):(\d+)$", r"dnat to [\1]:\2", text, flags=re.M)
-    return re.sub(r"__([0-9a-f:]+)/", lambda m: "__" + m.group(1).replace(":", ".") + "/",
-                  text)
-
-
-# kubernetes#132456 (backported to release-1.33 as #133969) moved the filter chains that check
-# @no-endpoint-services to priority 0 and split off the pre-DNAT ones; before it
-# (pkg/proxy/nftables/proxier.go nftablesBaseChains / nftablesJumpChains) they were:
-_NFT_BEFORE_132456 = {
-    "add chain {t} filter-prerouting-pre-dnat {{ type filter hook prerouting priority -110 ; }}":
-        "add chain {t} filter-prerouting {{ type filter hook prerouting priority -110 ; }}",
-    "add chain {t} filter-output-pre-dnat {{ type filter hook output priority -110 ; }}":
-        "add chain {t} filter-output-post-dnat {{ type filter hook output priority -90 ; }}",
-    "add chain {t} filter-forward {{ type filter hook forward priority 0 ; }}":
-        "add chain {t} filter-forward {{ type filter hook forward priority -110 ; }}",
-    "add chain {t} filter-input {{ type filter hook input priority 0 ; }}":
-        "add chain {t} filter-input {{ type filter hook input priority -110 ; }}",
-    "add chain {t} filter-output {{ type filter hook output priority 0 ; }}":
-        "add chain {t} filter-output {{ type filter hook output priority -110 ; }}",
-    "add rule {t} filter-prerouting-pre-dnat ct state new jump firewall-check":
-        "add rule {t} filter-prerouting ct state new jump firewall-check",
-    "add rule {t} filter-output-pre-dnat ct state new jump firewall-check":
-        "add rule {t} filter-output ct state new jump firewall-check",
-    "add rule {t} filter-output ct state new jump cluster-ips-check":
-        "add rule {t} filter-output-post-dnat ct state new jump cluster-ips-check",
-}
-
-
-def _nft_before_132456(text: str) -> str:
-    for new, old in _NFT_BEFORE_132456.items():
-        new, old = new.format(t=NFT_TABLE), old.format(t=NFT_TABLE)
-        assert new in text, new
-        text = text.replace(new, old)
-    return text
-
-
-def _nft_without_detector(text: str, cidr: str) -> str:
-    """kube-proxy without a local traffic detector writes neither the service chain's
-    `ip saddr != CIDR jump mark-for-masquerade` nor the external chain's 'short-circuit
-    pod traffic' rule (pkg/proxy/nftables/proxier.go syncProxyRules: both under
-    proxier.localDetector.IsImplemented()); lab.kube_proxy_rules.nftables always has one."""
-    drop = (f" ip saddr != {cidr} jump mark-for-masquerade", f" ip saddr {cidr} goto ")
-    kept = [ln for ln in text.splitlines(keepends=True) if not any(d in ln for d in drop)]
-    assert len(kept) < len(text.splitlines()), "no detector rule to leave out"
-    return "".join(kept)
-
-
 def _nft(svcs: list[LbService], family: int, before_132456: bool, detector: bool) -> str:
-    text = nftables_mode(svcs, cluster_cidr=CLUSTER_CIDR[family], node_ip=NODE_IP[family],
-                         service_cidr=SERVICE_CIDR[family])
-    if not detector and svcs:
-        text = _nft_without_detector(text, CLUSTER_CIDR[family])
-    text = _nft_source_ranges(text, svcs)
-    if before_132456:
-        text = _nft_before_132456(text)
-    return _nft_ipv6(text) if family == 6 else text
+    """kube-proxy's nftables transaction, as the agent predicts it (agent.predict.nftables:
+    source ranges, the IPv6 table, no local traffic detector, the filter chains before
+    kubernetes#132456)."""
+    return nftables_mode(svcs, cluster_cidr=CLUSTER_CIDR[family] if detector else None,
+                         node_ip=NODE_IP[family], service_cidr=SERVICE_CIDR[family],
+                         family=family, before_132456=before_132456)
 
 
 def _node_files(family: int, kube_ipvs0: tuple[str, ...]) -> dict[str, str]:

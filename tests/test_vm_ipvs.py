@@ -95,5 +95,6 @@ def test_ipvs_mode_on_real_ipvs(guest_run: tuple[vm.VmResult, ET.Element]) -> No
                      "test_healthcheck_from_a_vip_bound_here_is_observed_dropped",
                      "test_same_node_pod_loop_is_observed",
                      "test_live_check_finds_what_the_scenario_expects",
-                     "test_ipvs_sources_that_disagree_on_real_ipvs"):
+                     "test_ipvs_sources_that_disagree_on_real_ipvs",
+                     "test_what_if_nftables_on_real_ipvs"):
         assert required in names

@@ -47,7 +47,7 @@ GUEST_TESTS = [
     *DUAL_STACK,
 ]
 # the guest must have run all of these (a selection that silently shrinks fails)
-MIN_GUEST_TESTS = 4 + len(IPVS_CHECKS) + 1 + 6 + len(LAB_TRAFFIC) + len(DUAL_STACK)
+MIN_GUEST_TESTS = 5 + len(IPVS_CHECKS) + 1 + 6 + len(LAB_TRAFFIC) + len(DUAL_STACK)
 # a hang's bound; the run itself took 468 s alone and takes longer beside the host's tests
 GUEST_TIMEOUT = 1500.0
 

@@ -134,6 +134,7 @@ def _service(item: dict[str, Any], path: str, source: str) -> Service:
         cluster_ips=tuple(ip for ip in _str_list(spec, "clusterIPs", sp, source)
                           if ip not in ("", "None")),
         proxy_name=_proxy_name(meta.get("labels")),
+        source_ranges=_str_list(spec, "loadBalancerSourceRanges", sp, source),
     )
 
 
@@ -156,8 +157,10 @@ def _plain_service(item: dict[str, Any]) -> Service | None:
         spec.get("loadBalancerClass")
     etp, ext, raw_ports = spec.get("externalTrafficPolicy"), spec.get("externalIPs"), \
         spec.get("ports")
-    ips = spec.get("clusterIPs")
+    ips, ranges = spec.get("clusterIPs"), spec.get("loadBalancerSourceRanges")
     if not _str_or_none(cluster_ip, stype, etp, lb_class) or \
+            (ranges is not None and (type(ranges) is not list or
+                                     any(type(v) is not str for v in ranges))) or \
             (ext is not None and (type(ext) is not list or
                                   any(type(v) is not str for v in ext))) or \
             (ips is not None and (type(ips) is not list or
@@ -205,6 +208,7 @@ def _plain_service(item: dict[str, Any]) -> Service | None:
         load_balancer_class=lb_class or None,
         cluster_ips=tuple(intern(ip) for ip in ips if ip not in ("", "None")) if ips else (),
         proxy_name=_proxy_name(meta.get("labels")),
+        source_ranges=tuple(ranges) if ranges else (),
     )
 
 

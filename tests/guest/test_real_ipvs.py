@@ -182,3 +182,30 @@ def test_ipvs_sources_that_disagree_on_real_ipvs() -> None:
         assert loop["summary"].startswith("Endpoint 172.16.1.10:8080 is on this node")
         assert "ipset KUBE-LOOP-BACK has no member 172.16.1.10,tcp:8080,172.16.1.10" in \
             loop["evidence"]
+
+
+def test_what_if_nftables_on_real_ipvs() -> None:
+    """Issue 34: an IPVS-mode node (TKE's, the LB address not bound: its pods' traffic
+    loops today) predicted in nftables mode, then switched as kube-proxy switches: the
+    prediction equals what the switched node shows."""
+    from lab.node import build_lab
+    from lab.scenarios import SCENARIOS
+    from tests.test_what_if import ids, switch_to_nftables
+
+    scenario = SCENARIOS["tke-ipvs-etp-local"]
+    with build_lab(scenario, "legacy") as lab:
+        assert ipvs_kind() == REAL
+        kube = str(lab.kube_dir)
+        r = agent_in(lab.node, "check", "--what-if", "nftables", "--json", "--all",
+                     "--node-name", "n", "--kube-json", kube)
+        assert r.returncode in (0, 1, 3), r.stderr
+        doc = json.loads(r.stdout)
+        assert doc["today"]["status"] == "at-risk"
+        assert not [n for n in doc["notes"] if n.startswith("not read")], doc["notes"]
+        switch_to_nftables(lab.node, scenario, "legacy")
+        r = agent_in(lab.node, "check", "--json", "--all", "--node-name", "n",
+                     "--kube-json", kube)
+        switched = json.loads(r.stdout)
+        assert switched["kube_proxy_mode"] == "nftables"
+        assert ids(doc["predicted"]) == ids(switched)
+        assert doc["predicted"]["status"] == switched["status"]
