@@ -318,6 +318,7 @@ class NodeInfo:
     name: str
     pod_cidrs: tuple[str, ...] = ()
     internal_ips: tuple[str, ...] = ()
+    provider_id: str | None = None  # spec.providerID ("aws:///eu-west-1a/i-...")
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from agent.diagnose.cloud import provider_of
 from agent.diagnose.lb_ip import LbTarget
 
 if TYPE_CHECKING:
@@ -60,9 +61,15 @@ def for_not_masqueraded(t: LbTarget, ctx: Context) -> str:
     if t.ip_mode == "Proxy":
         return (f"Use the Service DNS name ({dns_name(t)}) from pods: with ipMode: Proxy "
                 "kube-proxy deliberately sends pod traffic to the load balancer.")
-    if is_tke(t) or tke_ipvs_variant(t, ctx):
+    found = provider_of(t, ctx.snapshot)
+    other = found is not None and found[0].id != "tke"  # another provider recognised
+    if is_tke(t) or (not other and tke_ipvs_variant(t, ctx)):
         return (f'Annotate the Service with {PREVENT_LOOPBACK}: "true" and run a kube-proxy '
                 "that supports it: the VIP is bound on kube-ipvs0 again, pods reach the "
                 "Service inside the node, and the CLB health-checks from 100.64.0.0/10.")
-    return (f"Use the Service DNS name ({dns_name(t)}) from pods instead of the load "
-            "balancer address; where a domain is baked in, a CoreDNS rewrite to that name.")
+    generic = (f"Use the Service DNS name ({dns_name(t)}) from pods instead of the load "
+               "balancer address; where a domain is baked in, a CoreDNS rewrite to that name.")
+    if found is None or not other:
+        return generic
+    p, how = found
+    return f"{p.name} ({how}): {p.remedy} Or: {generic[0].lower()}{generic[1:]}"

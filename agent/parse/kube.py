@@ -64,7 +64,8 @@ def parse_node(doc: dict[str, Any], source: str = "node.json") -> NodeInfo:
             ip = _opt_str(addr, "address", where, source)
             if ip and canonical_ip(ip):
                 ips.append(ip)
-    return NodeInfo(name, cidrs, tuple(ips))
+    return NodeInfo(name, cidrs, tuple(ips),
+                    _opt_str(spec, "providerID", f"{path}spec.", source) or None)
 
 
 def parse_ingresses(doc: dict[str, Any],

@@ -12,6 +12,7 @@ from agent.diagnose.model import Finding
 from agent.diagnose.rules import (
     consistency,
     etp_local,
+    ip_mode,
     known_bugs,
     lb_hostname,
     lb_ip_local,
@@ -26,6 +27,7 @@ RULES: tuple[Callable[[Context], list[Finding]], ...] = (
     etp_local.check,
     known_bugs.check,
     consistency.check,
+    ip_mode.check,
     observed.check,
 )
 # the rules that read the capture (ctx.capture); every other rule's findings follow from
