@@ -319,6 +319,9 @@ class NodeInfo:
     pod_cidrs: tuple[str, ...] = ()
     internal_ips: tuple[str, ...] = ()
     provider_id: str | None = None  # spec.providerID ("aws:///eu-west-1a/i-...")
+    # status.nodeInfo.kubeProxyVersion: what the kubelet reported there (its own version;
+    # deprecated in 1.31 and left empty since): a hint of kube-proxy's, not its word
+    kube_proxy_version: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -207,3 +207,22 @@ def test_117621_the_fixed_chain_and_fixed_versions_say_nothing() -> None:
     v = hc_verdict("k8s-117621-kube-ipvs-filter-v1.26.3.txt", ("kube-proxy.log", log_lines))
     got = [f for f in bugs(v) if f["data"]["bug"] == "kubernetes#117621"]
     assert len(got) == 1 and "v1.26.3" in got[0]["summary"]
+
+
+def test_the_nodes_reported_kube_proxy_version_is_a_hint_never_a_fix() -> None:
+    # status.nodeInfo.kubeProxyVersion as a Node object carries it (the kubelet writes its
+    # own version there; a TKE node's, posted publicly, reads "v1.22.5-tke.1"): said in the
+    # context, and a fixed-looking value does not hide the bug
+    node = json.dumps({"kind": "Node", "metadata": {"name": "node-a"},
+                       "spec": {"podCIDR": "10.2.128.0/24"},
+                       "status": {"addresses": [{"type": "InternalIP",
+                                                 "address": "10.88.0.5"}],
+                                  "nodeInfo": {"kubeProxyVersion": "v1.34.2"}}})
+    v = verdict(("node.json", node))
+    assert "the Node's status.nodeInfo.kubeProxyVersion says v1.34.2" in \
+        v["context"]["kube_proxy_version"]
+    (f,) = bugs(v)
+    assert "its version is not in the input" in f["summary"]
+    # kube-proxy's own word (its log) wins, and the hint is not said beside it
+    w = verdict(("node.json", node), ("kube-proxy.log", log("v1.34.2")))
+    assert bugs(w) == [] and "nodeInfo" not in w["context"]["kube_proxy_version"]

@@ -89,13 +89,21 @@ def kube_proxy_version(snap: NodeSnapshot, mode: str) -> KubeProxyVersion | None
     kp = snap.kube_proxy
     said = version_of(kp.version) if kp is not None else None
     shape = _shape(snap, mode)
-    if said is None and shape is None:
+    node = snap.node_info
+    # the Node's field names the kubelet's version (kubelet wrote its own there): said, as
+    # a hint, never taken as kube-proxy's for a known bug's fix
+    hint = node.kube_proxy_version if node is not None and said is None else None
+    if said is None and shape is None and hint is None:
         return None
     parts = []
     if said is not None:
         parts.append(f"v{'.'.join(map(str, said))} (kube-proxy's log: \"Version info\")")
     if shape is not None:
         parts.append(f"rules shaped as {shape.source}: {shape.name}")
+    if hint is not None:
+        parts.append(f"the Node's status.nodeInfo.kubeProxyVersion says {hint[:40]} (the "
+                     "kubelet's own version, which kube-proxy usually matches: a hint, not "
+                     "kube-proxy's word; deprecated in 1.31)")
     return KubeProxyVersion(said, shape, "; ".join(parts))
 
 

@@ -64,8 +64,11 @@ def parse_node(doc: dict[str, Any], source: str = "node.json") -> NodeInfo:
             ip = _opt_str(addr, "address", where, source)
             if ip and canonical_ip(ip):
                 ips.append(ip)
+    info = status.get("nodeInfo")
+    reported = info.get("kubeProxyVersion") if isinstance(info, dict) else None
     return NodeInfo(name, cidrs, tuple(ips),
-                    _opt_str(spec, "providerID", f"{path}spec.", source) or None)
+                    _opt_str(spec, "providerID", f"{path}spec.", source) or None,
+                    reported if isinstance(reported, str) and reported else None)
 
 
 def parse_ingresses(doc: dict[str, Any],
