@@ -558,9 +558,9 @@ def _what_if(args: argparse.Namespace) -> int:
     from agent.predict.what_if import what_if
     from agent.report import render_what_if
 
-    if args.capture or args.lb_ip or args.npd:
+    if args.capture or args.lb_ip:
         raise _Exit(EXIT_USAGE, "--what-if predicts from the node's rules: it cannot be "
-                                "combined with --capture, --lb-ip or --npd")
+                                "combined with --capture or --lb-ip")
     _one_shot_gc()
     with _built_without_gc():
         snap = load_snapshot(args)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import textwrap
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from agent.capture.model import NodePortStats
 from agent.diagnose.model import Finding, Verdict
-from agent.predict.what_if import WhatIf
+
+if TYPE_CHECKING:
+    from agent.predict.what_if import WhatIf
 
 _STATUS_LINE = {
     "healthy": "HEALTHY: no CLB loopback exposure found",

@@ -3,8 +3,9 @@ namespace, then made stale on purpose the way a kube-proxy whose syncs stopped l
 (its rule for a Service gone, an address left on kube-ipvs0), and `check` run inside it
 with the Services given; the agent changes nothing.
 
-The IPVS virtual servers' side (a set entry without its virtual server, KUBE-LOOP-BACK)
-needs IP_VS, which this kernel lacks: tests/test_vm_ipvs.py checks it in the VM.
+The IPVS virtual servers' side (a set entry without its virtual server, KUBE-LOOP-BACK, an
+address left on kube-ipvs0) needs IP_VS, which this kernel lacks: tests/guest checks it in
+the VM.
 """
 
 from __future__ import annotations
@@ -58,17 +59,12 @@ def test_a_service_whose_rules_kube_proxy_never_wrote(backend: str) -> None:
         assert NO_RULE not in {f["id"] for f in json.loads(r.stdout)["findings"]}
 
 
-def test_an_address_left_on_kube_ipvs0() -> None:
+def test_an_address_left_on_kube_ipvs0_needs_the_virtual_servers() -> None:
+    # kube-proxy binds an address with its virtual server and unbinds it with the last
+    # one: without IPVS (this kernel has none; the VM's guest test has it) an address no
+    # Service names is not called stale
     with build_lab(SCENARIOS["ipvs-lb-bound"], "legacy") as lab:
-        kube = str(lab.kube_dir)
-        assert ids(check_in(lab.node, kube), STALE_ADDRESS) == []
-        # a Service that went while kube-proxy was not syncing: its address stays bound
         lab.node.run("ip", "address", "add", "10.0.1.77/32", "dev", "kube-ipvs0")
-        before = capture(lab.node)
-        v = check_in(lab.node, kube)
-        assert capture(lab.node) == before
-        got = [f for f in v["findings"] if f["id"] == STALE_ADDRESS]
-        assert [f["lb_ip"] for f in got] == ["10.0.1.77"]
-        ev = "\n".join(got[0]["evidence"])
-        assert "address 10.0.1.77/32 on kube-ipvs0" in ev
-        assert "local 10.0.1.77 dev kube-ipvs0" in ev  # the kernel's own local route
+        v = check_in(lab.node, str(lab.kube_dir))
+        assert any(u["source"] == "ipvs" for u in v["unknowns"]), v["unknowns"]
+        assert ids(v, STALE_ADDRESS) == []

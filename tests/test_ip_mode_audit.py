@@ -140,3 +140,23 @@ def test_the_readme_table_names_every_provider() -> None:
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     for p in providers():
         assert f"| {p.name} |" in readme, p.name
+
+
+def test_the_services_load_balancer_class_names_its_provider() -> None:
+    # kube-vip's class (kube-vip.io/kube-vip-class) on a node whose providerID is AWS's
+    base = with_provider_id(contract.bundle(LOCAL_REMOTE, "ipvs-tke"),
+                            "aws:///eu-west-1a/i-0a1b2c3d4e5f60718")
+    doc = json.loads(base["services.json"])
+    doc["items"][0]["spec"]["loadBalancerClass"] = "kube-vip.io/kube-vip-class"
+    v = verdict({**base, "services.json": json.dumps(doc)})
+    (f,) = [f for f in v["findings"] if f["id"] == "pod-to-lb-not-masqueraded"]
+    assert f["remedy"].startswith(
+        "kube-vip (the Service's loadBalancerClass kube-vip.io/kube-vip-class)")
+
+
+def test_proxy_protocol_where_pods_go_through_the_load_balancer_is_fine() -> None:
+    # TKE's IPVS mode leaves the pods' packet to the load balancer (not captured): the
+    # PROXY header is added on the way, nothing to say
+    base = contract.bundle(LOCAL_REMOTE, "ipvs-tke")
+    v = verdict(with_service(base, {"load-balancer.hetzner.cloud/uses-proxyprotocol": "true"}))
+    assert of(v, NO_IP_MODE) == []

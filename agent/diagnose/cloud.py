@@ -58,13 +58,15 @@ def providers() -> tuple[Provider, ...]:
     return tuple(out)
 
 
-def provider_of(t: LbTarget, snap: NodeSnapshot,
-                load_balancer_class: str | None = None) -> tuple[Provider, str] | None:
-    """(the provider, how it was recognised): the Service's own annotations or class say
-    it first (a MetalLB address on an AWS node is MetalLB's), else the Node's providerID."""
+def provider_of(t: LbTarget, snap: NodeSnapshot) -> tuple[Provider, str] | None:
+    """(the provider, how it was recognised): the Service's loadBalancerClass, then its
+    annotations (a MetalLB address on an AWS node is MetalLB's), else the Node's
+    providerID."""
+    if t.load_balancer_class:
+        for p in providers():
+            if t.load_balancer_class in p.load_balancer_classes:
+                return p, f"the Service's loadBalancerClass {t.load_balancer_class}"
     for p in providers():
-        if load_balancer_class and load_balancer_class in p.load_balancer_classes:
-            return p, f"the Service's loadBalancerClass {load_balancer_class}"
         key = next((k for k, _ in t.annotations if k.startswith(p.annotation_prefixes)), None)
         if key is not None:
             return p, f"the Service's annotation {key}"

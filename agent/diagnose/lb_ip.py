@@ -42,6 +42,7 @@ class LbTarget:
     # address on kube-ipvs0): where a Service's address lacks it, kube-proxy has not
     # written it (agent.diagnose.rules.consistency)
     by_kube_proxy: bool = False
+    load_balancer_class: str | None = None  # the Service's spec.loadBalancerClass
 
     @property
     def key(self) -> tuple[str, int, str]:
@@ -175,7 +176,8 @@ def discover(snap: NodeSnapshot) -> Discovery:
                                  else "spec.externalIPs"),),
                              svc.external_traffic_policy,
                              "Service spec" if svc.external_traffic_policy else "",
-                             ip_mode, annotations, node_port=p.node_port))
+                             ip_mode, annotations, node_port=p.node_port,
+                             load_balancer_class=svc.load_balancer_class))
 
     for ingress in snap.ingresses or ():
         backends = sorted({b.service for b in ingress.backends})
@@ -229,6 +231,7 @@ def _merged(first: LbTarget, later: list[LbTarget]) -> LbTarget:
     etp, etp_how, ip_mode = first.etp, first.etp_how, first.ip_mode
     annotations, ingress, node_port = first.annotations, first.ingress, first.node_port
     disagreements, by_kube_proxy = first.disagreements, first.by_kube_proxy
+    lb_class = first.load_balancer_class
     for t in later:
         disagree = disagreements + t.disagreements
         if etp and t.etp and etp != t.etp:
@@ -247,11 +250,13 @@ def _merged(first: LbTarget, later: list[LbTarget]) -> LbTarget:
         ingress = ingress or t.ingress
         node_port = node_port or t.node_port
         by_kube_proxy = by_kube_proxy or t.by_kube_proxy
+        lb_class = lb_class or t.load_balancer_class
     last = later[-1]
     return LbTarget(last.ip, last.port, last.protocol, kind=kind, service=service,
                     learned_from=learned, etp=etp, etp_how=etp_how, ip_mode=ip_mode,
                     annotations=annotations, ingress=ingress, node_port=node_port,
-                    disagreements=disagreements, by_kube_proxy=by_kube_proxy)
+                    disagreements=disagreements, by_kube_proxy=by_kube_proxy,
+                    load_balancer_class=lb_class)
 
 
 def split_by_family(targets: list[LbTarget]
@@ -307,7 +312,7 @@ def _node_ports_from_rules(snap: NodeSnapshot) -> dict[tuple[str, int, str], int
 
 # kube-proxy IPVS mode's sets that hold "ip,proto:port[,...]" of LB and external IPs:
 # name -> (kind, the set that lists the externalTrafficPolicy=Local ones)
-_LB_SETS = {
+LB_SETS = {
     "KUBE-LOAD-BALANCER": ("loadbalancer", "KUBE-LOAD-BALANCER-LOCAL"),
     "KUBE-LOAD-BALANCER-LOCAL": ("loadbalancer", "KUBE-LOAD-BALANCER-LOCAL"),
     "KUBE-LOAD-BALANCER-FW": ("loadbalancer", "KUBE-LOAD-BALANCER-LOCAL"),
@@ -318,16 +323,16 @@ _LB_SETS = {
 }
 # kube-proxy names its IPv6 sets "KUBE-6-..." (pkg/proxy/ipvs/ipset.go NewIPSet), cut to
 # ipset's 31 characters: KUBE-6-LOAD-BALANCER-SOURCE-CIDR is KUBE-6-LOAD-BALANCER-SOURCE-CID
-_LB_SETS.update({
+LB_SETS.update({
     ("KUBE-6-" + name[5:])[:31]: (kind, ("KUBE-6-" + local[5:])[:31])
-    for name, (kind, local) in list(_LB_SETS.items())})
+    for name, (kind, local) in list(LB_SETS.items())})
 
 
 def _from_ipsets(snap: NodeSnapshot, add: _Add) -> None:
     """kube-proxy IPVS mode lists LB and external IPs as "ip,proto:port" in ipsets; a
     pasted excerpt may hold any one of them."""
     local_sets: dict[str, set[tuple[str, str, int] | None]] = {}
-    for name, (kind, local_name) in _LB_SETS.items():
+    for name, (kind, local_name) in LB_SETS.items():
         s = snap.ipset(name)
         if s is None:
             continue

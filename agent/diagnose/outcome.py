@@ -68,7 +68,7 @@ def merge(outcomes: Sequence[PathOutcome]) -> PathOutcome:
     layout = list(dict.fromkeys(a.fact for o in assumed for a in o.assumptions
                                 if not a.forked and a.fact not in forked))
     facts = forked + layout
-    if assumed and len(kinds) > 1 and not kinds <= NO_LOOP:
+    if forked and len(kinds) > 1 and not kinds <= NO_LOOP:
         # the answer depends on a fact the input lacks: name it, decide nothing
         loop = next((o for o in outcomes if o.kind == Outcome.NOT_MASQUERADED), worst)
         return PathOutcome(Outcome.UNKNOWN, "it depends on a fact the input does not show: "
@@ -81,7 +81,7 @@ def merge(outcomes: Sequence[PathOutcome]) -> PathOutcome:
                       f"show): {fact}" for fact in forked) + tuple(
             f"assumed as it is written where the input does not show it: {fact}"
             for fact in layout)
-        if len(kinds) > 1:
+        if len(kinds) > 1 and forked:
             # no loop on any answer, but not the same end (served here on one, dropped on
             # another): say both, claim neither
             shown = worst  # (as a decision would be: the end that is least served)
@@ -93,6 +93,8 @@ def merge(outcomes: Sequence[PathOutcome]) -> PathOutcome:
         said = " (decided without a fact the input lacks: every answer to it leads here)" \
             if forked else " (taking the chains the input does not show as they are " \
             "written: the assumption is in the evidence)"
+        if len(kinds) > 1:  # (only kube-proxy's random endpoint choice made them differ)
+            said += " (on some of the paths kube-proxy's random endpoint choice can take)"
         return PathOutcome(worst.kind, worst.how + said, (*worst.evidence, *notes),
                            steps=worst.steps)
     if len(kinds) > 1:

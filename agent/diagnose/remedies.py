@@ -61,7 +61,8 @@ def for_not_masqueraded(t: LbTarget, ctx: Context) -> str:
     if t.ip_mode == "Proxy":
         return (f"Use the Service DNS name ({dns_name(t)}) from pods: with ipMode: Proxy "
                 "kube-proxy deliberately sends pod traffic to the load balancer.")
-    found = provider_of(t, ctx.snapshot)
+    # (a provider's knob is for its load balancer's own address, not an external IP)
+    found = provider_of(t, ctx.snapshot) if t.kind == "loadbalancer" else None
     other = found is not None and found[0].id != "tke"  # another provider recognised
     if is_tke(t) or (not other and tke_ipvs_variant(t, ctx)):
         return (f'Annotate the Service with {PREVENT_LOOPBACK}: "true" and run a kube-proxy '

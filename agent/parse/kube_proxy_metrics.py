@@ -29,7 +29,9 @@ def read_metrics(lines: Iterable[str], source: str, first_line: int = 1
                  ) -> tuple[KubeProxySync | None, list[tuple[int, str]]]:
     """(what the lines say, or None when none is a sync metric; problems by line)."""
     read_at: float | None = None
-    found: dict[str, dict[str, float]] = {LAST_SYNC: {}, LAST_QUEUED: {}, "failures": {}}
+    # the last value of each metric and family (a grep pasted twice says it twice)
+    found: dict[str, dict[str, float]] = {LAST_SYNC: {}, LAST_QUEUED: {},
+                                          **{name: {} for name in FAILURES}}
     problems: list[tuple[int, str]] = []
     any_metric = False
     for n, line in enumerate(lines, first_line):
@@ -45,8 +47,7 @@ def read_metrics(lines: Iterable[str], source: str, first_line: int = 1
             problems.append((n, "not a metric sample (name{labels} value)"))
             continue
         name, labels, raw = m.groups()
-        key = "failures" if name in FAILURES else name
-        if key not in found:
+        if name not in found:
             continue
         value = _number(raw)
         if value is None:
@@ -55,14 +56,18 @@ def read_metrics(lines: Iterable[str], source: str, first_line: int = 1
         family = _FAMILY.search(labels or "")
         fam = family.group(1) if family else ""
         # (the two failure counters: one mode writes only its own; summed per family)
-        got = found[key]
-        got[fam] = got.get(fam, 0.0) + value if key == "failures" else value
+        found[name][fam] = value
         any_metric = True
     if not any_metric:
         return None, problems
+    # (one mode writes only its own counter: iptables and IPVS restores, nftables syncs)
+    failures: dict[str, float] = {}
+    for name in FAILURES:
+        for fam, value in found[name].items():
+            failures[fam] = failures.get(fam, 0.0) + value
     return KubeProxySync(source, read_at, tuple(sorted(found[LAST_SYNC].items())),
                          tuple(sorted(found[LAST_QUEUED].items())),
-                         tuple(sorted(found["failures"].items()))), problems
+                         tuple(sorted(failures.items()))), problems
 
 
 def _number(text: str) -> float | None:

@@ -41,12 +41,18 @@ def fetch(timeout: float) -> tuple[str, float]:
             raise OSError(f"HTTP {resp.status} {resp.reason}")
         chunks: list[bytes] = []
         size = 0
-        while chunk := resp.read(65536):
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:  # (a peer that trickles bytes: each read's wait is what is left)
+                raise OSError(f"the page took longer than {timeout:g} s")
+            if conn.sock is not None:
+                conn.sock.settimeout(left)
+            chunk = resp.read1(65536)
+            if not chunk:
+                break
             size += len(chunk)
             if size > LIMIT:
                 raise OSError(f"the page is larger than {LIMIT >> 20} MiB")
-            if time.monotonic() > deadline:  # (a peer that trickles bytes)
-                raise OSError(f"the page took longer than {timeout:g} s")
             chunks.append(chunk)
     finally:
         conn.close()

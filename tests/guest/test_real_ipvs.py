@@ -154,7 +154,11 @@ def test_ipvs_sources_that_disagree_on_real_ipvs() -> None:
     """Issue 33, item 3, with real virtual servers: a local endpoint taken out of
     KUBE-LOOP-BACK and an LB address's virtual server deleted (a kube-proxy sync that
     stopped half way) are found, and the agent changes nothing."""
-    from agent.diagnose.rules.consistency import LOOP_BACK_MISSING, SET_WITHOUT_VS
+    from agent.diagnose.rules.consistency import (
+        LOOP_BACK_MISSING,
+        SET_WITHOUT_VS,
+        STALE_ADDRESS,
+    )
     from lab.node import build_lab
     from lab.scenarios import SCENARIOS
     from tests.nodestate import capture
@@ -163,7 +167,7 @@ def test_ipvs_sources_that_disagree_on_real_ipvs() -> None:
         r = agent_in(ns, "check", "--json", "--all", "--node-name", "n", "--kube-json", kube)
         assert r.returncode in (0, 1, 3), r.stderr
         return [f for f in json.loads(r.stdout)["findings"]
-                if f["id"] in (LOOP_BACK_MISSING, SET_WITHOUT_VS)]
+                if f["id"] in (LOOP_BACK_MISSING, SET_WITHOUT_VS, STALE_ADDRESS)]
 
     with build_lab(SCENARIOS["ipvs-lb-bound"], "legacy") as lab:
         assert ipvs_kind() == REAL
@@ -171,11 +175,14 @@ def test_ipvs_sources_that_disagree_on_real_ipvs() -> None:
         assert findings(lab.node, kube) == []
         lab.node.run("ipset", "del", "KUBE-LOOP-BACK", "172.16.1.10,tcp:8080,172.16.1.10")
         lab.node.run("ipvsadm", "-D", "-t", "10.0.1.10:80")
+        # a Service that went while kube-proxy was not syncing: its address stays bound
+        lab.node.run("ip", "address", "add", "10.0.1.77/32", "dev", "kube-ipvs0")
         before = capture(lab.node)
         got = findings(lab.node, kube)
         assert capture(lab.node) == before
         by_id = {f["id"]: f for f in got}
-        assert len(got) == 2, got
+        assert len(got) == 3, got
+        assert by_id[STALE_ADDRESS]["lb_ip"] == "10.0.1.77"
         assert (by_id[SET_WITHOUT_VS]["lb_ip"], by_id[SET_WITHOUT_VS]["port"]) == \
             ("10.0.1.10", 80)
         loop = by_id[LOOP_BACK_MISSING]

@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import re
 
 from agent.diagnose.context import Context
-from agent.diagnose.lb_ip import ip_proto_port
+from agent.diagnose.lb_ip import LB_SETS, ip_proto_port
 from agent.diagnose.model import Finding
 from agent.netfilter.nft_read import ruleset_of
-from agent.snapshot import IpvsVirtualServer, KubeProxySync, NodeSnapshot
+from agent.parse.ip_text import canonical_ip
+from agent.snapshot import IpvsVirtualServer, KubeProxySync, NodeSnapshot, Service
 
 STALE_ADDRESS = "kube-ipvs0-stale-address"
 NO_RULE = "lb-ip-without-kube-proxy-rule"
@@ -51,10 +53,6 @@ SYNC_STALE = "kube-proxy-sync-stale"
 SYNC_FAILURES = "kube-proxy-sync-failures"
 HEALTH_TIMEOUT = 60.0  # seconds: 2 x kube-proxy's default syncPeriod (see above)
 
-# kube-proxy IPVS mode's sets of LB and external address:ports (IPv6: "KUBE-6-" names,
-# cut to ipset's 31 characters; pkg/proxy/ipvs/ipset.go)
-_LB_SETS = ("KUBE-LOAD-BALANCER", "KUBE-EXTERNAL-IP", "KUBE-6-LOAD-BALANCER",
-            "KUBE-6-EXTERNAL-IP")
 _LOOP_BACK = {4: "KUBE-LOOP-BACK", 6: "KUBE-6-LOOP-BACK"}
 # at most this many findings of one id: a node whose kube-proxy stopped syncing a day
 # ago may disagree on thousands; the first ones and the count say it
@@ -71,8 +69,8 @@ def check(ctx: Context) -> list[Finding]:
 
 
 def _stale_families(sync: KubeProxySync) -> list[tuple[str, float, float | None]]:
-    """(family, when its oldest unapplied change was queued, its last sync) of each family
-    whose change has waited past HEALTH_TIMEOUT when the metrics were read."""
+    """(family, when its last change was queued, its last sync) of each family whose
+    queued change was still unapplied past HEALTH_TIMEOUT when the metrics were read."""
     synced = dict(sync.last_sync)
     out = []
     for family, queued in sync.last_queued:
@@ -102,15 +100,18 @@ def _sync(ctx: Context) -> list[Finding]:
         fam = f" ({family})" if family else ""
         out.append(Finding(
             SYNC_STALE, "warning",
-            f"kube-proxy{fam} has not applied a change it queued {_ago(sync.read_at - queued)} "
-            f"ago (last successful sync: "
-            f"{_ago(sync.read_at - last) + ' ago' if last is not None else 'never'}): the "
-            "node's rules lag the cluster, so Services and endpoints changed since are "
-            "not what the rules here say",
+            f"kube-proxy{fam} has not applied a change it queued at {_when(queued)} (its "
+            "last successful sync: "
+            f"{_when(last) if last is not None else 'none since it started'}): the node's "
+            "rules lag the cluster, so Services and endpoints changed since are not what "
+            "the rules here say",
             evidence=(f"{sync.source}: kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds"
                       f"{fam} {_when(queued)}, kubeproxy_sync_proxy_rules_last_timestamp_seconds"
-                      f"{fam} {_when(last) if last is not None else '(absent)'}, read at "
-                      f"{_when(sync.read_at)}",
+                      f"{fam} {_when(last) if last is not None else '(absent)'}",
+                      f"read at {_when(sync.read_at)}: the change had waited "
+                      f"{_ago(sync.read_at - queued)}"
+                      + (f", {_ago(sync.read_at - last)} since the last sync"
+                         if last is not None else ""),
                       f"kube-proxy's own /healthz fails after {HEALTH_TIMEOUT:.0f} s of this "
                       "(twice its default sync period)"),
             remedy=("Read kube-proxy's log on this node for why its syncs fail or hang "
@@ -168,33 +169,37 @@ def _host(ip: str) -> str:
 
 
 def _stale_addresses(ctx: Context) -> list[Finding]:
+    """IPVS mode only (after a move to iptables mode kube-ipvs0 stays behind with its
+    addresses, and nothing is stale). kube-proxy binds an address with its virtual server
+    and unbinds it when the last one goes, so the virtual servers decide; an excerpt's
+    Services (one pasted YAML) cannot say an address is no one's."""
     snap = ctx.snapshot
     services, ipvs = snap.services, snap.ipvs
     bound = [a for a in snap.addresses or () if a.ifname == "kube-ipvs0"]
-    if not bound or (services is None and ipvs is None):
+    if ctx.mode != "ipvs" or not bound or ipvs is None:
         return []
     named: set[str] = set()
     for s in services or ():
-        named.update(s.cluster_ips or ((s.cluster_ip,) if s.cluster_ip else ()))
-        named.update(s.external_ips)
-        named.update(i.ip for i in s.lb_ingress if i.ip)
-    served = {vs.address for vs in ipvs or ()}
-    compared = ", ".join(x for x in (
-        f"the {len(services)} Services' ClusterIPs, external and load balancer addresses"
-        if services is not None else "",
-        f"the {len(ipvs)} IPVS virtual servers" if ipvs is not None else "") if x)
+        for ip in (*(s.cluster_ips or ((s.cluster_ip,) if s.cluster_ip else ())),
+                   *s.external_ips, *(i.ip for i in s.lb_ingress if i.ip)):
+            named.add(canonical_ip(ip) or ip)
+    served = {canonical_ip(vs.address) or vs.address for vs in ipvs}
+    compared = f"the {len(ipvs)} IPVS virtual servers" + (
+        f" and the {len(services)} Services' addresses" if services is not None else "")
     found = []
     for a in bound:
-        ip = _canonical(a.address)
-        if (services is not None and ip in named) or (ipvs is not None and ip in served):
+        ip = canonical_ip(a.address) or a.address
+        if ip in served or ip in named:
             continue
         route = ctx.facts.local_route(ip)
         found.append(Finding(
             STALE_ADDRESS, "warning",
-            f"{ip} is bound on kube-ipvs0, but nothing on the node serves it: kube-proxy "
-            "unbinds an address when its last Service goes, so its syncs have stopped or "
-            "something else bound it; this node takes packets to it in as its own and "
-            "answers them with a reset (pods reaching it never get to a load balancer)",
+            f"{ip} is bound on kube-ipvs0, but no IPVS virtual server serves it"
+            + (" and no Service names it" if services is not None else "")
+            + ": kube-proxy unbinds an address with its last virtual server, so its syncs "
+              "have stopped or something else bound it; this node takes packets to it in as "
+              "its own and answers them with a reset (pods reaching it never get to a load "
+              "balancer)",
             lb_ip=ip,
             evidence=(f"address {ip}/{a.prefixlen} on kube-ipvs0",
                       *((f"routing: local table: {route.line}",) if route else ()),
@@ -204,15 +209,6 @@ def _stale_addresses(ctx: Context) -> list[Finding]:
                     f"once no Service uses {ip}, kube-proxy (or `ip addr del {ip}/"
                     f"{a.prefixlen} dev kube-ipvs0`) removes it.")))
     return _capped(found, "addresses")
-
-
-def _canonical(ip: str) -> str:
-    if ":" not in ip:
-        return ip
-    try:
-        return str(ipaddress.IPv6Address(ip))
-    except ValueError:
-        return ip
 
 
 # -- a Service's address kube-proxy never wrote ------------------------------------------
@@ -225,19 +221,33 @@ def _without_rule(ctx: Context) -> list[Finding]:
     writes = _kube_proxy_writes(ctx)
     if writes is None:
         return []
-    written, versions = writes
-    skipped = {s.key for s in snap.services if s.proxy_name}
+    written, versions, also = writes
+    by_key = {s.key: s for s in snap.services}
+    in_rules: set[str] | None = None  # (the rules' destinations, read once when needed)
     found = []
     for t in ctx.targets:
         if t.by_kube_proxy or t.kind == "ingress" or not t.port or t.service is None or \
-                t.service in skipped or t.ip_mode == "Proxy" or \
-                (6 if ":" in t.ip else 4) not in versions:
+                t.ip_mode == "Proxy" or (6 if ":" in t.ip else 4) not in versions or \
+                (t.ip, t.protocol.lower(), str(t.port)) in also:
+            continue
+        svc = by_key.get(t.service)
+        if svc is None or svc.proxy_name or not _same_family(svc, t.ip):
+            continue  # (another proxy's; kube-proxy writes no other family's address)
+        if t.kind == "loadbalancer" and ctx.mode == "ipvs" and \
+                snap.ipset("KUBE-LOAD-BALANCER") is None:
+            continue  # (an excerpt without the set that would list it)
+        if t.kind == "external" and ctx.mode == "ipvs" and \
+                snap.ipset("KUBE-EXTERNAL-IP") is None and \
+                snap.ipset("KUBE-EXTERNAL-IP-LOCAL") is None:
             continue
         if ctx.mode == "ipvs" and snap.ipvs is not None and \
                 ctx.facts.virtual_server(t.protocol, t.ip, t.port) is not None:
             continue  # (served; the sets' side is ipvs-virtual-server-without-set's)
-        if _named_in_rules(snap, t.ip):
-            continue  # a rule for it that discovery did not read as an LB rule
+        if ctx.mode != "nftables":
+            if in_rules is None:
+                in_rules = _destinations_in_rules(snap)
+            if t.ip in in_rules:
+                continue  # a rule for it that discovery did not read as an LB rule
         where = f"{_host(t.ip)}:{t.port}/{t.protocol}"
         found.append(Finding(
             NO_RULE, "warning",
@@ -256,19 +266,39 @@ def _without_rule(ctx: Context) -> list[Finding]:
     return _capped(found, "addresses")
 
 
-def _kube_proxy_writes(ctx: Context) -> tuple[str, frozenset[int]] | None:
-    """What holds kube-proxy's record of LB addresses in this mode, and the IP versions
-    it is in the input for, where it is in the input in full and kube-proxy has written
-    into it (its Services' ClusterIPs are there): else a missing address proves nothing."""
+def _same_family(svc: Service, ip: str) -> bool:
+    """Does kube-proxy serve an address of ``ip``'s family for ``svc`` (its ClusterIPs'
+    families: kube-proxy drops an LB address of another family)?"""
+    ips = svc.cluster_ips or ((svc.cluster_ip,) if svc.cluster_ip else ())
+    return not ips or any((":" in c) == (":" in ip) for c in ips)
+
+
+Keys = set[tuple[str, str, str]]
+
+
+def _kube_proxy_writes(ctx: Context) -> tuple[str, frozenset[int], Keys] | None:
+    """What holds kube-proxy's record of LB addresses in this mode, the IP versions it is
+    in the input for, and the addresses it records elsewhere (nftables: those without
+    endpoints, only in @no-endpoint-services), where it is in the input in full and
+    kube-proxy has written into it (its Services' ClusterIPs are there): else a missing
+    address proves nothing."""
     snap = ctx.snapshot
     if ctx.mode == "nftables":
         rs, _ = ruleset_of(snap)
-        versions = frozenset(
-            v for fam, v in (("ip", 4), ("ip6", 6))
-            if rs is not None and (t := rs.table(fam, "kube-proxy")) is not None and
-            (m := t.set("service-ips")) is not None and m.elements)
+        versions: set[int] = set()
+        elsewhere: Keys = set()
+        for fam, v in (("ip", 4), ("ip6", 6)):
+            t = rs.table(fam, "kube-proxy") if rs is not None else None
+            m = t.set("service-ips") if t is not None else None
+            if t is None or m is None or not m.elements:
+                continue
+            versions.add(v)
+            for name in ("no-endpoint-services", "firewall-ips"):
+                other = t.set(name)
+                elsewhere |= {(p[0], p[1], p[2]) for p, _ in other.elements
+                              if len(p) == 3} if other else set()
         return ("nftables maps (service-ips, no-endpoint-services, firewall-ips)",
-                versions) if versions else None
+                frozenset(versions), elsewhere) if versions else None
     nf = snap.netfilter
     if nf is None or nf.partial:
         return None
@@ -277,27 +307,30 @@ def _kube_proxy_writes(ctx: Context) -> tuple[str, frozenset[int]] | None:
         if snap.ipsets is None or cluster is None or not cluster.members:
             return None
         return "ipsets (KUBE-LOAD-BALANCER, KUBE-EXTERNAL-IP)" + (
-            " and IPVS virtual servers" if snap.ipvs is not None else ""), frozenset({4})
+            " and IPVS virtual servers" if snap.ipvs is not None else ""), frozenset({4}), set()
     nat = nf.table("nat")
     services = nat.chain("KUBE-SERVICES") if nat else None
     if services is None or not services.rules:
         return None
-    return "iptables rules (KUBE-SERVICES, KUBE-EXTERNAL-SERVICES)", frozenset({4})
+    return "iptables rules (KUBE-SERVICES, KUBE-EXTERNAL-SERVICES)", frozenset({4}), set()
 
 
-def _named_in_rules(snap: NodeSnapshot, ip: str) -> bool:
-    """Does a rule of kube-proxy's service chains match on ``ip`` as its destination?"""
-    nf = snap.ip6tables if ":" in ip and snap.ip6tables is not None else snap.netfilter
-    if nf is None:
-        return False
-    needle = f"-d {ip}/{128 if ':' in ip else 32} "
-    for table, chain in (("nat", "KUBE-SERVICES"), ("filter", "KUBE-EXTERNAL-SERVICES"),
-                         ("filter", "KUBE-PROXY-FIREWALL")):
-        t = nf.table(table)
-        c = t.chain(chain) if t else None
-        if c is not None and any(needle in text + " " for text in c.rules.texts):
-            return True
-    return False
+_DEST = re.compile(r"(?<!! )-d ([0-9a-fA-F.:]+)/(?:32|128)\b")
+
+
+def _destinations_in_rules(snap: NodeSnapshot) -> set[str]:
+    """The addresses kube-proxy's service chains match as their destination (both
+    families): a rule discovery did not read as an LB rule still names its address."""
+    out: set[str] = set()
+    for nf in (snap.netfilter, snap.ip6tables):
+        for table, chain in (("nat", "KUBE-SERVICES"), ("filter", "KUBE-EXTERNAL-SERVICES"),
+                             ("filter", "KUBE-PROXY-FIREWALL")):
+            t = nf.table(table) if nf is not None else None
+            c = t.chain(chain) if t else None
+            for text in c.rules.texts if c else ():
+                if "-d " in text:
+                    out.update(canonical_ip(m) or m for m in _DEST.findall(text))
+    return out
 
 
 # -- IPVS: the sets and the virtual servers ----------------------------------------------
@@ -308,12 +341,12 @@ def _sets_vs_virtual_servers(ctx: Context) -> list[Finding]:
     if snap.ipsets is None or snap.ipvs is None:
         return []
     set_keys: dict[tuple[str, str, int], str] = {}
-    for name in _LB_SETS:
+    for name in LB_SETS:
         s = snap.ipset(name)
         for m in s.members if s else ():
             got = ip_proto_port(m)
             if got is not None:
-                set_keys.setdefault((_canonical(got[0]), got[1], got[2]), name)
+                set_keys.setdefault((canonical_ip(got[0]) or got[0], got[1], got[2]), name)
     found = []
     for (ip, proto, port), name in set_keys.items():
         if ctx.facts.virtual_server(proto, ip, port) is not None:
@@ -330,11 +363,14 @@ def _sets_vs_virtual_servers(ctx: Context) -> list[Finding]:
             remedy=("Look at kube-proxy's log on this node for IPVS errors and restart it; "
                     "`ipvsadm -Ln` shows what IPVS serves.")))
     sets_found, found = _capped(found, "entries"), []
-    if not any(snap.ipset(n) is not None for n in _LB_SETS):
-        return sets_found  # no LB set at all: not written yet, or not read
     for t in ctx.targets:
         if t.kind == "ingress" or not t.port or t.service is None or \
-                (_canonical(t.ip), t.protocol, t.port) in set_keys:
+                (canonical_ip(t.ip) or t.ip, t.protocol, t.port) in set_keys:
+            continue
+        # (the set that would list it must be in the input: an excerpt's are not all)
+        wanted = ("KUBE-LOAD-BALANCER",) if t.kind == "loadbalancer" else (
+            "KUBE-EXTERNAL-IP", "KUBE-EXTERNAL-IP-LOCAL")
+        if ":" in t.ip or not any(snap.ipset(n) is not None for n in wanted):
             continue
         vs = ctx.facts.virtual_server(t.protocol, t.ip, t.port)
         if vs is None:
@@ -349,43 +385,68 @@ def _sets_vs_virtual_servers(ctx: Context) -> list[Finding]:
             lb_ip=t.ip, port=t.port, protocol=t.protocol, service=t.service,
             evidence=(f"IPVS virtual server {t.protocol} {where} "
                       f"({len(vs.real_servers)} real servers)",
-                      f"not in ipsets {', '.join(_LB_SETS[:2])}",
+                      f"not in ipsets {', '.join(wanted)}",
                       "learned from " + "; ".join(t.learned_from)),
             remedy="Look at kube-proxy's log on this node for ipset errors and restart it."))
     return sets_found + _capped(found, "addresses")
 
 
 def _loop_back(ctx: Context) -> list[Finding]:
+    """Local endpoints are those in this node's own pod CIDR as its Node object gives it
+    (a pod network guessed from a cluster CIDR would take other nodes' pods for local)."""
     snap = ctx.snapshot
-    if snap.ipsets is None or snap.ipvs is None:
+    node = snap.node_info
+    if snap.ipsets is None or snap.ipvs is None or node is None or not node.pod_cidrs:
         return []
     found = []
     for version, name in _LOOP_BACK.items():
         members = ctx.facts.ipset_members(name)
-        pod = ctx.facts.pod if version == 4 else ctx.facts.pod6
-        if members is None or pod is None:
+        nets = [n for n in map(_network, node.pod_cidrs) if n is not None
+                and n.version == version]
+        if members is None or not nets:
             continue
-        net = ipaddress.ip_network(pod.prefix, strict=False)
+        prefix = ", ".join(map(str, nets))
         # each local endpoint's entry "IP,proto:port,IP", with the virtual servers it serves
         missing: dict[str, tuple[str, int, list[IpvsVirtualServer]]] = {}
+        # (each address's locality once: 10k Services have 60k real servers, most remote)
+        local: dict[str, bool] = {}
         for vs in snap.ipvs:
+            proto = vs.protocol.lower()
             for rs in vs.real_servers:
-                entry = f"{rs.address},{vs.protocol.lower()}:{rs.port},{rs.address}"
+                if rs.weight == 0:
+                    continue  # (draining: kube-proxy keeps it while connections end)
+                here = local.get(rs.address)
+                if here is None:
+                    here = local[rs.address] = _within(rs.address, version, nets)
+                if not here:
+                    continue
+                entry = f"{rs.address},{proto}:{rs.port},{rs.address}"
                 if entry in members[1]:
                     continue
                 if entry in missing:
                     missing[entry][2].append(vs)
-                    continue
-                try:
-                    addr = ipaddress.ip_address(rs.address)
-                except ValueError:
-                    continue
-                if addr.version == version and addr in net:
+                else:
                     missing[entry] = (rs.address, rs.port, [vs])
         for entry, (ep, port, servers) in missing.items():
-            found.append(_loop_back_finding(name, entry, ep, port, servers, pod.prefix,
-                                            pod.how))
+            found.append(_loop_back_finding(name, entry, ep, port, servers, prefix,
+                                            "the Node's spec.podCIDRs"))
     return _capped(found, "endpoints")
+
+
+def _within(ip: str, version: int,
+            nets: list[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> bool:
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        return False
+    return addr.version == version and any(addr in n for n in nets)
+
+
+def _network(cidr: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    try:
+        return ipaddress.ip_network(cidr, strict=False)
+    except ValueError:
+        return None
 
 
 def _loop_back_finding(name: str, entry: str, ep: str, port: int,
@@ -403,5 +464,6 @@ def _loop_back_finding(name: str, entry: str, ep: str, port: int,
                   f"{ep} is in this node's pod network {prefix} ({how})",
                   f"ipset {name} has no member {entry}"),
         remedy=("kube-proxy adds the entry on its next sync: look at its log for ipset "
-                "errors and restart it (kubernetes#134884 describes entries missing after "
-                "an endpoint change)."))
+                "errors and restart it (the symptom kubernetes#134884 reports; a pod that "
+                "answers itself from its own address with the entry present points at "
+                "br_netfilter instead: `sysctl net.bridge.bridge-nf-call-iptables`)."))

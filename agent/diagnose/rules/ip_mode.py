@@ -15,7 +15,7 @@ upstream answer to load balancer loopback (GA in 1.32), and it fails silently bo
 
 from __future__ import annotations
 
-from agent.diagnose.cloud import provider_of
+from agent.diagnose.cloud import Provider, provider_of
 from agent.diagnose.context import Context
 from agent.diagnose.lb_ip import LbTarget
 from agent.diagnose.model import Finding
@@ -28,10 +28,18 @@ NO_IP_MODE = "proxy-protocol-without-ip-mode"
 
 def check(ctx: Context) -> list[Finding]:
     out: list[Finding] = []
+    # (the provider, once per set of annotations and class: 10k Services share a few)
+    known: dict[tuple[object, ...], tuple[Provider, str] | None] = {}
     for t in ctx.targets:
         if t.kind != "loadbalancer" or not t.port:
             continue
-        f = _ignored(ctx, t) if t.ip_mode == "Proxy" else _without_ip_mode(ctx, t)
+        if t.ip_mode == "Proxy":
+            f = _ignored(ctx, t)
+        else:
+            key = (t.annotations, t.load_balancer_class)
+            if key not in known:
+                known[key] = provider_of(t, ctx.snapshot)
+            f = _without_ip_mode(ctx, t, known[key])
         if f is not None:
             out.append(f)
     return out
@@ -43,12 +51,14 @@ def _where(t: LbTarget) -> str:
 
 
 def _ignored(ctx: Context, t: LbTarget) -> Finding | None:
-    local = ctx.facts.is_local(t.ip)
+    # bound on kube-ipvs0: kube-proxy's IPVS binding (an address that is the node's own, or
+    # kube-vip's on the leader, is local for other reasons)
+    route = ctx.facts.local_route(t.ip)
+    local = route is not None and route.dev == "kube-ipvs0"
     evidence: list[str] = []
-    if local:
-        route = ctx.facts.local_route(t.ip)
-        evidence.append(f"routing: {t.ip} is a local address here"
-                        + (f" ({route.line})" if route else ""))
+    if local and route is not None:
+        evidence.append(f"routing: {t.ip} is a local address here, bound on kube-ipvs0 "
+                        f"({route.line})")
     walked = ctx.paths.pod_to_lb(t) if ctx.mode != "unknown" else None
     if walked is not None and walked.kind == Outcome.CAPTURED:
         evidence += [f"a pod's packet to it: {walked.how}", *walked.evidence[-3:]]
@@ -69,14 +79,17 @@ def _ignored(ctx: Context, t: LbTarget) -> Finding | None:
                 "'{.status.loadBalancer.ingress[*].ipMode}'` shows what the Service asks."))
 
 
-def _without_ip_mode(ctx: Context, t: LbTarget) -> Finding | None:
-    found = provider_of(t, ctx.snapshot)
+def _without_ip_mode(ctx: Context, t: LbTarget,
+                     found: tuple[Provider, str] | None) -> Finding | None:
     if found is None:
         return None
     p, how = found
     on = p.proxy_protocol_on(t.annotations)
-    if on is None:
+    if on is None or ctx.mode == "unknown":
         return None
+    walked = ctx.paths.pod_to_lb(t)  # (only the few with PROXY protocol on)
+    if walked.kind != Outcome.CAPTURED:
+        return None  # not captured here: pods go through the load balancer
     controller = (f" ({p.sets_ip_mode[0]} {p.sets_ip_mode[1]} and later set it themselves: "
                   f"{p.sets_ip_mode[2]})" if p.sets_ip_mode else "")
     return Finding(
@@ -87,6 +100,7 @@ def _without_ip_mode(ctx: Context, t: LbTarget) -> Finding | None:
         lb_ip=t.ip, port=t.port, protocol=t.protocol, service=t.service,
         evidence=(f"the Service's annotation {on}",
                   f"status.loadBalancer.ingress[].ipMode: {t.ip_mode or '(absent: VIP)'}",
+                  f"a pod's packet to it: {walked.how}",
                   f"load balancer: {p.name}, recognised by {how}",
                   *(f"source: {s}" for s in p.sources[:2])),
         remedy=(f"{p.name}: {p.remedy}{controller} Or call the Service by its DNS name "

@@ -121,7 +121,8 @@ def ipvs_filter_rejects_health_checks(ctx: Context) -> list[Hit]:
     ports: an externalTrafficPolicy=Local load balancer's health checks to its own
     address bound here are rejected. kube-proxy v1.26.0 wrote the REJECT
     (kubernetes#108460); kubernetes#117723 added the RETURN before it. The chain's shape
-    decides, whatever the version says."""
+    finds it (a chain without the REJECT, or with the RETURN, is not this bug); a version
+    kube-proxy says it runs with the fix rules it out, as for every entry."""
     nf = ctx.snapshot.netfilter
     table = nf.table("filter") if nf else None
     chain = table.chain("KUBE-IPVS-FILTER") if table else None
