@@ -250,6 +250,14 @@ def render_what_if(w: WhatIf, verbose: bool = False, width: int = 100) -> str:
         out.append(f"No LB address changes its findings ({w.same} address:ports compared).")
     else:
         out.append(f"Changes ({len(w.changes)} LB address:ports; {w.same} unchanged):")
+        if len(w.changes) > CHANGES_LISTED:
+            # what changes, counted: 10k Services make thousands of the same few
+            kinds = Counter((c.vanish, c.appear) for c in w.changes)
+            for (gone, came), n in kinds.most_common(8):
+                out += wrap(f"{n} x " + "; ".join(x for x in (
+                    "vanish: " + ", ".join(gone) if gone else "",
+                    "appear: " + ", ".join(came) if came else "") if x), "  ")
+            out.append("")
         shown = w.changes if verbose else w.changes[:CHANGES_LISTED]
         for c in shown:
             host = f"[{c.lb_ip}]" if ":" in c.lb_ip else c.lb_ip

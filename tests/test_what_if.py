@@ -173,3 +173,19 @@ def test_live_a_node_predicted_then_switched(name: str) -> None:
         assert switched["kube_proxy_mode"] == "nftables", switched["context"]
         assert ids(predicted) == ids(switched)
         assert predicted["status"] == switched["status"]
+
+
+def test_many_changes_are_counted_by_kind(tmp_path: Path) -> None:
+    # a node of 40 Services (constructed: the lab's synthetic IPVS bundle): more changes
+    # than the report lists one by one, so they are counted by what changes
+    from lab.kube_proxy_rules.synthetic import synthetic
+
+    for name, text in synthetic(40, "ipvs", seed=5).items():
+        (tmp_path / name).write_text(text)
+    r = _agent("check", "--from", str(tmp_path), "--what-if", "nftables")
+    assert r.returncode in (0, 1, 3), r.stderr
+    counted = [ln for ln in r.stdout.splitlines() if " x vanish: " in ln]
+    assert counted, r.stdout
+    total = int(r.stdout.split("Changes (")[1].split(" ")[0])
+    assert sum(int(ln.split(" x ")[0]) for ln in counted) == total
+    assert "more (--verbose lists them" in r.stdout

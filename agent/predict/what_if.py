@@ -157,7 +157,11 @@ def what_if(snap: NodeSnapshot, node: str, target: Target,
     prepared = prepare(snap)
     cluster = read_cluster(snap, prepared.facts, mode)
     fixed = _predict(snap, cluster, target, node, False)
-    unfixed = _predict(snap, cluster, target, node, True)
+    # the layout before kubernetes#132456 differs only for an eTP=Local port without a
+    # local endpoint (its @no-endpoint-services drop): walked again only where there is one
+    affected = any(p.etp_local and not any(e.local for e in p.endpoints) and p.endpoints
+                   for p in cluster.ports)
+    unfixed = _predict(snap, cluster, target, node, True) if affected else fixed
     notes = (_WHAT_THE_MODE_REMOVES,
              f"its local traffic detector: {cluster.cluster_cidr_how}",
              "nftables mode serves NodePorts on the node's primary address only, and never "
