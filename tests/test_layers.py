@@ -1,5 +1,5 @@
 """The shipped package's layers read top-down: cli/daemon/collector -> bundle/watch/report/
-ship -> diagnose -> netfilter/parse/probes/capture -> snapshot/errors/quick_init/signals.
+ship/predict -> diagnose -> netfilter/parse/probes/capture -> snapshot/errors/quick_init/signals.
 Every import of an agent module (lazy ones inside functions too) points down or sideways,
 never up, and the graph of subpackages has no circle."""
 
@@ -12,7 +12,7 @@ AGENT = Path(__file__).parent.parent / "agent"
 RANK = {
     "__main__": 0, "cli": 0, "daemon": 0, "daemon_http": 0, "collector": 0,
     "kubectl_plugin": 0,
-    "bundle": 1, "watch": 1, "report": 1, "ship": 1, "kubereport": 1,
+    "bundle": 1, "watch": 1, "report": 1, "ship": 1, "kubereport": 1, "predict": 1,
     "diagnose": 2,
     "netfilter": 3, "parse": 3, "probes": 3, "capture": 3, "kubewatch": 3,
     "snapshot": 4, "errors": 4, "__version__": 4, "agent": 4, "quick_init": 4, "signals": 4,
