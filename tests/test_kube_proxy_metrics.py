@@ -122,27 +122,22 @@ class H(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a): pass
 http.server.HTTPServer(('127.0.0.1', 10249), H).serve_forever()
 """
-_TRICKLE = """
-import socket, time
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(('127.0.0.1', 10249)); s.listen(4)
-while True:
-    c, _ = s.accept()
-    c.recv(4096)
-    c.sendall(b'HTTP/1.1 200 OK\\r\\nContent-Length: 100000\\r\\n\\r\\n')
-    for _ in range(100000):
-        c.sendall(b'k')  # a byte at a time, each within the socket's timeout
-        time.sleep(0.4)
-"""
-_HALF = """
-import socket, time
+# a server that answers a page's head and then holds the probe: "half" sends the start of
+# a line and waits an hour, "trickle" sends the page a byte every 0.4 s (each byte within
+# the socket's timeout)
+_HOLD = """
+import socket, sys, time
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(('127.0.0.1', 10249)); s.listen(4)
 while True:
     c, _ = s.accept()
     c.recv(4096)
     c.sendall(b'HTTP/1.1 200 OK\\r\\nContent-Length: 100000\\r\\n\\r\\nkubeproxy_sync_pro')
-    time.sleep(3600)
+    if sys.argv[1] == 'half':
+        time.sleep(3600)
+    for _ in range(100000):
+        c.sendall(b'k')
+        time.sleep(0.4)
 """
 
 
@@ -201,10 +196,10 @@ def test_live_a_kube_proxy_whose_syncs_stopped(tmp_path: Path) -> None:
 
 
 @pytest.mark.netns
-@pytest.mark.parametrize("server", [_HALF, _TRICKLE], ids=["half-and-wait", "a-byte-at-a-time"])
-def test_live_a_metrics_server_that_holds_the_probe(server: str) -> None:
+@pytest.mark.parametrize("how", ["half", "trickle"])
+def test_live_a_metrics_server_that_holds_the_probe(how: str) -> None:
     with build_lab(SCENARIOS["iptables-new-etp-local"], "legacy") as lab, \
-            serving(lab.node, server):
+            serving(lab.node, _HOLD, how):
         v, took = check_in(lab.node)
         assert took < 30, took  # the probe's bound (5 s) and the rest of the check
         reasons = [u["reason"] for u in v["unknowns"] if u["source"] == "kube-proxy metrics"]

@@ -146,15 +146,15 @@ def what_if(snap: NodeSnapshot, node: str, target: Target,
             today: Verdict | None = None) -> WhatIf:
     """Today's verdict, the predicted one and what changes. Raises ValueError where the
     node's input cannot support a prediction (its Services, its mode)."""
+    prepared = prepare(snap)  # (the node's facts, once: today's diagnosis and the model's)
     if today is None:
-        today = diagnose(snap, node)
+        today = diagnose(snap, node, prepared=prepared)
     mode = today.kube_proxy_mode
     if mode == target:
         raise ValueError(f"kube-proxy already runs in {target} mode here")
     if mode not in ("iptables", "ipvs"):
         raise ValueError(f"kube-proxy's mode here is {mode}: a prediction needs the "
                          "iptables or IPVS mode's rules (where the endpoints are read)")
-    prepared = prepare(snap)
     cluster = read_cluster(snap, prepared.facts, mode)
     fixed = _predict(snap, cluster, target, node, False)
     # the layout before kubernetes#132456 differs only for an eTP=Local port without a
