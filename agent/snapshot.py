@@ -242,6 +242,18 @@ class KubeProxy:
     config_file: str | None = None
     args: tuple[str, ...] = ()
     version: str | None = None  # "v1.29.15", as its log says it ("Version info")
+    # its log's lines saying a sync failed ("Failed to bind service address to dummy
+    # device", "Failed to add entry ... to ip set"), the first few, as written
+    errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class KubeProxyPod:
+    """This node's kube-proxy Pod as the API shows it (kube-system, on this node)."""
+
+    name: str  # "kube-system/kube-proxy-7xq2m"
+    image: str  # its kube-proxy container's image: "registry.k8s.io/kube-proxy:v1.32.2"
+    source: str  # "kubernetes API pods", "kube-proxy-pod.json:1"
 
 
 @quick_init
@@ -343,6 +355,7 @@ class NodeSnapshot:
     ipvs: tuple[IpvsVirtualServer, ...] | None = None
     sysctls: dict[str, str] | None = None  # "net.ipv4.conf.eth0.rp_filter" -> "1"
     kube_proxy: KubeProxy | None = None
+    kube_proxy_pod: KubeProxyPod | None = None  # None: not read, or none on this node
     services: tuple[Service, ...] | None = None
     ingresses: tuple[Ingress, ...] | None = None
     node_info: NodeInfo | None = None

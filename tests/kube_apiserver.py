@@ -4,10 +4,10 @@ Not a mock of the client: it speaks HTTP/1.1 on a loopback port the way kube-api
 does for the parts the agent uses, so the real `kubernetes` client (urllib3, chunked
 streams, its Watch) is what talks to it.
 
-- An in-memory store per resource (services, ingresses, nodes, events) with one global
+- An in-memory store per resource (services, ingresses, nodes, pods, events) with one global
   resourceVersion counter (as etcd's revision) and a history of changes for watches.
 - LIST with limit/continue (the continue token carries the list's resourceVersion and the
-  next key), fieldSelector metadata.name / metadata.namespace.
+  next key), fieldSelector metadata.name / metadata.namespace / spec.nodeName (Pods).
 - WATCH (watch=true): chunked JSON lines, ADDED/MODIFIED/DELETED and BOOKMARK (with
   allowWatchBookmarks, every ``bookmark_every`` seconds and before a timeout), ended by
   timeoutSeconds (capped by ``max_watch_seconds``). A resourceVersion older than the
@@ -43,6 +43,7 @@ from urllib.parse import parse_qs, urlsplit
 RESOURCES = {
     "services": ("/api/v1", True, "Service"),
     "nodes": ("/api/v1", False, "Node"),
+    "pods": ("/api/v1", True, "Pod"),
     "ingresses": ("/apis/networking.k8s.io/v1", True, "Ingress"),
     "events": ("/apis/events.k8s.io/v1", True, "Event"),
 }
@@ -309,7 +310,8 @@ def _matches(obj: dict[str, Any], namespace: str | None, selectors: dict[str, st
         return False
     for key, want in selectors.items():
         have = {"metadata.name": meta.get("name"),
-                "metadata.namespace": meta.get("namespace", "")}.get(key)
+                "metadata.namespace": meta.get("namespace", ""),
+                "spec.nodeName": (obj.get("spec") or {}).get("nodeName")}.get(key)
         if have != want:
             return False
     return True
@@ -680,6 +682,17 @@ def node(name: str, internal_ip: str = "10.0.0.5", pod_cidr: str = "10.244.1.0/2
                        "conditions": [{"type": "Ready", "status": "True",
                                        "reason": "KubeletReady",
                                        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}
+
+
+def pod(name: str, node_name: str, image: str, *, namespace: str = "kube-system",
+        labels: dict[str, str] | None = None, container: str = "kube-proxy"
+        ) -> dict[str, Any]:
+    """A Pod as kubeadm's kube-proxy DaemonSet makes them (labels k8s-app: kube-proxy)."""
+    return {"metadata": {"name": name, "namespace": namespace,
+                         "labels": {"k8s-app": "kube-proxy"} if labels is None else labels},
+            "spec": {"nodeName": node_name,
+                     "containers": [{"name": container, "image": image}]},
+            "status": {"phase": "Running"}}
 
 
 def ingress(name: str, ip: str, backend: str, *, namespace: str = "default"

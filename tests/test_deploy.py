@@ -231,6 +231,8 @@ def test_renders_the_expected_objects(rendered: list[Obj]) -> None:
         ("ClusterRoleBinding", "loopback-agent-collector-tokenreview"),
         ("Role", "loopback-agent-collector-pods"),
         ("RoleBinding", "loopback-agent-collector-pods"),
+        ("Role", "loopback-agent-kube-proxy-pods"),
+        ("RoleBinding", "loopback-agent-kube-proxy-pods"),
         ("ConfigMap", "loopback-agent-config"),
         ("ConfigMap", "loopback-agent-collector-config"),
         ("DaemonSet", "loopback-agent"),
@@ -247,12 +249,16 @@ def test_renders_the_expected_objects(rendered: list[Obj]) -> None:
                    ("DaemonSet", "loopback-agent"),
                    ("Role", "loopback-agent-collector-pods"),
                    ("RoleBinding", "loopback-agent-collector-pods")}
+    # and the agent's grant to read kube-system's Pods (kube-proxy's image)
+    in_kube_system = {("Role", "loopback-agent-kube-proxy-pods"),
+                      ("RoleBinding", "loopback-agent-kube-proxy-pods")}
     for o in rendered:
         if o["kind"] in cluster_scoped:
             assert "namespace" not in o["metadata"], o["metadata"]["name"]
             continue
-        expected = AGENT_NAMESPACE if (o["kind"], o["metadata"]["name"]) in in_agent_ns \
-            else NAMESPACE
+        key = (o["kind"], o["metadata"]["name"])
+        expected = AGENT_NAMESPACE if key in in_agent_ns else \
+            "kube-system" if key in in_kube_system else NAMESPACE
         assert o["metadata"].get("namespace") == expected, (o["kind"], o["metadata"]["name"])
     # No Secret is shipped: the token is created by the user (see kustomization.yaml).
     assert not [o for o in rendered if o["kind"] == "Secret"]
@@ -524,7 +530,7 @@ def test_rbac_is_least_privilege(rendered: list[Obj]) -> None:
     rbac = [o for o in rendered if o["apiVersion"].startswith("rbac.authorization.k8s.io/")]
     assert sorted(o["kind"] for o in rbac) == ["ClusterRole", "ClusterRole",
                                               "ClusterRoleBinding", "ClusterRoleBinding",
-                                              "Role", "RoleBinding"]
+                                              "Role", "Role", "RoleBinding", "RoleBinding"]
     for o in rbac:  # no wildcard anywhere
         for rule in o.get("rules", []):
             assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], o
@@ -542,6 +548,13 @@ def test_rbac_is_least_privilege(rendered: list[Obj]) -> None:
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "loopback-agent",
                                     "namespace": AGENT_NAMESPACE}]
     assert pod_spec(agent_ds(rendered))["serviceAccountName"] == "loopback-agent"
+    # and kube-system's Pods, read only, in kube-system only (kube-proxy's image)
+    assert rules_of(rendered, "Role", "loopback-agent-kube-proxy-pods") == \
+        {("", "pods"): READ_VERBS}
+    pods_rb = one(rendered, "RoleBinding", "loopback-agent-kube-proxy-pods")
+    assert pods_rb["metadata"]["namespace"] == "kube-system"
+    assert pods_rb["roleRef"]["name"] == "loopback-agent-kube-proxy-pods"
+    assert pods_rb["subjects"] == binding["subjects"]
 
     # the collector: the per-node identity check only. TokenReview (create: how a review
     # is asked for), and get on pods in the agents' namespace only (a Role): the node of

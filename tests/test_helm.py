@@ -255,9 +255,11 @@ def assert_wired(objs: list[Obj], external_accounts: frozenset[tuple[str, str]] 
         collector_env = container_env(objs, only_container(dep))
         assert collector_env["LOOPBACK_AGENT_AGENT_SERVICE_ACCOUNT"] == \
             f"system:serviceaccount:{agent_ns}:{agent_sa}"
-        # the collector may read the agents' pods, where they are
-        (role,) = of_kind(objs, "Role")
-        assert role["metadata"]["namespace"] == agent_ns
+        # the collector may read the agents' pods, where they are (and the agent
+        # kube-system's, kube-proxy's among them)
+        roles = {r["metadata"]["name"]: r["metadata"]["namespace"]
+                 for r in of_kind(objs, "Role")}
+        assert sorted(roles.values()) == sorted([agent_ns, "kube-system"]), roles
     for m in of_kind(objs, "PodMonitor"):
         ns = m["metadata"]["namespace"]
         (target,) = [w for wns, w in pods if wns == ns
@@ -569,8 +571,10 @@ def test_objects_follow_the_release(release: str, namespace: str, sets: tuple[st
         component = o["metadata"]["labels"].get("app.kubernetes.io/component")
         if o["kind"] in ("ClusterRole", "ClusterRoleBinding"):
             assert ns is None, key(o)
-        elif o["kind"] in ("Role", "RoleBinding"):  # the collector's grant on the agents
-            assert ns == agent_ns, key(o)
+        elif o["kind"] in ("Role", "RoleBinding"):
+            # the collector's grant on the agents; the agent's on kube-proxy's Pods
+            assert ns == ("kube-system" if name.endswith("-kube-proxy-pods") else
+                          agent_ns), key(o)
         elif component == "collector" or o["kind"] == "PrometheusRule":
             assert ns == collector_ns, key(o)
         else:

@@ -19,13 +19,14 @@ import pytest
 from agent.kubewatch import JitteredBackoff
 from agent.probes import kube_api
 from agent.probes.base import ProbeContext
-from agent.snapshot import Ingress, NodeInfo, Service
+from agent.snapshot import Ingress, KubeProxyPod, NodeInfo, Service
 from tests.daemon_output import log_line, spooled
-from tests.kube_apiserver import FakeKubeAPI, ingress, kubeconfig, node, service
+from tests.kube_apiserver import FakeKubeAPI, ingress, kubeconfig, node, pod, service
 
 pytest.importorskip("kubernetes")
 
-RESOURCES = ("services", "ingresses", "nodes")
+RESOURCES = ("services", "ingresses", "nodes", "pods")
+PROXY_IMAGE = "registry.k8s.io/kube-proxy:v1.32.2"
 
 
 def until(cond: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
@@ -47,6 +48,10 @@ def api() -> Iterator[FakeKubeAPI]:
         server.put("nodes", node("n1"))
         server.put("nodes", node("n2", "10.0.0.6"))
         server.put("ingresses", ingress("web", "203.0.113.9", "svc1"))
+        server.put("pods", pod("kube-proxy-a1b2c", "n1", PROXY_IMAGE))
+        server.put("pods", pod("kube-proxy-d3e4f", "n2", PROXY_IMAGE))
+        server.put("pods", pod("coredns-5d78c", "n1", "registry.k8s.io/coredns:v1.11.1",
+                               labels={"k8s-app": "kube-dns"}, container="coredns"))
         yield server
 
 
@@ -76,12 +81,15 @@ def test_one_list_then_one_watch_at_a_time(api: FakeKubeAPI, tmp_path: Path) -> 
     finally:
         inf.stop()
     assert unknowns == []
-    services, node_info, ingresses = values
+    services, node_info, ingresses, proxy_pod = values
     # decoded records, not API objects: what the diagnosis reads and nothing else
     assert len(services) == 31 and all(type(s) is Service for s in services)
     assert services[0].key < services[-1].key
     assert node_info == NodeInfo("n1", ("10.244.1.0/24",), ("10.0.0.5",))
     assert [type(i) for i in ingresses] == [Ingress]
+    # this node's kube-proxy among kube-system's Pods on it (not CoreDNS, not n2's)
+    assert proxy_pod == KubeProxyPod("kube-system/kube-proxy-a1b2c", PROXY_IMAGE,
+                                     "kubernetes API Pod kube-system/kube-proxy-a1b2c")
     for r in RESOURCES:
         lists = api.requests("GET", r, watch=False, since=t0)
         watches = api.requests("GET", r, watch=True, since=t0)
@@ -94,6 +102,10 @@ def test_one_list_then_one_watch_at_a_time(api: FakeKubeAPI, tmp_path: Path) -> 
     # this Node only: no agent lists the cluster's nodes
     assert {q.query.get("fieldSelector") for q in api.requests(resource="nodes", since=t0)} \
         == {"metadata.name=n1"}
+    # and only kube-system's Pods on this Node, never the cluster's Pods
+    pods = api.requests(resource="pods", since=t0)
+    assert {(q.path, q.query.get("fieldSelector")) for q in pods} == \
+        {("/api/v1/namespaces/kube-system/pods", "spec.nodeName=n1")}
     assert {r.method for r in api.log} == {"GET"}
 
 
@@ -157,8 +169,8 @@ def test_410_gone_costs_exactly_one_relist(api: FakeKubeAPI, tmp_path: Path,
             assert len(api.requests("GET", r, watch=False, since=t0)) == 1, r
             assert api.open_watches(r) == 1, r
         gone = [q for q in api.requests(since=t0) if q.status == 410]
-        assert len(gone) == (3 if gone_as == "http" else 0)
-        assert inf.requests()["relists_after_gone"] == 3
+        assert len(gone) == (len(RESOURCES) if gone_as == "http" else 0)
+        assert inf.requests()["relists_after_gone"] == len(RESOURCES)
         assert inf.requests()["failures"] == 0  # a 410 is no error to back off from
     finally:
         inf.stop()
@@ -247,8 +259,9 @@ def test_probe_reads_the_informer_not_the_api(api: FakeKubeAPI, tmp_path: Path) 
         n = len(api.log)
         res = kube_api.collect(ProbeContext(node_name="n1", kube_cache=inf))
         assert len(api.log) == n  # no request: memory
-        services, node_info, ingresses = res.value
+        services, node_info, ingresses, proxy_pod = res.value
         assert len(services) == 31 and node_info.name == "n1" and len(ingresses) == 1
+        assert proxy_pod.image == PROXY_IMAGE
         assert res.unknowns == ()
     finally:
         inf.stop()
@@ -335,9 +348,9 @@ def test_forbidden_ingresses_leave_the_rest_working(tmp_path: Path) -> None:
             assert time.monotonic() - t0 < 3, time.monotonic() - t0
             assert inf.services.synced.is_set() and inf.node.synced.is_set()
             until(lambda: inf.ingresses.failures > 200, timeout=30, what="many 403s")
-            (services, node_info, ingresses), why = inf.read()
+            (services, node_info, ingresses, proxy_pod), why = inf.read()
             assert [s.name for s in services] == ["a"] and node_info.name == "n1"
-            assert ingresses is None
+            assert ingresses is None and proxy_pod is None  # (no kube-proxy Pod here)
             assert why == [("ingresses", "not listed yet: HTTP 403 Forbidden")]
             api.put("services", service("b", "198.51.100.2"))
             until(lambda: len(inf.read()[0][0]) == 2, what="services still watched")
@@ -602,5 +615,22 @@ def test_an_endless_watch_line_is_cut_at_a_bound(api: FakeKubeAPI, tmp_path: Pat
         api.put("services", service("after", "198.51.100.99"))
         until(lambda: any(s.name == "after" for s in inf.read()[0][0]), what="resume")
         assert inf.services.lists == 1
+    finally:
+        inf.stop()
+
+
+def test_kube_proxy_upgraded_under_a_running_agent(api: FakeKubeAPI, tmp_path: Path) -> None:
+    """kube-proxy's DaemonSet rolled to a new image while the agent runs: its Pod is
+    replaced (a new name) and the watch carries the new image; kube-proxy's Pods on other
+    nodes, or forbidden Pods, change nothing here."""
+    inf = start(api, tmp_path, watch_timeout=30.0)
+    try:
+        assert inf.read()[0][3].image == PROXY_IMAGE
+        api.delete("pods", "kube-proxy-a1b2c", "kube-system")
+        api.put("pods", pod("kube-proxy-z9y8x", "n1", "registry.k8s.io/kube-proxy:v1.33.6"))
+        api.put("pods", pod("kube-proxy-d3e4f", "n2", "registry.k8s.io/kube-proxy:v1.34.0"))
+        until(lambda: inf.read()[0][3].name == "kube-system/kube-proxy-z9y8x",
+              what="the new Pod")
+        assert inf.read()[0][3].image.endswith(":v1.33.6")
     finally:
         inf.stop()

@@ -57,13 +57,17 @@ def bugs(v: dict) -> list[dict]:  # type: ignore[type-arg]
 
 
 def test_the_catalogue_reads_and_names_a_detector_for_each_bug() -> None:
+    from agent.diagnose.rules.consistency import LOOP_BACK_MISSING
     from agent.diagnose.rules.known_bugs import DETECTORS
 
     found = catalogue()
     assert [b.id for b in found] == ["kubernetes#131765", "kubernetes#75262",
-                                    "kubernetes#117621"]
+                                    "kubernetes#117621", "kubernetes#80297",
+                                    "kubernetes#134884", "kubernetes#90236"]
     for b in found:
-        assert b.detector in DETECTORS and b.issue.startswith("https://github.com/")
+        assert b.issue.startswith("https://github.com/")
+        # a detector here, or the rule that reports the state
+        assert (b.detector in DETECTORS) != (b.reported_by == LOOP_BACK_MISSING), b.id
     assert (found[0].fixed, found[0].backports) == ((1, 34, 0), ((1, 33, 6),))
     assert (found[1].fixed, found[1].backports) == ((1, 21, 0), ())
 
@@ -226,3 +230,145 @@ def test_the_nodes_reported_kube_proxy_version_is_a_hint_never_a_fix() -> None:
     # kube-proxy's own word (its log) wins, and the hint is not said beside it
     w = verdict(("node.json", node), ("kube-proxy.log", log("v1.34.2")))
     assert bugs(w) == [] and "nodeInfo" not in w["context"]["kube_proxy_version"]
+
+
+# -- kubernetes#80297: an address of another family stops kube-proxy's sync --------------
+
+def bundle(*files: tuple[str, str]) -> dict:  # type: ignore[type-arg]
+    snap = load_texts([(n, t, name_format(n)) for n, t in files], origin="bundle:t")
+    return diagnose(snap, "n").to_dict("all")
+
+
+def of(v: dict, bug: str) -> list[dict]:  # type: ignore[type-arg]
+    return [f for f in v["findings"] if (f.get("data") or {}).get("bug") == bug]
+
+
+LOG_80297 = (BUGS / "k8s-80297-kube-proxy-log.txt").read_text()
+
+
+@pytest.mark.parametrize("version,affected", [
+    (None, True), ("v1.12.6", True), ("v1.16.7", True), ("v1.16.8", False),
+    ("v1.17.3", True), ("v1.17.4", False), ("v1.18.0", False),
+])
+def test_80297_on_the_reporters_log(version: str | None, affected: bool) -> None:
+    """The three lines posted, alone (kube-proxy names the address, its port and the
+    IPv4 ipset it failed to add it to), with a version line of kube-proxy's startup form
+    (constructed) before and after the fix."""
+    text = LOG_80297 if version is None else \
+        'I0718 12:00:00.000001       1 server.go:497] "Version info" ' \
+        f'version="{version}"\n' + LOG_80297
+    v = bundle(("kube-proxy.log", text), ("ipvsadm.txt", "TCP  10.0.0.9:80 rr\n"))
+    assert v["kube_proxy_mode"] == "ipvs"
+    got = of(v, "kubernetes#80297")
+    assert bool(got) == affected, v["findings"]
+    if got:
+        (f,) = got
+        assert (f["lb_ip"], f["port"], f["protocol"]) == ("2400:3200:1500::1cb", 80, "TCP")
+        ev = "\n".join(f["evidence"])
+        assert "adds the IPv6 address 2400:3200:1500::1cb to an ipset of the other" in ev
+        # each posted line once (the second names the address twice)
+        assert ev.count("kube-proxy's log: E0718") == 3
+        assert "v1.17.4" in f["summary"] or version is not None
+
+
+SVC_V6_INGRESS = json.dumps({"kind": "List", "items": [{
+    "kind": "Service", "metadata": {"namespace": "default", "name": "netdia"},
+    "spec": {"type": "LoadBalancer", "clusterIP": "10.96.7.7",
+             "ports": [{"port": 80, "protocol": "TCP", "nodePort": 30080}]},
+    "status": {"loadBalancer": {"ingress": [{"ip": "2400:3200:1500::1cb"}]}}}]})
+
+
+def node(*cidrs: str) -> str:
+    return json.dumps({"kind": "Node", "metadata": {"name": "n"},
+                       "spec": {"podCIDRs": list(cidrs)},
+                       "status": {"addresses": [{"type": "InternalIP",
+                                                 "address": "10.0.0.10"}]}})
+
+
+def test_80297_from_the_service_and_the_nodes_families() -> None:
+    """Constructed: the issue's Service (an IPv6 ingress address on an IPv4 cluster) and
+    a Node object; no log. A dual-stack node serves the address: not this bug; a failure
+    kube-proxy logs for an address of its own family is not this bug either."""
+    ipvs = ("ipvsadm.txt", "TCP  10.96.7.7:80 rr\n")
+    v = bundle(ipvs, ("services.json", SVC_V6_INGRESS), ("node.json", node("10.2.1.0/24")))
+    (f,) = of(v, "kubernetes#80297")
+    assert f["service"] == "default/netdia" and f["port"] == 80
+    assert any("this node serves IPv4 only (its Node's spec.podCIDRs: 10.2.1.0/24)" in e
+               for e in f["evidence"])
+    dual = bundle(ipvs, ("services.json", SVC_V6_INGRESS),
+                  ("node.json", node("10.2.1.0/24", "fd00:2:1::/64")))
+    assert of(dual, "kubernetes#80297") == []
+    own = ('E0718 12:11:12.851157       1 ipset.go:152] Failed to add entry: 10.0.0.77,tcp:80 '
+           'to ip set: KUBE-LOAD-BALANCER, error: exit status 1\n')
+    w = bundle(ipvs, ("kube-proxy.log", own), ("node.json", node("10.2.1.0/24")))
+    assert of(w, "kubernetes#80297") == []
+
+
+def test_kube_proxys_failed_syncs_are_kept_from_any_paste_and_bounded() -> None:
+    """The log lines are found in a paste of any name, only kube-proxy's (klog's file of
+    its proxier or ipset helper), and at most MAX_ERRORS of them."""
+    from agent.probes.kube_proxy import MAX_ERRORS
+
+    other = "E0718 12:00:00.000000       1 kubelet.go:10] Failed to sync pod: x\n"
+    snap = load_texts([("paste.txt", other + LOG_80297 * 30, "")], origin="bundle:t")
+    assert snap.kube_proxy is not None
+    errors = snap.kube_proxy.errors
+    assert len(errors) == MAX_ERRORS and all("kubelet.go" not in e for e in errors)
+    assert errors[0].startswith("E0718 12:11:12.833267") and "proxier.go:1499]" in errors[0]
+
+
+# -- kubernetes#90236: NodePorts on 127.0.0.1 and [::1] (IPVS mode) -----------------------
+
+def test_90236_on_the_posted_ipvsadm_listing() -> None:
+    posted = (BUGS / "k8s-96879-ipvsadm-localhost-nodeports.txt").read_text()
+    v = bundle(("ipvsadm.txt", posted))
+    got = of(v, "kubernetes#90236")
+    assert sorted((f["lb_ip"], f["port"]) for f in got) == [("127.0.0.1", 31201),
+                                                            ("::1", 31201)]
+    assert all("no kube-proxy release fixes it" in "\n".join(f["evidence"]) for f in got)
+    # the node's other addresses' virtual servers (the ones that answer) are not named
+    without = "\n".join(ln for ln in posted.splitlines()
+                        if "127.0.0.1:" not in ln and "[::1]:" not in ln)
+    assert of(bundle(("ipvsadm.txt", without)), "kubernetes#90236") == []
+
+
+# -- kubernetes#134884: KUBE-LOOP-BACK without a local endpoint ---------------------------
+
+WEAVE_SETS = (BUGS / "weave-3452-ipset-save-kube-loop-back.txt").read_text()
+# constructed beside the posted sets: the virtual servers their entries belong to
+# (CoreDNS on 10.32.0.3/.4, a web pod on 10.32.0.2, the API server) and a Node whose pod
+# network holds them (weave's default range)
+WEAVE_IPVS = """IP Virtual Server version 1.2.1 (size=4096)
+Prot LocalAddress:Port Scheduler Flags
+  -> RemoteAddress:Port           Forward Weight ActiveConn InActConn
+TCP  10.96.0.1:443 rr
+  -> 185.113.124.205:6443         Masq    1      0          0
+TCP  10.96.0.10:53 rr
+  -> 10.32.0.3:53                 Masq    1      0          0
+  -> 10.32.0.4:53                 Masq    1      0          0
+TCP  10.96.140.192:80 rr
+  -> 10.32.0.2:80                 Masq    1      0          0
+UDP  10.96.0.10:53 rr
+  -> 10.32.0.3:53                 Masq    1      0          0
+  -> 10.32.0.4:53                 Masq    1      0          0
+"""
+
+
+def test_134884_is_reported_by_the_loop_back_check_and_cites_the_catalogue() -> None:
+    (bug,) = [b for b in catalogue() if b.id == "kubernetes#134884"]
+    assert bug.detector is None and bug.reported_by == "loop-back-set-missing-endpoint"
+    files = [("ipvsadm.txt", WEAVE_IPVS), ("node.json", node("10.32.0.0/12"))]
+    healthy = bundle(("ipset.txt", WEAVE_SETS), *files)
+    assert [f for f in healthy["findings"] if f["id"] == bug.reported_by] == []
+    lost = WEAVE_SETS.replace("add KUBE-LOOP-BACK 10.32.0.2,tcp:80,10.32.0.2\n", "")
+    (f,) = [f for f in bundle(("ipset.txt", lost), *files)["findings"]
+            if f["id"] == bug.reported_by]
+    assert f["data"] == {"kind": "known-bug", "bug": "kubernetes#134884",
+                         "issue": "https://github.com/kubernetes/kubernetes/issues/134884"}
+    assert "ipset KUBE-LOOP-BACK has no member 10.32.0.2,tcp:80,10.32.0.2" in f["evidence"]
+
+
+def test_75262_names_115931_beside_it() -> None:
+    (f,) = [f for f in bugs(ipvs_verdict()) if f["data"]["bug"] == "kubernetes#75262"]
+    assert any(e.startswith("related: kubernetes#115931") and "hostNetwork" in e
+               for e in f["evidence"])

@@ -230,12 +230,12 @@ def test_kube_proxy_absent(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_kube_api_disabled_and_unconfigured(monkeypatch: pytest.MonkeyPatch,
                                             tmp_path: Path) -> None:
     disabled = kube_api.collect(ProbeContext(use_kube_api=False))
-    assert disabled == ProbeResult((None, None, None),
+    assert disabled == ProbeResult((None, None, None, None),
                                    (Unknown("kubernetes API", "disabled (--no-kube-api)"),))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
     unconfigured = kube_api.collect(ProbeContext())
-    assert unconfigured.value == (None, None, None)
+    assert unconfigured.value == (None, None, None, None)
     assert unconfigured.unknowns == (Unknown(
         "kubernetes API", "not configured: no in-cluster service account and no kubeconfig"),)
     missing = kube_api.collect(ProbeContext(kubeconfig=str(tmp_path / "kc")))
@@ -253,9 +253,9 @@ contexts: [{name: x, context: {cluster: c, user: u}}]
 current-context: x
 """)
     result = kube_api.collect(ProbeContext(node_name="n1", kubeconfig=str(kc), timeout=2))
-    assert result.value == (None, None, None)
+    assert result.value == (None, None, None, None)
     assert [u.reason.split(":")[0] for u in result.unknowns] == ["services", "node",
-                                                                  "ingresses"]
+                                                                  "ingresses", "pods"]
 
 
 def test_collect_live_turns_a_crash_into_an_unknown(monkeypatch: pytest.MonkeyPatch) -> None:

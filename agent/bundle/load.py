@@ -33,7 +33,12 @@ from agent.netfilter.rules_text import RulesText, chain_table, read_rules_text, 
 from agent.parse.addr_text import parse_addresses
 from agent.parse.ipset_text import parse_ipsets
 from agent.parse.ipvsadm_text import parse_ipvsadm
-from agent.parse.kube import parse_ingresses, parse_node, parse_services
+from agent.parse.kube import (
+    parse_ingresses,
+    parse_kube_proxy_pod,
+    parse_node,
+    parse_services,
+)
 from agent.parse.kube_proxy_metrics import read_metrics
 from agent.parse.route_text import parse_local_routes
 from agent.parse.svc_describe import parse_svc_describe
@@ -44,6 +49,7 @@ from agent.snapshot import (
     Address,
     IpSet,
     IpvsVirtualServer,
+    KubeProxyPod,
     KubeProxySync,
     LocalRoute,
     Netfilter,
@@ -74,6 +80,7 @@ class _Evidence:
     sysctls: dict[str, str] = field(default_factory=dict)
     services: dict[str, Service] = field(default_factory=dict)
     node: NodeInfo | None = None
+    kube_proxy_pod: KubeProxyPod | None = None
     ingresses: dict[str, Any] = field(default_factory=dict)
     services_read: bool = False  # a Service list was read (it may be empty)
     seen: dict[str, list[str]] = field(default_factory=dict)  # format -> sources
@@ -249,16 +256,24 @@ def _kube_proxy_lines(text: str, source: str, ev: _Evidence) -> None:
     if "KubeProxyConfiguration" in text:
         lines = text.splitlines()  # a YAML document: its lines together
     elif "kube-proxy" in text or "Prox" in text or "FLAG: --" in text or \
-            '"Version info"' in text:
+            '"Version info"' in text or "Failed to " in text:
         lines = [ln for ln in text.splitlines()
                  if ("kube-proxy" in ln or "Prox" in ln or "FLAG: --" in ln
-                     or '"Version info"' in ln)
+                     or '"Version info"' in ln or _sync_error(ln))
                  and not ln.startswith(("-A ", ":", "["))]
     else:
         return
     if lines and any(_from_paste(lines)):  # a fact, or a value it names as unusable
         ev.kube_proxy_lines += lines
         ev.saw("kube-proxy", source)
+
+
+def _sync_error(line: str) -> bool:
+    """A kube-proxy log line of a failed sync: klog's file of the proxier or its ipset
+    helper before "Failed to" (another component's failures are not kube-proxy's)."""
+    at = line.find("] ")
+    return at > 0 and "Failed to " in line and (
+        "proxier.go:" in line[:at] or "ipset.go:" in line[:at])
 
 
 def _from_paste(lines: list[str]):  # type: ignore[no-untyped-def]
@@ -660,8 +675,11 @@ def _kube(s: Section, ev: _Evidence) -> bool:
             ev.problems.append((s.source, s.first_line, "a YAML/JSON document that is not "
                                 "an object"))
             continue
-        kind = item.get("kind") or ("Service" if isinstance(item.get("spec"), dict) and
-                                    "ports" in item["spec"] else None)
+        spec = item.get("spec")
+        # (items of `kubectl cluster-info dump` and of typed lists carry no kind)
+        kind = item.get("kind") or ("Service" if isinstance(spec, dict) and "ports" in spec
+                                    else "Pod" if isinstance(spec, dict) and
+                                    "containers" in spec else None)
         by_kind.setdefault(str(kind), []).append(item)
     where = f"{s.source}:{s.first_line}"
     for n, item in enumerate(by_kind.get("Service", ())):
@@ -683,6 +701,9 @@ def _kube(s: Section, ev: _Evidence) -> bool:
             elif kind == "Ingress":
                 for ing in parse_ingresses(doc, where):
                     ev.ingresses[ing.key] = ing
+            elif kind == "Pod":
+                # (kube-system's Pods on the node: kube-proxy's is the one that counts)
+                ev.kube_proxy_pod = parse_kube_proxy_pod(doc, where) or ev.kube_proxy_pod
             else:
                 what = f"{kind} objects" if kind != "None" else "objects without a kind"
                 ev.notes.append(Unknown(where, f"{len(objs)} {what}: not used"))
@@ -829,6 +850,7 @@ def _snapshot(ev: _Evidence, origin: str, refused: list[str]) -> NodeSnapshot:
         services=tuple(ev.services.values()) if ev.services_read else None,
         ingresses=tuple(ev.ingresses.values()) if ev.ingresses else None,
         node_info=ev.node,
+        kube_proxy_pod=ev.kube_proxy_pod,
         routes=tuple(ev.main_routes.values()) if ev.main_routes else None,
         unknowns=tuple(unknowns),
         nft=tuple(ev.nft) or None,
@@ -846,9 +868,11 @@ def with_kube_json(snap: NodeSnapshot, directory: Path) -> NodeSnapshot:
         raise InputError(str(directory), None, f"none of {', '.join(names)}")
     kube = load_bundle(directory)
     unknowns = tuple(u for u in snap.unknowns if u.source != "kubernetes API")
-    unknowns += tuple(u for u in kube.unknowns if u.source in names)
+    unknowns += tuple(u for u in kube.unknowns
+                      if u.source in (*names, bundle_files.KUBE_PROXY_POD))
     return replace(snap, services=kube.services, node_info=kube.node_info,
-                   ingresses=kube.ingresses, unknowns=unknowns)
+                   ingresses=kube.ingresses, kube_proxy_pod=kube.kube_proxy_pod,
+                   unknowns=unknowns)
 
 
 __all__ = ["load_bundle", "load_texts", "with_kube_json"]

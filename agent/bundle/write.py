@@ -152,7 +152,7 @@ def write_bundle(directory: str | os.PathLike[str], ctx: ProbeContext) -> list[t
         bundle_files.KUBE_PROXY_METRICS: lambda: _kube_proxy_metrics(ctx),
     }
     api_files = {"services": bundle_files.SERVICES, "node": bundle_files.NODE,
-                 "ingresses": bundle_files.INGRESSES}
+                 "ingresses": bundle_files.INGRESSES, "pods": bundle_files.KUBE_PROXY_POD}
     api_bodies: dict[str, bytes] = {}
     api_errors: dict[str, str] = {}
     if not ctx.use_kube_api:
@@ -163,7 +163,8 @@ def write_bundle(directory: str | os.PathLike[str], ctx: ProbeContext) -> list[t
                 if raw.body is not None:
                     api_bodies[api_files[raw.what]] = raw.body
                 else:
-                    api_errors[api_files[raw.what]] = raw.error or "no response"
+                    api_errors[api_files[raw.what]] = raw.error or \
+                        "not read: no node name given (--node or NODE_NAME)"
         except Exception as exc:  # KubeUnavailable, ImportError: no API at all
             reason = (kube_api.NOT_INSTALLED if isinstance(exc, ImportError)
                       else str(exc) or type(exc).__name__)

@@ -51,7 +51,7 @@ IPT_EXT = Shape("iptables nat chains KUBE-EXT-*", (1, 24, 0), None, None,
 
 @dataclass(frozen=True, slots=True)
 class KubeProxyVersion:
-    version: tuple[int, int, int] | None  # as kube-proxy said it (its log)
+    version: tuple[int, int, int] | None  # as kube-proxy said it (its log, its Pod's image)
     shape: Shape | None  # what its rules' shapes say
     how: str  # for people: "v1.29.15 (kube-proxy's log ...)", "rules shaped as ..."
 
@@ -84,10 +84,30 @@ def version_of(text: str | None) -> tuple[int, int, int] | None:
     return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
 
 
+# an image tag that names a release: "v1.32.2", "v1.22.5-tke.1",
+# "v1.29.0-minimal-eksbuild.1" (a vendor's build of that release)
+_TAG = re.compile(r"v?(\d{1,2})\.(\d{1,3})\.(\d{1,4})([-+_][\w.+-]{0,80})?")
+
+
+def image_version(image: str) -> tuple[tuple[int, int, int], bool] | None:
+    """The release an image's tag names, and whether it is a vendor's build of it (a
+    suffix); None when the tag names none (a digest only, "latest")."""
+    last = image.split("@", 1)[0].rsplit("/", 1)[-1]
+    if ":" not in last:
+        return None
+    m = _TAG.fullmatch(last.split(":", 1)[1])
+    if m is None:
+        return None
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3))), bool(m.group(4))
+
+
 def kube_proxy_version(snap: NodeSnapshot, mode: str) -> KubeProxyVersion | None:
     """What the input says of kube-proxy's version, or None when it says nothing."""
     kp = snap.kube_proxy
-    said = version_of(kp.version) if kp is not None else None
+    logged = version_of(kp.version) if kp is not None else None
+    pod = snap.kube_proxy_pod
+    tagged = image_version(pod.image) if pod is not None else None
+    said = logged or (tagged[0] if tagged else None)
     shape = _shape(snap, mode)
     node = snap.node_info
     # the Node's field names the kubelet's version (kubelet wrote its own there): said, as
@@ -96,8 +116,16 @@ def kube_proxy_version(snap: NodeSnapshot, mode: str) -> KubeProxyVersion | None
     if said is None and shape is None and hint is None:
         return None
     parts = []
-    if said is not None:
-        parts.append(f"v{'.'.join(map(str, said))} (kube-proxy's log: \"Version info\")")
+    if logged is not None:
+        parts.append(f"v{'.'.join(map(str, logged))} (kube-proxy's log: \"Version info\")")
+    if pod is not None and tagged is not None and tagged[0] != logged:
+        # the Pod's image: what the node runs unless its log (the process's own word,
+        # from when it started) says otherwise
+        parts.append(
+            f"v{'.'.join(map(str, tagged[0]))} (the image of its Pod {pod.name}: "
+            f"{pod.image}" + ("; a vendor's build of that release, whose own patches may "
+                              "differ" if tagged[1] else "") + ")"
+            + ("; its log's version is the one taken" if logged is not None else ""))
     if shape is not None:
         parts.append(f"rules shaped as {shape.source}: {shape.name}")
     if hint is not None:

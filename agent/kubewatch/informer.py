@@ -1,4 +1,5 @@
-"""Three reflectors (Services, Ingresses, this Node) and what a probe reads from them.
+"""Four reflectors (Services, Ingresses, this Node, kube-system's Pods on this Node) and
+what a probe reads from them.
 
 Each object is decoded by agent.parse.kube as it arrives (the code that reads a bundle's
 kubectl JSON), so the memory holds Service/Ingress/NodeInfo records, not API objects,
@@ -7,14 +8,21 @@ and a live run, a watched run and a bundle agree.
 
 from __future__ import annotations
 
+import functools
 import random
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from agent.kubewatch.reflector import JitteredBackoff, Reflector, object_key
-from agent.parse.kube import parse_ingresses, parse_node, parse_services
-from agent.snapshot import Ingress, NodeInfo, Service
+from agent.parse.kube import (
+    KUBE_PROXY_NAMESPACE,
+    parse_ingresses,
+    parse_kube_proxy_pod,
+    parse_node,
+    parse_services,
+)
+from agent.snapshot import Ingress, KubeProxyPod, NodeInfo, Service
 
 SOURCE = "kubernetes API"
 REFUSED = (401, 403, 404)  # statuses a retry within seconds does not mend
@@ -32,7 +40,8 @@ def _one(parse: Callable[[dict[str, Any], str], Any], kind: str
 
 
 class KubeInformer:
-    """Starts list+watch of Services, Ingresses and (with a node name) this Node."""
+    """Starts list+watch of Services, Ingresses and (with a node name) this Node and the
+    kube-system Pods on it (kube-proxy's image says its version)."""
 
     def __init__(self, api_client: Any, node_name: str | None, *,
                  on_change: Callable[[str], None] | None = None,
@@ -60,12 +69,19 @@ class KubeInformer:
         # This node only: a fieldSelector, so no agent ever lists the cluster's nodes.
         self.node = reflector("node", core.list_node, _one(parse_node, "Node"),
                               f"metadata.name={node_name}") if node_name else None
+        # kube-system's Pods on this node only (as the kubelet watches its own Pods): a
+        # handful, kube-proxy's among them
+        self.pods = reflector(
+            "pods", functools.partial(core.list_namespaced_pod, KUBE_PROXY_NAMESPACE),
+            _one(parse_kube_proxy_pod, "Pod"), f"spec.nodeName={node_name}") \
+            if node_name else None
         self._cache: dict[str, tuple[int, Any]] = {}
         self._lock = threading.Lock()
 
     @property
     def reflectors(self) -> list[Reflector]:
-        return [r for r in (self.services, self.node, self.ingresses) if r is not None]
+        return [r for r in (self.services, self.node, self.ingresses, self.pods)
+                if r is not None]
 
     def start(self) -> KubeInformer:
         for r in self.reflectors:
@@ -100,7 +116,8 @@ class KubeInformer:
             waiting[0].synced.wait(min(left, 0.05))
 
     def read(self) -> tuple[tuple[Any, ...], list[tuple[str, str]]]:
-        """(services, node_info, ingresses) as the kube_api probe fills them, and the
+        """(services, node_info, ingresses, kube_proxy_pod) as the kube_api probe fills
+        them, and the
         (what, why) of anything that cannot be told."""
         unknowns: list[tuple[str, str]] = []
         services = self._read(self.services, "services", unknowns)
@@ -114,7 +131,13 @@ class KubeInformer:
                 node_info = nodes[0]
             elif nodes is not None and not self.node.bad:
                 unknowns.append(("node", f"node {self.node_name} not found"))
-        return (services, node_info, ingresses), unknowns
+        pod: KubeProxyPod | None = None
+        if self.pods is not None:
+            pods = self._read(self.pods, "pods", unknowns)
+            # (a Pod that is not kube-proxy's decodes to None)
+            found = [p for p in pods or () if p is not None]
+            pod = min(found, key=lambda p: p.name) if found else None
+        return (services, node_info, ingresses, pod), unknowns
 
     def _read(self, r: Reflector, what: str, unknowns: list[tuple[str, str]]
               ) -> tuple[Any, ...] | None:
@@ -131,7 +154,7 @@ class KubeInformer:
             if cached is not None and cached[0] == version:
                 return cached[1]
         out: tuple[Service | Ingress | NodeInfo, ...] = tuple(
-            records if what == "node"  # type: ignore[arg-type]
+            records if what in ("node", "pods")  # type: ignore[arg-type]
             else sorted(records, key=lambda x: x.key))  # type: ignore[attr-defined]
         with self._lock:
             self._cache[what] = (version, out)

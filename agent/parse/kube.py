@@ -16,6 +16,7 @@ from agent.parse.json_text import loads
 from agent.snapshot import (
     Ingress,
     IngressBackend,
+    KubeProxyPod,
     LoadBalancerIngress,
     NodeInfo,
     Service,
@@ -69,6 +70,49 @@ def parse_node(doc: dict[str, Any], source: str = "node.json") -> NodeInfo:
     return NodeInfo(name, cidrs, tuple(ips),
                     _opt_str(spec, "providerID", f"{path}spec.", source) or None,
                     reported if isinstance(reported, str) and reported else None)
+
+
+KUBE_PROXY = "kube-proxy"
+KUBE_PROXY_NAMESPACE = "kube-system"
+
+
+def parse_kube_proxy_pod(doc: dict[str, Any], source: str = "kube-proxy-pod.json"
+                         ) -> KubeProxyPod | None:
+    """kube-proxy's Pod among Pods (`kubectl -n kube-system get pods -o json
+    --field-selector spec.nodeName=NODE`, or one Pod): a kube-system Pod that kube-proxy's
+    installers name or label so (kubeadm's DaemonSet: k8s-app=kube-proxy, pods
+    kube-proxy-xxxxx; static pods: kube-proxy-NODE, component=kube-proxy), and its
+    container named kube-proxy (or the one whose image is kube-proxy). A running one is
+    preferred to one that is ending; None when no Pod is kube-proxy's."""
+    found: list[tuple[bool, KubeProxyPod]] = []
+    for pod, path in _items(doc, "Pod", source):
+        namespace, name = _ns_name(pod, path, source)
+        meta = _obj(pod, "metadata", path, source)
+        labels = _obj(meta, "labels", f"{path}metadata.", source)
+        if namespace != KUBE_PROXY_NAMESPACE or not (
+                name.startswith(KUBE_PROXY + "-") or
+                KUBE_PROXY in (labels.get("k8s-app"), labels.get("component"))):
+            continue
+        image = None
+        for i, c in enumerate(_list(_obj(pod, "spec", path, source), "containers",
+                                    f"{path}spec.", source)):
+            where = f"{path}spec.containers[{i}]."
+            if not isinstance(c, dict):
+                raise InputError(source, None, f"{where[:-1]}: expected an object")
+            img = _opt_str(c, "image", where, source)
+            repo = (img or "").rsplit("/", 1)[-1].split(":", 1)[0].split("@", 1)[0]
+            if img and (_opt_str(c, "name", where, source) == KUBE_PROXY or
+                        repo == KUBE_PROXY):
+                image = img
+                break
+        if image is None:
+            continue
+        status = _obj(pod, "status", path, source)
+        running = status.get("phase") == "Running" and not meta.get("deletionTimestamp")
+        found.append((running, KubeProxyPod(f"{namespace}/{name}", image[:300], source)))
+    if not found:
+        return None
+    return next((p for running, p in found if running), found[0][1])
 
 
 def parse_ingresses(doc: dict[str, Any],

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.errors import InputError
+from agent.parse.kube import KUBE_PROXY_NAMESPACE
 from agent.probes.base import Probe, ProbeContext, ProbeResult, register, unavailable
 from agent.snapshot import Unknown
 
 SOURCE = "kubernetes API"
-FIELDS = ("services", "node_info", "ingresses")
+FIELDS = ("services", "node_info", "ingresses", "kube_proxy_pod")
 DISABLED = "disabled (--no-kube-api)"
 NOT_INSTALLED = "python package 'kubernetes' not installed"
 NOT_CONFIGURED = "not configured: no in-cluster service account and no kubeconfig"
@@ -36,7 +37,7 @@ KEEPALIVE = (30, 15, 9)
 class RawResponse:
     """One API read: the body exactly as the server sent it, or why there is none."""
 
-    what: str  # "services" | "node" | "ingresses"
+    what: str  # "services" | "node" | "ingresses" | "pods"
     body: bytes | None = None
     error: str | None = None
 
@@ -129,12 +130,19 @@ def fetch_raw(ctx: ProbeContext) -> list[RawResponse]:
         ("services", lambda: core.list_service_for_all_namespaces(**opts)),
         ("node", (lambda: core.read_node(ctx.node_name, **opts)) if ctx.node_name else None),
         ("ingresses", lambda: networking.list_ingress_for_all_namespaces(**opts)),
+        # kube-proxy's Pod among kube-system's on this node (a fieldSelector: a handful
+        # of Pods, never the cluster's)
+        ("pods", (lambda: core.list_namespaced_pod(
+            KUBE_PROXY_NAMESPACE, field_selector=f"spec.nodeName={ctx.node_name}", **opts))
+         if ctx.node_name else None),
     ]
     out = []
     try:
         for what, call in calls:
             if call is None:
-                out.append(RawResponse(what, error="no node name given (--node or NODE_NAME)"))
+                # (the node's unknown says it once; its Pods are not asked for)
+                out.append(RawResponse(what, error=None if what == "pods" else
+                                       "no node name given (--node or NODE_NAME)"))
                 continue
             try:
                 response = call()
@@ -163,7 +171,12 @@ def _from_informer(informer: Any) -> ProbeResult:
 
 
 def _parse(raw: RawResponse) -> object:
-    from agent.parse.kube import parse_ingresses, parse_node, parse_services
+    from agent.parse.kube import (
+        parse_ingresses,
+        parse_kube_proxy_pod,
+        parse_node,
+        parse_services,
+    )
 
     source = f"{SOURCE} {raw.what}"
     try:
@@ -173,7 +186,7 @@ def _parse(raw: RawResponse) -> object:
     if not isinstance(doc, dict):
         raise InputError(source, None, "expected a JSON object")
     parser = {"services": parse_services, "node": parse_node,
-              "ingresses": parse_ingresses}[raw.what]
+              "ingresses": parse_ingresses, "pods": parse_kube_proxy_pod}[raw.what]
     return parser(doc, source)
 
 
@@ -191,6 +204,9 @@ def collect(ctx: ProbeContext) -> ProbeResult:
     values: list[object] = []
     unknowns: list[Unknown] = []
     for raw in responses:
+        if raw.body is None and raw.error is None:  # not asked for
+            values.append(None)
+            continue
         if raw.error is not None:
             values.append(None)
             unknowns.append(Unknown(SOURCE, f"{raw.what}: {raw.error}"))

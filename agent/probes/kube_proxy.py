@@ -207,6 +207,13 @@ _LOG_FLAG = re.compile(r'FLAG: --(proxy-mode|cluster-cidr|masquerade-all)="([^"]
 _LOG_PROXIER = re.compile(r'"?Using (ipvs|iptables|nftables|userspace) [Pp]rox(?:ier|y)\b')
 # its version, logged at startup: `server.go:865] "Version info" version="v1.29.15"`
 _LOG_VERSION = re.compile(r'"Version info" version="(v\d{1,2}\.\d{1,3}\.\d{1,4})[^"]{0,40}"')
+# a sync that failed, in klog's plain and structured forms (kubernetes#80297's lines:
+# `proxier.go:1499] Failed to bind service address to dummy device "default/netdia:":
+# error bind address: 2400:3200:1500::1cb to interface: kube-ipvs0, err: permission denied`)
+_LOG_SYNC_ERROR = re.compile(r'\] "?Failed to (?:bind service address|add entry|sync service|'
+                             r'execute iptables-restore|ensure|delete|sync)')
+MAX_ERRORS = 20  # (the first lines tell the cause; a log repeats them every sync)
+MAX_ERROR_LINE = 400
 _PROXY_ARGS = re.compile(r"(?:^|[\s/\"'])kube-proxy(?:\s|\"|'|$)")
 
 
@@ -216,6 +223,7 @@ def from_paste(lines: Sequence[str]) -> tuple[KubeProxy | None, str]:
     ConfigMap). (None, "") when the text says nothing of it; else the fact and where the
     mode came from."""
     mode = cidr = masq = version = None
+    errors: list[str] = []
     how = ""
     text = "\n".join(lines)
     if "KubeProxyConfiguration" in text:
@@ -231,6 +239,8 @@ def from_paste(lines: Sequence[str]) -> tuple[KubeProxy | None, str]:
         v = _LOG_VERSION.search(line)
         if v:
             version = v.group(1)
+        if len(errors) < MAX_ERRORS and _LOG_SYNC_ERROR.search(line):
+            errors.append(line.strip()[:MAX_ERROR_LINE])
         m = _LOG_PROXIER.search(line)
         if m and m.group(1) != "userspace":
             mode, how = m.group(1), f"kube-proxy's log: {line.strip()[:100]}"
@@ -253,13 +263,13 @@ def from_paste(lines: Sequence[str]) -> tuple[KubeProxy | None, str]:
     if cidr and not all(is_network(c.strip()) for c in cidr.split(",")):
         how = (f"{how}; " if how else "") + f"its cluster CIDR {cidr!r} is not a CIDR: not used"
         cidr = None
-    if version and not (mode or cidr or masq is not None or "kube-proxy" in text
+    if version and not (mode or cidr or masq is not None or errors or "kube-proxy" in text
                         or "Prox" in text):
         version = None  # another component's "Version info" (its log says nothing else)
-    if mode is None and cidr is None and masq is None and version is None:
+    if mode is None and cidr is None and masq is None and version is None and not errors:
         return None, how
     return KubeProxy(mode=mode or None, cluster_cidr=cidr or None,
-                     masquerade_all=masq, version=version), how
+                     masquerade_all=masq, version=version, errors=tuple(errors)), how
 
 
 def _dedent(block: str) -> str:

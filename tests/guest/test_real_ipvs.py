@@ -216,3 +216,31 @@ def test_what_if_nftables_on_real_ipvs() -> None:
         assert switched["kube_proxy_mode"] == "nftables"
         assert ids(doc["predicted"]) == ids(switched)
         assert doc["predicted"]["status"] == switched["status"]
+
+
+def test_localhost_node_port_hangs_and_is_named_on_real_ipvs() -> None:
+    """kubernetes#90236 (its IPVS side, #96879): a virtual server on 127.0.0.1:NodePort, as
+    kube-proxy wrote one before kubernetes#101023. The kernel decides: the node's own
+    connect to it gets no answer (DNATed off lo: martian) while the same endpoint
+    answers on its own address; the agent names that virtual server, and only it."""
+    from lab.clb import connect
+    from lab.node import build_lab
+    from lab.scenarios import SCENARIOS
+
+    def bug_findings(ns: Netns, kube: str) -> list[dict[str, Any]]:
+        r = agent_in(ns, "check", "--json", "--all", "--node-name", "n", "--kube-json", kube)
+        assert r.returncode in (0, 1, 3), r.stderr
+        return [f for f in json.loads(r.stdout)["findings"]
+                if (f.get("data") or {}).get("bug") == "kubernetes#90236"]
+
+    with build_lab(SCENARIOS["ipvs-lb-bound"], "legacy") as lab:
+        assert ipvs_kind() == REAL
+        kube = str(lab.kube_dir)
+        assert bug_findings(lab.node, kube) == []
+        lab.node.run("ipvsadm", "-A", "-t", "127.0.0.1:30999", "-s", "rr")
+        lab.node.run("ipvsadm", "-a", "-t", "127.0.0.1:30999", "-r", "172.16.1.10:8080", "-m")
+        assert connect(lab.node, "127.0.0.1", 30999, timeout=2).outcome == "TIMEOUT"
+        assert connect(lab.node, "172.16.1.10", 8080, timeout=2).outcome == "CONNECTED"
+        (f,) = bug_findings(lab.node, kube)
+        assert (f["lb_ip"], f["port"]) == ("127.0.0.1", 30999)
+        assert "IPVS virtual server TCP 127.0.0.1:30999 (1 real server)" in f["evidence"]

@@ -40,6 +40,7 @@ import re
 from agent.diagnose.context import Context
 from agent.diagnose.lb_ip import LB_SETS, ip_proto_port
 from agent.diagnose.model import Finding
+from agent.diagnose.rules import known_bugs
 from agent.netfilter.nft_read import ruleset_of
 from agent.parse.ip_text import canonical_ip
 from agent.snapshot import IpvsVirtualServer, KubeProxySync, NodeSnapshot, Service
@@ -454,6 +455,7 @@ def _loop_back_finding(name: str, entry: str, ep: str, port: int,
     shown = ", ".join(f"{vs.protocol} {_host(vs.address)}:{vs.port}" for vs in servers[:4])
     shown += f" and {len(servers) - 4} more" if len(servers) > 4 else ""
     first = servers[0]
+    bug = known_bugs.entry("kubernetes#134884")
     return Finding(
         LOOP_BACK_MISSING, "warning",
         f"Endpoint {_host(ep)}:{port} is on this node but not in ipset {name}: if that pod "
@@ -466,4 +468,6 @@ def _loop_back_finding(name: str, entry: str, ep: str, port: int,
         remedy=("kube-proxy adds the entry on its next sync: look at its log for ipset "
                 "errors and restart it (the symptom kubernetes#134884 reports; a pod that "
                 "answers itself from its own address with the entry present points at "
-                "br_netfilter instead: `sysctl net.bridge.bridge-nf-call-iptables`)."))
+                "br_netfilter instead: `sysctl net.bridge.bridge-nf-call-iptables`)."),
+        # the state the catalogue's kubernetes#134884 names (its reported_by: this rule)
+        data={"kind": "known-bug", "bug": bug.id, "issue": bug.issue})

@@ -8,7 +8,9 @@ fires where kube-proxy's version (its log) or its rules' shape says the fix is i
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -19,6 +21,7 @@ from agent.diagnose.kube_proxy_version import KubeProxyVersion, version_of
 from agent.diagnose.lb_ip import LbTarget
 from agent.diagnose.model import Finding
 from agent.netfilter.nft_read import ruleset_of
+from agent.parse.ip_text import canonical_ip
 
 ID = "kube-proxy-known-bug"
 Version = tuple[int, int, int]
@@ -31,11 +34,14 @@ class Bug:
     issue: str
     fix: str
     modes: tuple[str, ...]
-    fixed: Version
+    fixed: Version | None  # None: no release is known to fix it (a limitation, or unfixed)
     backports: tuple[Version, ...]
-    detector: str
+    # a detector of DETECTORS, or None where another rule reports the state (reported_by)
+    detector: str | None
     why: str
     remedy: str
+    reported_by: str | None = None  # the finding id of the rule that reports the state
+    related: tuple[str, ...] = ()  # other upstream threads of the same state, for people
 
 
 def _version(text: str) -> Version:
@@ -50,8 +56,16 @@ def catalogue() -> tuple[Bug, ...]:
     doc = json.loads(resources.files("agent.diagnose").joinpath("data/known_bugs.json")
                      .read_text())
     return tuple(Bug(b["id"], b["title"], b["issue"], b["fix"], tuple(b["modes"]),
-                     _version(b["fixed"]), tuple(map(_version, b["backports"])),
-                     b["detector"], b["why"], b["remedy"]) for b in doc["bugs"])
+                     None if b["fixed"] is None else _version(b["fixed"]),
+                     tuple(map(_version, b["backports"])), b["detector"], b["why"],
+                     b["remedy"], b.get("reported_by"), tuple(b.get("related", ())))
+                 for b in doc["bugs"])
+
+
+def entry(bug_id: str) -> Bug:
+    """The catalogue's entry for ``bug_id`` (a rule that reports a catalogued state cites
+    it by this)."""
+    return next(b for b in catalogue() if b.id == bug_id)
 
 
 # -- detectors: (context) -> [(target, evidence lines)] ---------------------------------
@@ -153,10 +167,112 @@ def ipvs_filter_rejects_health_checks(ctx: Context) -> list[Hit]:
     return out
 
 
+# kube-proxy's log naming the address a sync failed on (kubernetes#80297's lines)
+_BIND = re.compile(r"error bind address: (\S+?) to interface: kube-ipvs0")
+_ADD = re.compile(r"Failed to add entry:? (\S+?),(tcp|udp|sctp):(\d+) to ip ?set:? (KUBE-[\w-]+)")
+_SYNC = re.compile(r"Failed to sync service:? \[?([0-9A-Fa-f:.]+?)\]?:(\d+)/(TCP|UDP|SCTP)")
+
+
+def _node_families(ctx: Context) -> tuple[set[int], str]:
+    """The IP families this node serves, and how the input shows it (empty: not shown)."""
+    node = ctx.snapshot.node_info
+    for what, values in (("its Node's spec.podCIDRs", node.pod_cidrs if node else ()),
+                         ("its Node's InternalIP addresses",
+                          node.internal_ips if node else ())):
+        if values:
+            return {6 if ":" in v else 4 for v in values}, f"{what}: {', '.join(values)}"
+    f = ctx.facts
+    fams = {v for v, ip in ((4, f.node_ip), (6, f.node_ip6)) if ip}
+    return fams, ("the node's addresses (`ip addr`)" if fams else "")
+
+
+def lb_ip_of_another_family(ctx: Context) -> list[Hit]:
+    """A load balancer address of an IP family this node does not serve (an IPv4 node
+    whose Service got an IPv6 ingress address, as a NAT64 load balancer gives, or the
+    reverse). kube-proxy before kubernetes#87117 wrote it anyway: IPVS mode bound it on
+    kube-ipvs0 and added it to an ipset of the other family, iptables mode wrote it into
+    the other family's rules; the failure stopped the sync, so every Service changed
+    after it went unserved. Shown by the Service (with the node's families) or by
+    kube-proxy's log naming the address and an ipset of the other family."""
+    fams, how = _node_families(ctx)
+    hits: dict[tuple[str, int, str], tuple[LbTarget, list[str]]] = {}
+    for t in (*ctx.targets, *ctx.v6_targets):
+        fam = 6 if ":" in t.ip else 4
+        if t.kind != "loadbalancer" or not t.port or not fams or fam in fams:
+            continue
+        hits[t.key] = (t, [f"{t.ip} is an IPv{fam} address; this node serves IPv"
+                           f"{'/'.join(map(str, sorted(fams)))} only ({how})"])
+    kp = ctx.snapshot.kube_proxy
+    said: dict[str, list[str]] = {}  # each address's lines of kube-proxy's log
+    ports: dict[str, tuple[int, str]] = {}  # the port a line names with it
+    wrong: set[str] = set()  # an address kube-proxy added to an ipset of the other family
+    for line in kp.errors if kp else ():
+        for m in (_BIND.search(line), _ADD.search(line), _SYNC.search(line)):
+            if m is None:
+                continue
+            addr = canonical_ip(m.group(1).strip("[]"))
+            if addr is None:
+                continue
+            if line not in said.setdefault(addr, []):
+                said[addr].append(line)
+            if m.re is not _BIND:
+                ports.setdefault(addr, (int(m.group(2 if m.re is _SYNC else 3)),
+                                        m.group(3 if m.re is _SYNC else 2).upper()))
+            if m.re is _ADD and (":" in addr) != ("KUBE-6-" in m.group(4)):
+                wrong.add(addr)
+    targets = {t.ip: t for t in (*ctx.targets, *ctx.v6_targets)}
+    for addr, lines in said.items():
+        fam = 6 if ":" in addr else 4
+        known = next((k for k in hits if k[0] == addr), None)
+        if known is None and addr not in wrong and not (fams and fam not in fams):
+            continue  # (a failure of an address of the node's own family: not this bug)
+        ev = [f"kube-proxy's log: {ln}" for ln in lines]
+        if known is not None:
+            hits[known][1].extend(ev)
+            continue
+        port, proto = ports.get(addr, (0, "TCP"))
+        t = targets.get(addr) or LbTarget(addr, port, proto, "loadbalancer", None,
+                                          ("kube-proxy's log",))
+        ev.insert(0, f"kube-proxy's log adds the IPv{fam} address {addr} to an ipset of the "
+                  "other family" if addr in wrong else f"{addr} is an IPv{fam} address; "
+                  f"this node serves IPv{'/'.join(map(str, sorted(fams)))} only ({how})")
+        hits[t.key] = (t, ev)
+    return [(t, tuple(ev)) for t, ev in hits.values()]
+
+
+def ipvs_localhost_node_ports(ctx: Context) -> list[Hit]:
+    """IPVS virtual servers on 127.0.0.1 or ::1 (kube-proxy wrote one per NodePort on
+    every local address, loopback included, until kubernetes#101023): a client on the
+    node dialling localhost:NodePort is DNATed off the loopback interface, which the
+    kernel drops as martian (IPv6 has no route_localnet), so it hangs."""
+    out: list[Hit] = []
+    for vs in ctx.snapshot.ipvs or ():
+        try:
+            loopback = ipaddress.ip_address(vs.address).is_loopback
+        except ValueError:
+            continue
+        if not loopback:
+            continue
+        host = f"[{vs.address}]" if ":" in vs.address else vs.address
+        t = LbTarget(vs.address, vs.port, vs.protocol, "nodeport", None,
+                     ("IPVS virtual servers",))
+        n = len(vs.real_servers)
+        out.append((t, (f"IPVS virtual server {vs.protocol} {host}:{vs.port} "
+                        f"({n} real server{'' if n == 1 else 's'})",)))
+        if len(out) >= MAX_HITS:
+            break
+    return out
+
+
+MAX_HITS = 200  # per bug (a node has a localhost virtual server per NodePort)
+
+
 DETECTORS: dict[str, Callable[[Context], list[Hit]]] = {
     "nft_no_endpoint_drop_for_pods": nft_no_endpoint_drop_for_pods,
     "ipvs_empty_local_virtual_server": ipvs_empty_local_virtual_server,
     "ipvs_filter_rejects_health_checks": ipvs_filter_rejects_health_checks,
+    "lb_ip_of_another_family": lb_ip_of_another_family,
+    "ipvs_localhost_node_ports": ipvs_localhost_node_ports,
 }
 
 
@@ -166,9 +282,10 @@ def check(ctx: Context) -> list[Finding]:
     version = ctx.kube_proxy_version
     out = []
     for bug in catalogue():
-        if ctx.mode not in bug.modes:
+        if ctx.mode not in bug.modes or bug.detector is None:
             continue
-        before = version.before(bug.fixed, bug.backports) if version else None
+        before = version.before(bug.fixed, bug.backports) \
+            if version and bug.fixed is not None else None
         if before is False:
             continue
         for t, evidence in DETECTORS[bug.detector](ctx):
@@ -178,16 +295,22 @@ def check(ctx: Context) -> list[Finding]:
 
 def _finding(bug: Bug, t: LbTarget, evidence: tuple[str, ...],
              version: KubeProxyVersion | None, before: bool | None) -> Finding:
-    fixed = "v" + ".".join(map(str, bug.fixed)) + "".join(
+    fixed = None if bug.fixed is None else "v" + ".".join(map(str, bug.fixed)) + "".join(
         f" (v{'.'.join(map(str, b))} in the {b[0]}.{b[1]} line)" for b in bug.backports)
-    which = (f"kube-proxy ({version.how})" if version is not None and before else
-             f"kube-proxy older than {fixed}, if it is (its version is not in the input: "
-             "its log's \"Version info\" line, or its rules' shape, would say)")
+    if fixed is None:
+        which = f"kube-proxy ({version.how})" if version is not None else "kube-proxy"
+    else:
+        which = (f"kube-proxy ({version.how})" if version is not None and before else
+                 f"kube-proxy older than {fixed}, if it is (its version is not in the "
+                 "input: its log's \"Version info\" line, or its rules' shape, would say)")
     host = f"[{t.ip}]" if ":" in t.ip else t.ip
     return Finding(
         ID, "info",
         f"{host}:{t.port}/{t.protocol} meets {bug.id} of {which}: {bug.title}",
         lb_ip=t.ip, port=t.port, protocol=t.protocol, service=t.service,
-        evidence=(*evidence, f"{bug.id}: {bug.why}", f"fixed by {bug.fix}: in {fixed}",
+        evidence=(*evidence, f"{bug.id}: {bug.why}",
+                  f"fixed by {bug.fix}: in {fixed}" if fixed is not None else
+                  f"no kube-proxy release fixes it: {bug.fix}",
+                  *(f"related: {r}" for r in bug.related),
                   *((f"kube-proxy: {version.how}",) if version is not None else ())),
         remedy=bug.remedy, data={"kind": "known-bug", "bug": bug.id, "issue": bug.issue})
