@@ -26,7 +26,7 @@ RUN pip download --no-cache-dir --require-hashes --only-binary=:all: --no-deps \
         -r requirements-build.lock
 # The agent's own wheel, from the build context only (.dockerignore keeps the rest out),
 # built with the hashed setuptools above and no build isolation: nothing else is fetched.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY agent ./agent
 RUN pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels .
 
@@ -49,10 +49,15 @@ RUN apt-get update \
 # Installed from the builder's wheels through a bind mount (BuildKit, the default builder
 # since Docker 23; DOCKER_BUILDKIT=0 cannot build this), so the wheels take no layer;
 # --no-index: nothing fetched here; the dependencies' hashes are checked again.
+# /opt/loopback-agent/bin/loopback-agent: the agent at a fixed path, for what runs it by
+# path rather than through PATH (node-problem-detector's custom plugin: daemonset/npd/);
+# the build fails if pip put no loopback-agent on PATH.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     pip install --no-cache-dir --no-index --find-links=/wheels --require-hashes \
         --only-binary=:all: --no-deps -r /wheels/requirements.lock \
-    && pip install --no-cache-dir --no-index --no-deps /wheels/loopback_agent-*.whl
+    && pip install --no-cache-dir --no-index --no-deps /wheels/loopback_agent-*.whl \
+    && mkdir -p /opt/loopback-agent/bin \
+    && ln -s "$(command -v loopback-agent)" /opt/loopback-agent/bin/loopback-agent
 # No .pyc writes (the pods run with a read-only root filesystem); logs unbuffered.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1

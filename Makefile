@@ -22,7 +22,7 @@ DECLARED_PATH = $$($(PY) tests/declared_path.py $(VENV)/declared-bin $(VENV)/bin
 	$(DEB_PKGS) $(BOOT_PKGS))
 PYTEST_ARGS ?=
 
-.PHONY: test test-vm lint bench deps venv clean image demo
+.PHONY: test test-vm lint bench deps venv clean image demo dist
 
 deps:
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -83,7 +83,17 @@ bench: deps venv
 	  exit 1; fi
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
+
+# The release artifacts in $(DIST), each checked (tests/release/dist.py; about a minute):
+# wheel and sdist (LICENSE inside; the wheel installed in a fresh venv as the image installs
+# it runs check --from on a saved bundle), the image's Python SBOM (CycloneDX JSON), the
+# Helm chart (helm lint --strict of the .tgz), the krew archive (its sha256 is the
+# manifest's), SHA256SUMS. Fails at the first check that fails. build and cyclonedx-bom come
+# with the dev extra; .github/workflows/release.yml publishes what this makes.
+DIST ?= dist
+dist: deps venv $(VENV)/bin/helm
+	$(PY) tests/release/dist.py --out $(DIST)
 
 # The container image of the agent and the collector (Dockerfile). Needs a Docker engine;
 # `make image IMAGE=registry.example/loopback-agent:0.1.0` to name it.

@@ -7,7 +7,10 @@
 `check` starts a short-lived pod on NODE (the agent's image, the node's network and PID
 namespaces, the DaemonSet's capabilities and read-only node mounts: ``check_pod``), streams
 its report, exits with the agent's exit code (0 healthy, 1 at risk, 2 loopback, 3
-unknown) and deletes the pod, also on Ctrl-C or SIGTERM. `nodes` and `services` read the
+unknown) and deletes the pod, also on Ctrl-C or SIGTERM. Where the agent is not installed
+(no ServiceAccount loopback-agent in its namespace: the pod could not be created), the pod
+is made by `kubectl debug node/NODE --profile=netadmin` instead (``debug_args``), and then
+followed and deleted the same way. `nodes` and `services` read the
 collector through `kubectl port-forward` (or --collector URL). Everything cluster-side is
 done by the user's own `kubectl`, with their --kubeconfig, --context and -n/--namespace
 (accepted anywhere on the line, as kubectl users type them after the plugin's name).
@@ -25,8 +28,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -43,6 +47,9 @@ COLLECTOR_NAMESPACE = "loopback-agent"
 COLLECTOR_SERVICE = "loopback-agent-collector"
 COLLECTOR_PORT = 8080
 SERVICE_ACCOUNT = "loopback-agent"  # its read-only RBAC: Services, Nodes, Ingresses
+# Not installed: `kubectl debug node/NODE` with this profile (kubectl 1.27 or later): the
+# node's network, PID and IPC namespaces, NET_ADMIN and NET_RAW (privileged up to 1.28)
+DEBUG_PROFILE = "netadmin"
 
 EXIT_USAGE = 64
 EXIT_UNAVAILABLE = 69  # the pod could not run, kubectl or the collector failed
@@ -207,11 +214,50 @@ def _container_state(pod: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return "", {}
 
 
+def agent_installed(k: Kubectl, namespace: str) -> bool | None:
+    """Whether the ServiceAccount the check pod runs as is in ``namespace``: False when it
+    is not (the agent is not installed there, or the namespace does not exist: either way
+    the pod could not be created), None when kubectl cannot tell (no right to read
+    ServiceAccounts, no answer): then the pod is tried, and its own error says why."""
+    try:
+        proc = k.run(namespace, "get", "serviceaccount", SERVICE_ACCOUNT,
+                     "--ignore-not-found", "-o", "name", timeout=30)
+    except PluginError:
+        return None
+    if proc.returncode != 0:
+        return None
+    return bool(proc.stdout.strip())
+
+
+def debug_args(node: str, image: str, agent_args: Sequence[str]) -> list[str]:
+    """`kubectl debug`'s arguments for the pod `check` runs where the agent is not
+    installed: on NODE, in the node's network, PID and IPC namespaces with NET_ADMIN and
+    NET_RAW (the netadmin profile), the agent's image, the container named as
+    ``check_pod``'s (so it is followed the same way), not attached (the plugin follows its
+    log from the start and reads the exit code, which an attach does not give)."""
+    return ["debug", f"node/{node}", f"--profile={DEBUG_PROFILE}", f"--image={image}",
+            "--container=agent", f"--env=NODE_NAME={node}", "--attach=false",
+            "--", "loopback-agent", "check", *agent_args]
+
+
+# what `kubectl debug node/...` prints before it creates the pod (the name is kubectl's:
+# node-debugger-NODE-xxxxx; there is no flag to choose it)
+_DEBUG_POD = re.compile(r"^Creating debugging pod (\S+) with container ", re.M)
+
+
 class CheckRun:
-    def __init__(self, kubectl: Kubectl, namespace: str, name: str,
+    def __init__(self, kubectl: Kubectl, namespace: str | None, name: str,
                  poll: float = 1.0) -> None:
         self.k, self.ns, self.name, self.poll = kubectl, namespace, name, poll
         self.created = False
+
+    def where(self) -> str:
+        """The pod as the user would name it (kubectl's current namespace if ns is None)."""
+        return f"{self.ns}/{self.name}" if self.ns else self.name
+
+    def delete_hint(self) -> str:
+        ns = f" -n {self.ns}" if self.ns else ""
+        return f"kubectl{ns} delete pod {self.name}"
 
     def get(self) -> dict[str, Any]:
         out = self.k.checked(self.ns, "get", "pod", self.name, "-o", "json")
@@ -225,6 +271,36 @@ class CheckRun:
         # the pod may exist already (the delete tolerates one that does not)
         self.created = True
         self.k.checked(self.ns, "create", "-f", "-", stdin=json.dumps(pod))
+
+    def create_by_debug(self, node: str, image: str, agent_args: Sequence[str],
+                        timeout: float = 60) -> None:
+        """The pod made by `kubectl debug node/NODE` (``debug_args``); its name is the one
+        kubectl prints. kubectl's output goes to files, so whatever ends the call (its
+        exit, a timeout, Ctrl-C), what it said is read, and a pod it named is deleted."""
+        cmd = self.k.argv(self.ns, *debug_args(node, image, agent_args))
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise PluginError(f"kubectl debug: no answer in {timeout:.0f}s") from None
+            finally:
+                _stop(proc)
+                out.seek(0)
+                m = _DEBUG_POD.search(out.read(64 * 1024).decode(errors="replace"))
+                if m:  # said before the create: the pod may exist (the delete tolerates not)
+                    self.name, self.created = m.group(1), True
+            if proc.returncode != 0:
+                err.seek(0)
+                said = err.read(64 * 1024).decode(errors="replace").strip()
+                raise PluginError(
+                    f"kubectl debug node/{node} failed: {said or proc.returncode} (it needs "
+                    f"kubectl 1.27 or later for --profile={DEBUG_PROFILE}, and a namespace "
+                    "that admits privileged pods: -n NAMESPACE chooses it)")
+        if not self.created:
+            raise PluginError(f"kubectl debug node/{node} did not say which pod it created: "
+                              "find it with kubectl get pods -l "
+                              "app.kubernetes.io/managed-by=kubectl-debug and delete it")
 
     def wait_started(self, timeout: float) -> None:
         """Until the container runs or has run; a hopeless wait fails at once."""
@@ -309,28 +385,52 @@ def cmd_check(k: Kubectl, namespace: str | None, args: argparse.Namespace) -> in
         agent_args.append("--verbose")
     agent_args += args.agent_args
     seconds = _duration(args.capture) if args.capture else 0.0
+    if agent_installed(k, ns) is False:
+        # no ServiceAccount (nor, often, namespace) to run the pod as: kubectl debug's
+        # pod, in kubectl's current namespace or -n's
+        print(f"kubectl-loopback: loopback-agent is not installed (no ServiceAccount "
+              f"{SERVICE_ACCOUNT} in namespace {ns}): running the check in a `kubectl "
+              f"debug node/{args.node} --profile={DEBUG_PROFILE}` pod instead; it reads "
+              "no Services, Node or Ingresses unless its namespace's default "
+              "ServiceAccount may (see --help)", file=sys.stderr)
+        run = CheckRun(k, namespace, "", poll=args.poll)
+        return _follow(run, args, seconds, lambda: run.create_by_debug(
+            args.node, args.image, agent_args))
     name = pod_name(args.node)
     run = CheckRun(k, ns, name, poll=args.poll)
+    return _follow(run, args, seconds, lambda: run.create(check_pod(
+        args.node, name, image=args.image, namespace=ns, agent_args=agent_args,
+        deadline=int(args.start_timeout + seconds + 600))))
+
+
+def _follow(run: CheckRun, args: argparse.Namespace, seconds: float,
+            create: Callable[[], None]) -> int:
+    """Create the pod, stream its report, return the agent's exit code; the pod is
+    deleted whatever happens (Ctrl-C and SIGTERM too)."""
     with _interrupts():
         try:
-            run.create(check_pod(args.node, name, image=args.image, namespace=ns,
-                                 agent_args=agent_args,
-                                 deadline=int(args.start_timeout + seconds + 600)))
-            print(f"kubectl-loopback: pod {ns}/{name} on node {args.node}", file=sys.stderr)
+            create()
+            print(f"kubectl-loopback: pod {run.where()} on node {args.node}",
+                  file=sys.stderr)
             run.wait_started(args.start_timeout)
             run.stream_logs()
             # the log stream can end before the container does (a kubelet or API server
             # restart): wait for the exit as long as the run could still take
             return run.exit_code(timeout=seconds + 120)
         except KeyboardInterrupt:
-            print(f"kubectl-loopback: interrupted; deleting pod {ns}/{name}", file=sys.stderr)
+            if run.created:
+                print(f"kubectl-loopback: interrupted; deleting pod {run.where()}",
+                      file=sys.stderr)
+            else:
+                print("kubectl-loopback: interrupted before a pod was named",
+                      file=sys.stderr)
             return EXIT_INTERRUPTED
         finally:
             try:
                 run.delete()
             except (PluginError, KeyboardInterrupt):
-                print(f"kubectl-loopback: pod {ns}/{name} may be left: delete it with "
-                      f"kubectl -n {ns} delete pod {name}", file=sys.stderr)
+                print(f"kubectl-loopback: pod {run.where()} may be left: delete it with "
+                      f"{run.delete_hint()}", file=sys.stderr)
 
 
 # -- nodes, services: the collector -----------------------------------------------------------
@@ -487,6 +587,28 @@ def _capture(text: str) -> str:
     return text
 
 
+CHECK_EPILOG = f"""\
+where the agent is not installed:
+  When the namespace has no ServiceAccount {SERVICE_ACCOUNT} (the agent was never
+  installed, or the namespace does not exist), the pod is made instead by
+    kubectl debug node/NODE --profile={DEBUG_PROFILE} --image=IMAGE --container=agent \\
+        --env=NODE_NAME=NODE --attach=false -- loopback-agent check [ARGS]
+  (kubectl 1.27 or later), in kubectl's current namespace or -n's, which must admit
+  privileged pods (Pod Security "privileged"; "default" usually does). The plugin says so
+  on stderr, streams the report, exits with the agent's code and deletes the pod, as above.
+  That pod shares the node's network, PID and IPC namespaces (kube-proxy's process and
+  flags are seen) with NET_ADMIN and NET_RAW, but it cannot see:
+  - the Services, the Node and the Ingresses: it runs as that namespace's default
+    ServiceAccount, which is normally not allowed to read them; the report then lists
+    them as unknown and the LB IPs come from kube-proxy's rules alone (-- --no-kube-api
+    skips the attempt);
+  - with --capture, the kernel's drop reasons (tracefs is not mounted in it; the
+    report says so).
+  --image chooses its image too (default: the DaemonSet's,
+  {IMAGE}).
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="kubectl loopback",
                 description="loopback-agent from kubectl. kubectl's --kubeconfig, --context "
@@ -495,10 +617,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     c = sub.add_parser("check", help="run the agent once on NODE in a short-lived pod",
                        description="Start a pod on NODE (namespace loopback-agent-node "
-                                   "unless -n), stream the agent's report, exit with its "
-                                   "code (0 healthy, 1 at risk, 2 loopback, 3 unknown) "
-                                   "and delete the pod, also on Ctrl-C. Arguments after -- go to "
-                                   "`loopback-agent check`.")
+                                   "unless -n, as the agent's\nServiceAccount), stream the "
+                                   "agent's report, exit with its code (0 healthy,\n1 at "
+                                   "risk, 2 loopback, 3 unknown) and delete the pod, also "
+                                   "on Ctrl-C.\nArguments after -- go to "
+                                   "`loopback-agent check`.",
+                       epilog=CHECK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("node", metavar="NODE")
     c.add_argument("--capture", metavar="DURATION", type=_capture,
                    help="also watch NodePort handshakes this long (e.g. 30s)")

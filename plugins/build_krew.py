@@ -4,11 +4,13 @@
 
 The archive (kubectl-loopback-vVERSION.tar.gz) holds agent/kubectl_plugin.py, the package's
 __init__.py (its version), agent/terminal.py (the sanitiser of what reaches the terminal,
-standard library only) and kubectl-loopback, a launcher that runs them with the user's
-python3 (3.10 or newer; the plugin uses the standard library only). It is reproducible:
+standard library only), kubectl-loopback, a launcher that runs them with the user's
+python3 (3.10 or newer; the plugin uses the standard library only), and LICENSE (the
+project's Apache-2.0 text, which krew-index asks every plugin to ship). It is reproducible:
 fixed owners, modes and times, so its sha256 is the manifest's whatever the machine. A
 release uploads it to the manifest's uri; tests/test_kubectl_plugin.py rebuilds it and
-checks the sha256 and that the unpacked launcher works.
+checks the sha256 and that the unpacked launcher works, and `make dist` (tests/release/dist.py)
+checks the archive it puts in dist/ against the manifest and for LICENSE.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def archive_bytes() -> bytes:
              ("agent/__init__.py", (REPO / "agent" / "__init__.py").read_bytes(), 0o644),
              ("agent/kubectl_plugin.py", (REPO / "agent" / "kubectl_plugin.py").read_bytes(),
               0o644),
-             ("agent/terminal.py", (REPO / "agent" / "terminal.py").read_bytes(), 0o644)]
+             ("agent/terminal.py", (REPO / "agent" / "terminal.py").read_bytes(), 0o644),
+             ("LICENSE", (REPO / "LICENSE").read_bytes(), 0o644)]
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, data, mode in files:

@@ -3,8 +3,11 @@ DaemonSet, and the plugin run as a process against a fake `kubectl`: a real exec
 test writes and puts first on PATH (the suite's PATH is declared-only, tests/declared_path.py),
 which records every argv it gets and plays a pod's life. The exit code is the agent's, the pod
 is deleted on every path (normal end, a pod that cannot start, SIGINT, SIGTERM), and the
-user's --kubeconfig/--context/--namespace reach every kubectl call. `nodes` reads a real
-collector process through the fake's `port-forward` line.
+user's --kubeconfig/--context/--namespace reach every kubectl call. Where the agent is not
+installed (no ServiceAccount: the fake answers `get serviceaccount --ignore-not-found` with
+nothing), the pod comes from `kubectl debug node/NODE` (the fake prints kubectl's "Creating
+debugging pod" line and plays that pod). `nodes` reads a real collector process through the
+fake's `port-forward` line.
 """
 
 from __future__ import annotations
@@ -55,29 +58,53 @@ with open(state / "calls.jsonl", "a") as f:
     f.write(json.dumps(record) + "\n")
 scenario = os.environ.get("FAKE_SCENARIO", "ok")
 
-def pod_status():
+def pod_status(container):
     gets = int((state / "gets").read_text()) if (state / "gets").exists() else 0
     (state / "gets").write_text(str(gets + 1))
     if scenario == "imagepull":
-        return {{"phase": "Pending", "containerStatuses": [{{"name": "agent", "state":
+        return {{"phase": "Pending", "containerStatuses": [{{"name": container, "state":
                 {{"waiting": {{"reason": "ErrImagePull", "message": "pull access denied"}}}}}}]}}
     if gets == 0:
-        return {{"phase": "Pending", "containerStatuses": [{{"name": "agent", "state":
+        return {{"phase": "Pending", "containerStatuses": [{{"name": container, "state":
                 {{"waiting": {{"reason": "ContainerCreating"}}}}}}]}}
     if not (state / "logs-done").exists():
-        return {{"phase": "Running", "containerStatuses": [{{"name": "agent", "state":
+        return {{"phase": "Running", "containerStatuses": [{{"name": container, "state":
                 {{"running": {{}}}}}}]}}
     code = int(os.environ.get("FAKE_EXIT", "0"))
     return {{"phase": "Succeeded" if code == 0 else "Failed", "containerStatuses": [
-        {{"name": "agent", "state": {{"terminated": {{"exitCode": code}}}}}}]}}
+        {{"name": container, "state": {{"terminated": {{"exitCode": code}}}}}}]}}
 
 if verb == "create":
     print("pod/" + json.loads(record["stdin"])["metadata"]["name"] + " created")
+elif verb == "get" and "serviceaccount" in argv:  # is the agent installed?
+    if os.environ.get("FAKE_SA_ERROR"):
+        print(os.environ["FAKE_SA_ERROR"], file=sys.stderr)
+        sys.exit(1)
+    if not os.environ.get("FAKE_NOT_INSTALLED"):  # --ignore-not-found: nothing, exit 0
+        print("serviceaccount/loopback-agent")
+elif verb == "debug":  # kubectl debug node/NODE: its line, then the pod (or an error)
+    node = argv[argv.index("debug") + 1].split("/", 1)[1]
+    container = next((a.split("=", 1)[1] for a in argv if a.startswith("--container=")),
+                     "debugger")
+    name = "node-debugger-" + node + "-x7k2q"
+    if os.environ.get("FAKE_DEBUG_FAIL", "").startswith("error: unknown profile"):
+        print(os.environ["FAKE_DEBUG_FAIL"], file=sys.stderr)  # before any pod is named
+        sys.exit(1)
+    print("Creating debugging pod " + name + " with container " + container + " on node "
+          + node + ".", flush=True)
+    if os.environ.get("FAKE_DEBUG_FAIL"):
+        print(os.environ["FAKE_DEBUG_FAIL"], file=sys.stderr)
+        sys.exit(1)
+    (state / "pod.json").write_text(json.dumps({{"metadata": {{"name": name}}, "spec": {{
+        "nodeName": node, "containers": [{{"name": container}}]}}}}))
+    if os.environ.get("FAKE_DEBUG_SLEEP"):  # the API server is slow to answer the create
+        (state / "debug-sent").write_text("")
+        time.sleep(float(os.environ["FAKE_DEBUG_SLEEP"]))
 elif verb == "get" and scenario == "deep":  # JSON nested past any parser's depth
     print("[" * 100000 + "]" * 100000)
 elif verb == "get":
     pod = json.loads((state / "pod.json").read_text())
-    pod["status"] = pod_status()
+    pod["status"] = pod_status(pod["spec"]["containers"][0]["name"])
     print(json.dumps(pod))
 elif verb == "logs":
     print("node n1: AT RISK (exit 1)", flush=True)
@@ -131,6 +158,18 @@ def calls(fake: Path) -> list[dict[str, Any]]:
 
 def verbs(fake: Path) -> list[str]:
     return [next(a for a in c["argv"] if not a.startswith("--")) for c in calls(fake)]
+
+
+def created_pod(fake: Path) -> dict[str, Any]:
+    """The pod the plugin sent to `kubectl create`."""
+    (create,) = [c for c in calls(fake) if "create" in c["argv"]]
+    return json.loads(create["stdin"])
+
+
+def sa_check(*flags: str, namespace: str = "loopback-agent-node") -> list[str]:
+    """The argv of the plugin's "is the agent installed?" question."""
+    return [*flags, f"--namespace={namespace}", "get", "serviceaccount", "loopback-agent",
+            "--ignore-not-found", "-o", "name"]
 
 
 # -- the pod spec against the DaemonSet's -------------------------------------------------------
@@ -242,12 +281,15 @@ def test_check_exits_with_the_agents_code_and_deletes_the_pod(fake: Path, code: 
                       "--kubeconfig", "/tmp/kc", "--poll", "0.05", FAKE_EXIT=str(code))
     assert proc.returncode == code, proc.stderr
     assert "node n1: AT RISK" in proc.stdout  # the report, streamed
-    assert verbs(fake)[0] == "create" and verbs(fake)[-1] == "delete"
-    assert "logs" in verbs(fake)
+    # installed: the agent's ServiceAccount is there, so the pod runs as it (no debug pod)
+    assert calls(fake)[0]["argv"] == sa_check("--kubeconfig=/tmp/kc", "--context=prod")
+    assert verbs(fake)[:2] == ["get", "create"] and verbs(fake)[-1] == "delete"
+    assert "logs" in verbs(fake) and "debug" not in verbs(fake)
+    assert "not installed" not in proc.stderr
     for c in calls(fake):  # the user's flags on every call, in the agent's namespace
         assert {"--context=prod", "--kubeconfig=/tmp/kc",
                 "--namespace=loopback-agent-node"} <= set(c["argv"]), c["argv"]
-    pod = json.loads(calls(fake)[0]["stdin"])
+    pod = created_pod(fake)
     assert pod["spec"]["nodeName"] == "node-1"
     assert pod["spec"]["containers"][0]["args"] == ["check", "--capture", "30s"]
     name = pod["metadata"]["name"]
@@ -258,7 +300,8 @@ def test_agent_arguments_and_namespace_pass_through(fake: Path) -> None:
     proc = run_plugin(fake, "-n", "ops", "check", "node-1", "--json", "--image", "reg/x:1",
                       "--poll", "0.05", "--", "--no-kube-api", "--mode", "ipvs")
     assert proc.returncode == 0, proc.stderr
-    pod = json.loads(calls(fake)[0]["stdin"])
+    assert calls(fake)[0]["argv"] == sa_check(namespace="ops")
+    pod = created_pod(fake)
     c = pod["spec"]["containers"][0]
     assert c["args"] == ["check", "--json", "--no-kube-api", "--mode", "ipvs"]
     assert c["image"] == "reg/x:1" and pod["metadata"]["namespace"] == "ops"
@@ -316,7 +359,7 @@ def test_interrupted_while_creating_deletes_the_pod(fake: Path, sig: signal.Sign
     p.send_signal(sig)
     _, err = p.communicate(timeout=30)
     assert p.returncode == plugin.EXIT_INTERRUPTED, err
-    assert verbs(fake) == ["create", "delete"], (verbs(fake), err)
+    assert verbs(fake) == ["get", "create", "delete"], (verbs(fake), err)
     name = json.loads((fake / "state" / "pod.json").read_text())["metadata"]["name"]
     assert calls(fake)[-1]["argv"][-4:] == ["pod", name, "--ignore-not-found", "--wait=false"]
 
@@ -326,6 +369,122 @@ def test_usage_errors_start_no_pod(fake: Path) -> None:
                  ["check", "n1", "--context"]):
         proc = run_plugin(fake, *args)
         assert proc.returncode == plugin.EXIT_USAGE, (args, proc.stderr)
+    assert calls(fake) == []
+
+
+# -- not installed: kubectl debug's pod (issue 37, bug 4) ----------------------------------------
+
+DEBUG_NAME = "node-debugger-node-1-x7k2q"  # the fake's; kubectl's has a random suffix
+
+
+def debug_argv(*flags: str, image: str = plugin.IMAGE, agent: tuple[str, ...] = ()) -> list[str]:
+    return [*flags, "debug", "node/node-1", "--profile=netadmin", f"--image={image}",
+            "--container=agent", "--env=NODE_NAME=node-1", "--attach=false", "--",
+            "loopback-agent", "check", *agent]
+
+
+@pytest.mark.parametrize(("args", "flags", "namespace", "image", "agent"), [
+    # kubectl's current namespace: no --namespace on the debug pod's calls
+    (["--context", "prod", "check", "node-1", "--capture", "30s"], ("--context=prod",),
+     None, plugin.IMAGE, ("--capture", "30s")),
+    # -n: asked there, and the debug pod made there; --image and the agent's flags kept
+    (["-n", "ops", "check", "node-1", "--json", "--image", "reg/x:1", "--", "--no-kube-api"],
+     (), "ops", "reg/x:1", ("--json", "--no-kube-api")),
+])
+def test_without_the_agent_installed_check_runs_a_kubectl_debug_pod(
+        fake: Path, args: list[str], flags: tuple[str, ...], namespace: str | None,
+        image: str, agent: tuple[str, ...]) -> None:
+    """issue 37, bug 4: on a cluster without the DaemonSet (no namespace loopback-agent-node,
+    no ServiceAccount) `check` failed: its pod could not be created. It now runs the agent in
+    a `kubectl debug node/NODE --profile=netadmin` pod, says so, and follows and deletes that
+    pod as its own (the agent's exit code, the report streamed from the start)."""
+    cut = args.index("--") if "--" in args else len(args)
+    proc = run_plugin(fake, *args[:cut], "--poll", "0.05", *args[cut:],
+                      FAKE_NOT_INSTALLED="1", FAKE_EXIT="2")
+    assert proc.returncode == 2, proc.stderr
+    assert "node n1: AT RISK" in proc.stdout  # the report, streamed
+    assert "Creating debugging pod" not in proc.stdout  # kubectl's chatter kept off stdout
+    assert "not installed" in proc.stderr and "kubectl debug node/node-1 --profile=netadmin" \
+        in proc.stderr
+    where = (f"--namespace={namespace}",) if namespace else ()
+    assert calls(fake)[0]["argv"] == sa_check(*flags, namespace=namespace or plugin.AGENT_NAMESPACE)
+    assert calls(fake)[1]["argv"] == debug_argv(*flags, *where, image=image, agent=agent)
+    assert "create" not in verbs(fake) and "logs" in verbs(fake)
+    for c in calls(fake)[1:]:  # all in the debug pod's namespace
+        assert [a for a in c["argv"] if a.startswith("--namespace")] == list(where), c["argv"]
+    logs = next(c for c in calls(fake) if "logs" in c["argv"])
+    assert logs["argv"][-3:] == [f"pod/{DEBUG_NAME}", "-c", "agent"]
+    assert calls(fake)[-1]["argv"] == [*flags, *where, "delete", "pod", DEBUG_NAME,
+                                       "--ignore-not-found", "--wait=false"]
+    # what the debug pod runs is a command line the agent's own parser takes
+    from agent.cli import build_parser
+
+    command = calls(fake)[1]["argv"][calls(fake)[1]["argv"].index("--") + 1:]
+    assert command[0] == "loopback-agent"
+    assert build_parser().parse_args(command[1:]).command == "check"
+
+
+def test_the_fallback_is_not_taken_when_kubectl_cannot_tell(fake: Path) -> None:
+    """No right to read ServiceAccounts is not "not installed": the agent's own pod is tried
+    (and its own error, if any, says why)."""
+    proc = run_plugin(fake, "check", "node-1", "--poll", "0.05",
+                      FAKE_SA_ERROR='Error from server (Forbidden): serviceaccounts '
+                                    '"loopback-agent" is forbidden')
+    assert proc.returncode == 0, proc.stderr
+    assert verbs(fake)[:2] == ["get", "create"] and "debug" not in verbs(fake)
+    assert "not installed" not in proc.stderr
+
+
+@pytest.mark.parametrize(("error", "deleted"), [
+    # the namespace refuses the pod: kubectl named it first, so it is deleted (if there)
+    ('Error from server (Forbidden): pods "node-debugger-node-1-x7k2q" is forbidden: '
+     'violates PodSecurity "baseline:latest": host namespaces (hostNetwork=true, '
+     'hostPID=true, hostIPC=true)', True),
+    # a kubectl older than 1.27: refused before any pod
+    ("error: unknown profile: netadmin", False),
+])
+def test_a_failing_kubectl_debug_is_a_clear_error(fake: Path, error: str, deleted: bool) -> None:
+    proc = run_plugin(fake, "check", "node-1", "--poll", "0.05", FAKE_NOT_INSTALLED="1",
+                      FAKE_DEBUG_FAIL=error)
+    assert proc.returncode == plugin.EXIT_UNAVAILABLE, proc.stderr
+    assert f"kubectl-loopback: kubectl debug node/node-1 failed: {error}" in proc.stderr
+    assert "kubectl 1.27" in proc.stderr and "Traceback" not in proc.stderr
+    assert verbs(fake) == ["get", "debug", *(["delete"] if deleted else [])], verbs(fake)
+    if deleted:
+        assert calls(fake)[-1]["argv"][-4:] == ["pod", DEBUG_NAME, "--ignore-not-found",
+                                                "--wait=false"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_while_kubectl_debug_creates_deletes_its_pod(fake: Path,
+                                                                 sig: signal.Signals) -> None:
+    """kubectl names the pod before it creates it: interrupted while it waits for the
+    API server, the pod it named is deleted."""
+    p = subprocess.Popen([sys.executable, "-m", "agent.kubectl_plugin", "check", "node-1",
+                          "--poll", "0.05"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=plugin_env(fake, FAKE_NOT_INSTALLED="1",
+                                                   FAKE_DEBUG_SLEEP="30"))
+    deadline = time.monotonic() + 30
+    while not (fake / "state" / "debug-sent").exists():
+        assert time.monotonic() < deadline and p.poll() is None, p.communicate()
+        time.sleep(0.05)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == plugin.EXIT_INTERRUPTED, err
+    assert verbs(fake) == ["get", "debug", "delete"], (verbs(fake), err)
+    assert calls(fake)[-1]["argv"] == ["delete", "pod", DEBUG_NAME, "--ignore-not-found",
+                                       "--wait=false"]
+    assert f"deleting pod {DEBUG_NAME}" in err
+
+
+def test_check_help_says_what_the_fallback_cannot_see(fake: Path) -> None:
+    proc = run_plugin(fake, "check", "--help")
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    for needle in ("kubectl debug node/NODE --profile=netadmin", "kubectl 1.27",
+                   "cannot see", "Services, the Node and the Ingresses", "tracefs",
+                   "--no-kube-api", plugin.IMAGE):
+        assert needle in text, needle
     assert calls(fake) == []
 
 
