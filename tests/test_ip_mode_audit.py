@@ -135,9 +135,9 @@ def test_the_services_own_annotations_win_over_the_node() -> None:
 
 
 def test_the_readme_table_names_every_provider() -> None:
-    from pathlib import Path
+    from tests import docs
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = docs.text()
     for p in providers():
         assert f"| {p.name} |" in readme, p.name
 

@@ -625,7 +625,9 @@ def test_krew_archive_runs_standalone(fake: Path) -> None:
 
 
 def test_readme_documents_the_plugin() -> None:
-    text = (REPO / "README.md").read_text()
+    from tests import docs
+
+    text = docs.text()
     for needle in ("kubectl loopback check", "kubectl loopback nodes",
                    "kubectl loopback services", "plugins/loopback.yaml"):
         assert needle in text, needle

@@ -1,5 +1,6 @@
-"""The README works as written: its shell blocks marked runnable are run as a newcomer
-would, on this machine as root.
+"""The README and the docs pages work as written: their shell blocks marked runnable are
+run as a newcomer would, on this machine as root, in the order of the pages (README.md,
+then docs/mkdocs.yml's nav: tests/docs.py).
 
 - ``<!-- runnable -->``: from the checkout (``make demo``, the venv, ``make lint``);
 - ``<!-- runnable: node -->``: on a node. All of them in order, in one shell (a block may
@@ -25,18 +26,18 @@ import pytest
 
 from lab.node import build_lab
 from lab.scenarios import SCENARIOS
+from tests import docs
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces")]
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
 _BLOCK = re.compile(r"<!-- runnable(?:: (\w+))? -->\n```sh\n(.*?)```", re.S)
 VERDICT_CODES = {0, 1, 2}
 
 
 def blocks(where: str) -> list[str]:
-    return [body for kind, body in _BLOCK.findall(README.read_text()) if (kind or "repo") == where]
+    return [body for kind, body in _BLOCK.findall(docs.text()) if (kind or "repo") == where]
 
 
 def commands(block: str) -> list[str]:
@@ -82,7 +83,7 @@ def test_the_readme_marks_what_a_newcomer_runs() -> None:
     for needed in ("loopback-agent check   ", "--capture", "loopback-agent bundle",
                    "iptables-save >", "check --from lb-bundle", "check --snapshot"):
         assert needed in node, needed
-    assert set(kind for kind, _ in _BLOCK.findall(README.read_text())) <= {"", "node"}
+    assert set(kind for kind, _ in _BLOCK.findall(docs.text())) <= {"", "node"}
 
 
 # (`make demo` is tests/test_demo.py's test_the_story_end_to_end)
@@ -122,7 +123,7 @@ def test_the_references_name_every_option_and_metric(tmp_path: Path) -> None:
     from agent.daemon import Metrics
     from tests.test_deploy import env_options, subcommand_parser
 
-    text = README.read_text()
+    text = docs.text()
     for command in ("run", "collector"):
         for action in subcommand_parser(command)._actions:
             if (action.option_strings and action.help != argparse.SUPPRESS
