@@ -53,7 +53,7 @@ from agent.watch import watch_node
 
 # what says the Services, Ingresses and Node: the API, or --kube-json's files
 _KUBE_SOURCES = frozenset({kube_api.SOURCE, bundle_files.SERVICES, bundle_files.NODE,
-                           bundle_files.INGRESSES, bundle_files.KUBE_PROXY_POD})
+                           bundle_files.INGRESSES, bundle_files.KUBE_PROXY_DAEMONSET})
 
 # loopback_agent_finding has one series per (finding id, severity, LB IP, Service): a node
 # with thousands of LB IPs at risk must not blow up Prometheus. Past the cap the least

@@ -248,12 +248,16 @@ class KubeProxy:
 
 
 @dataclass(frozen=True, slots=True)
-class KubeProxyPod:
-    """This node's kube-proxy Pod as the API shows it (kube-system, on this node)."""
+class KubeProxyImage:
+    """The image kube-proxy runs from, as an API object shows it: its DaemonSet (what the
+    API gives the agent) or its Pod (a paste, a bundle)."""
 
-    name: str  # "kube-system/kube-proxy-7xq2m"
-    image: str  # its kube-proxy container's image: "registry.k8s.io/kube-proxy:v1.32.2"
-    source: str  # "kubernetes API pods", "kube-proxy-pod.json:1"
+    of: str  # "DaemonSet kube-system/kube-proxy", "Pod kube-system/kube-proxy-7xq2m"
+    image: str  # its kube-proxy container's: "registry.k8s.io/kube-proxy:v1.32.2"
+    source: str  # "kubernetes API kube-proxy", "kube-proxy-daemonset.json:1"
+    # a Pod whose kube-proxy container runs (not ending, not waiting for its image); a
+    # DaemonSet's template is taken as what runs
+    running: bool = True
 
 
 @quick_init
@@ -355,7 +359,7 @@ class NodeSnapshot:
     ipvs: tuple[IpvsVirtualServer, ...] | None = None
     sysctls: dict[str, str] | None = None  # "net.ipv4.conf.eth0.rp_filter" -> "1"
     kube_proxy: KubeProxy | None = None
-    kube_proxy_pod: KubeProxyPod | None = None  # None: not read, or none on this node
+    kube_proxy_image: KubeProxyImage | None = None  # None: not read, or not shown
     services: tuple[Service, ...] | None = None
     ingresses: tuple[Ingress, ...] | None = None
     node_info: NodeInfo | None = None

@@ -4,8 +4,8 @@ Not a mock of the client: it speaks HTTP/1.1 on a loopback port the way kube-api
 does for the parts the agent uses, so the real `kubernetes` client (urllib3, chunked
 streams, its Watch) is what talks to it.
 
-- An in-memory store per resource (services, ingresses, nodes, pods, events) with one global
-  resourceVersion counter (as etcd's revision) and a history of changes for watches.
+- An in-memory store per resource (services, ingresses, nodes, pods, daemonsets, events)
+  with one global resourceVersion counter (as etcd's revision) and a history of changes for watches.
 - LIST with limit/continue (the continue token carries the list's resourceVersion and the
   next key), fieldSelector metadata.name / metadata.namespace / spec.nodeName (Pods).
 - WATCH (watch=true): chunked JSON lines, ADDED/MODIFIED/DELETED and BOOKMARK (with
@@ -44,10 +44,12 @@ RESOURCES = {
     "services": ("/api/v1", True, "Service"),
     "nodes": ("/api/v1", False, "Node"),
     "pods": ("/api/v1", True, "Pod"),
+    "daemonsets": ("/apis/apps/v1", True, "DaemonSet"),
     "ingresses": ("/apis/networking.k8s.io/v1", True, "Ingress"),
     "events": ("/apis/events.k8s.io/v1", True, "Event"),
 }
 API_VERSION = {"/api/v1": "v1", "/apis/networking.k8s.io/v1": "networking.k8s.io/v1",
+               "/apis/apps/v1": "apps/v1",
                "/apis/events.k8s.io/v1": "events.k8s.io/v1"}
 
 
@@ -682,6 +684,18 @@ def node(name: str, internal_ip: str = "10.0.0.5", pod_cidr: str = "10.244.1.0/2
                        "conditions": [{"type": "Ready", "status": "True",
                                        "reason": "KubeletReady",
                                        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}
+
+
+def daemon_set(image: str, name: str = "kube-proxy", namespace: str = "kube-system"
+               ) -> dict[str, Any]:
+    """kube-proxy's DaemonSet as kubeadm writes it (labels k8s-app: kube-proxy)."""
+    return {"metadata": {"name": name, "namespace": namespace,
+                         "labels": {"k8s-app": "kube-proxy"}},
+            "spec": {"selector": {"matchLabels": {"k8s-app": "kube-proxy"}},
+                     "template": {"metadata": {"labels": {"k8s-app": "kube-proxy"}},
+                                  "spec": {"containers": [{"name": "kube-proxy",
+                                                           "image": image,
+                                                           "env": [{"name": "NODE_NAME"}]}]}}}}
 
 
 def pod(name: str, node_name: str, image: str, *, namespace: str = "kube-system",

@@ -231,8 +231,8 @@ def test_renders_the_expected_objects(rendered: list[Obj]) -> None:
         ("ClusterRoleBinding", "loopback-agent-collector-tokenreview"),
         ("Role", "loopback-agent-collector-pods"),
         ("RoleBinding", "loopback-agent-collector-pods"),
-        ("Role", "loopback-agent-kube-proxy-pods"),
-        ("RoleBinding", "loopback-agent-kube-proxy-pods"),
+        ("Role", "loopback-agent-kube-proxy-daemonset"),
+        ("RoleBinding", "loopback-agent-kube-proxy-daemonset"),
         ("ConfigMap", "loopback-agent-config"),
         ("ConfigMap", "loopback-agent-collector-config"),
         ("DaemonSet", "loopback-agent"),
@@ -250,8 +250,8 @@ def test_renders_the_expected_objects(rendered: list[Obj]) -> None:
                    ("Role", "loopback-agent-collector-pods"),
                    ("RoleBinding", "loopback-agent-collector-pods")}
     # and the agent's grant to read kube-system's Pods (kube-proxy's image)
-    in_kube_system = {("Role", "loopback-agent-kube-proxy-pods"),
-                      ("RoleBinding", "loopback-agent-kube-proxy-pods")}
+    in_kube_system = {("Role", "loopback-agent-kube-proxy-daemonset"),
+                      ("RoleBinding", "loopback-agent-kube-proxy-daemonset")}
     for o in rendered:
         if o["kind"] in cluster_scoped:
             assert "namespace" not in o["metadata"], o["metadata"]["name"]
@@ -515,11 +515,15 @@ def test_resources_bounded(rendered: list[Obj], workload: str) -> None:
 # -- RBAC ------------------------------------------------------------------------------------
 
 
-def rules_of(objs: list[Obj], kind: str, name: str) -> dict[tuple[str, str], set[str]]:
-    """(apiGroup, resource) -> verbs granted by a Role/ClusterRole."""
+def rules_of(objs: list[Obj], kind: str, name: str, names: tuple[str, ...] = ()
+             ) -> dict[tuple[str, str], set[str]]:
+    """(apiGroup, resource) -> verbs granted by a Role/ClusterRole; ``names``: the
+    resourceNames every rule must carry (none by default: no resourceNames, no URLs)."""
     granted: dict[tuple[str, str], set[str]] = {}
     for rule in one(objs, kind, name)["rules"]:
-        assert set(rule) <= {"apiGroups", "resources", "verbs"}  # no resourceNames/URLs
+        assert set(rule) <= {"apiGroups", "resources", "verbs", *(
+            ("resourceNames",) if names else ())}
+        assert tuple(rule.get("resourceNames", ())) == names
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 granted.setdefault((group, resource), set()).update(rule["verbs"])
@@ -548,12 +552,12 @@ def test_rbac_is_least_privilege(rendered: list[Obj]) -> None:
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "loopback-agent",
                                     "namespace": AGENT_NAMESPACE}]
     assert pod_spec(agent_ds(rendered))["serviceAccountName"] == "loopback-agent"
-    # and kube-system's Pods, read only, in kube-system only (kube-proxy's image)
-    assert rules_of(rendered, "Role", "loopback-agent-kube-proxy-pods") == \
-        {("", "pods"): READ_VERBS}
-    pods_rb = one(rendered, "RoleBinding", "loopback-agent-kube-proxy-pods")
+    # and kube-proxy's DaemonSet by its name, read only, in kube-system only (its image)
+    assert rules_of(rendered, "Role", "loopback-agent-kube-proxy-daemonset",
+                    ("kube-proxy",)) == {("apps", "daemonsets"): READ_VERBS}
+    pods_rb = one(rendered, "RoleBinding", "loopback-agent-kube-proxy-daemonset")
     assert pods_rb["metadata"]["namespace"] == "kube-system"
-    assert pods_rb["roleRef"]["name"] == "loopback-agent-kube-proxy-pods"
+    assert pods_rb["roleRef"]["name"] == "loopback-agent-kube-proxy-daemonset"
     assert pods_rb["subjects"] == binding["subjects"]
 
     # the collector: the per-node identity check only. TokenReview (create: how a review

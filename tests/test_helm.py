@@ -256,7 +256,7 @@ def assert_wired(objs: list[Obj], external_accounts: frozenset[tuple[str, str]] 
         assert collector_env["LOOPBACK_AGENT_AGENT_SERVICE_ACCOUNT"] == \
             f"system:serviceaccount:{agent_ns}:{agent_sa}"
         # the collector may read the agents' pods, where they are (and the agent
-        # kube-system's, kube-proxy's among them)
+        # kube-proxy's DaemonSet, in kube-system)
         roles = {r["metadata"]["name"]: r["metadata"]["namespace"]
                  for r in of_kind(objs, "Role")}
         assert sorted(roles.values()) == sorted([agent_ns, "kube-system"]), roles
@@ -572,8 +572,8 @@ def test_objects_follow_the_release(release: str, namespace: str, sets: tuple[st
         if o["kind"] in ("ClusterRole", "ClusterRoleBinding"):
             assert ns is None, key(o)
         elif o["kind"] in ("Role", "RoleBinding"):
-            # the collector's grant on the agents; the agent's on kube-proxy's Pods
-            assert ns == ("kube-system" if name.endswith("-kube-proxy-pods") else
+            # the collector's grant on the agents; the agent's on kube-proxy's DaemonSet
+            assert ns == ("kube-system" if name.endswith("-kube-proxy-daemonset") else
                           agent_ns), key(o)
         elif component == "collector" or o["kind"] == "PrometheusRule":
             assert ns == collector_ns, key(o)

@@ -19,13 +19,20 @@ import pytest
 from agent.kubewatch import JitteredBackoff
 from agent.probes import kube_api
 from agent.probes.base import ProbeContext
-from agent.snapshot import Ingress, KubeProxyPod, NodeInfo, Service
+from agent.snapshot import Ingress, KubeProxyImage, NodeInfo, Service
 from tests.daemon_output import log_line, spooled
-from tests.kube_apiserver import FakeKubeAPI, ingress, kubeconfig, node, pod, service
+from tests.kube_apiserver import (
+    FakeKubeAPI,
+    daemon_set,
+    ingress,
+    kubeconfig,
+    node,
+    service,
+)
 
 pytest.importorskip("kubernetes")
 
-RESOURCES = ("services", "ingresses", "nodes", "pods")
+RESOURCES = ("services", "ingresses", "nodes", "daemonsets")
 PROXY_IMAGE = "registry.k8s.io/kube-proxy:v1.32.2"
 
 
@@ -48,10 +55,9 @@ def api() -> Iterator[FakeKubeAPI]:
         server.put("nodes", node("n1"))
         server.put("nodes", node("n2", "10.0.0.6"))
         server.put("ingresses", ingress("web", "203.0.113.9", "svc1"))
-        server.put("pods", pod("kube-proxy-a1b2c", "n1", PROXY_IMAGE))
-        server.put("pods", pod("kube-proxy-d3e4f", "n2", PROXY_IMAGE))
-        server.put("pods", pod("coredns-5d78c", "n1", "registry.k8s.io/coredns:v1.11.1",
-                               labels={"k8s-app": "kube-dns"}, container="coredns"))
+        server.put("daemonsets", daemon_set(PROXY_IMAGE))
+        # another DaemonSet of kube-system: not asked for, never read
+        server.put("daemonsets", daemon_set("registry.k8s.io/coredns:v1.11.1", "coredns"))
         yield server
 
 
@@ -81,15 +87,15 @@ def test_one_list_then_one_watch_at_a_time(api: FakeKubeAPI, tmp_path: Path) -> 
     finally:
         inf.stop()
     assert unknowns == []
-    services, node_info, ingresses, proxy_pod = values
+    services, node_info, ingresses, proxy_image = values
     # decoded records, not API objects: what the diagnosis reads and nothing else
     assert len(services) == 31 and all(type(s) is Service for s in services)
     assert services[0].key < services[-1].key
     assert node_info == NodeInfo("n1", ("10.244.1.0/24",), ("10.0.0.5",))
     assert [type(i) for i in ingresses] == [Ingress]
-    # this node's kube-proxy among kube-system's Pods on it (not CoreDNS, not n2's)
-    assert proxy_pod == KubeProxyPod("kube-system/kube-proxy-a1b2c", PROXY_IMAGE,
-                                     "kubernetes API Pod kube-system/kube-proxy-a1b2c")
+    # kube-proxy's DaemonSet, by its name: its image
+    assert proxy_image == KubeProxyImage("DaemonSet kube-system/kube-proxy", PROXY_IMAGE,
+                                         "kubernetes API DaemonSet kube-system/kube-proxy")
     for r in RESOURCES:
         lists = api.requests("GET", r, watch=False, since=t0)
         watches = api.requests("GET", r, watch=True, since=t0)
@@ -102,10 +108,10 @@ def test_one_list_then_one_watch_at_a_time(api: FakeKubeAPI, tmp_path: Path) -> 
     # this Node only: no agent lists the cluster's nodes
     assert {q.query.get("fieldSelector") for q in api.requests(resource="nodes", since=t0)} \
         == {"metadata.name=n1"}
-    # and only kube-system's Pods on this Node, never the cluster's Pods
-    pods = api.requests(resource="pods", since=t0)
-    assert {(q.path, q.query.get("fieldSelector")) for q in pods} == \
-        {("/api/v1/namespaces/kube-system/pods", "spec.nodeName=n1")}
+    # and kube-proxy's DaemonSet by its name (what its RBAC's resourceNames allows)
+    asked = api.requests(resource="daemonsets", since=t0)
+    assert {(q.path, q.query.get("fieldSelector")) for q in asked} == \
+        {("/apis/apps/v1/namespaces/kube-system/daemonsets", "metadata.name=kube-proxy")}
     assert {r.method for r in api.log} == {"GET"}
 
 
@@ -259,9 +265,9 @@ def test_probe_reads_the_informer_not_the_api(api: FakeKubeAPI, tmp_path: Path) 
         n = len(api.log)
         res = kube_api.collect(ProbeContext(node_name="n1", kube_cache=inf))
         assert len(api.log) == n  # no request: memory
-        services, node_info, ingresses, proxy_pod = res.value
+        services, node_info, ingresses, proxy_image = res.value
         assert len(services) == 31 and node_info.name == "n1" and len(ingresses) == 1
-        assert proxy_pod.image == PROXY_IMAGE
+        assert proxy_image.image == PROXY_IMAGE
         assert res.unknowns == ()
     finally:
         inf.stop()
@@ -348,9 +354,9 @@ def test_forbidden_ingresses_leave_the_rest_working(tmp_path: Path) -> None:
             assert time.monotonic() - t0 < 3, time.monotonic() - t0
             assert inf.services.synced.is_set() and inf.node.synced.is_set()
             until(lambda: inf.ingresses.failures > 200, timeout=30, what="many 403s")
-            (services, node_info, ingresses, proxy_pod), why = inf.read()
+            (services, node_info, ingresses, proxy_image), why = inf.read()
             assert [s.name for s in services] == ["a"] and node_info.name == "n1"
-            assert ingresses is None and proxy_pod is None  # (no kube-proxy Pod here)
+            assert ingresses is None and proxy_image is None  # (no kube-proxy DaemonSet)
             assert why == [("ingresses", "not listed yet: HTTP 403 Forbidden")]
             api.put("services", service("b", "198.51.100.2"))
             until(lambda: len(inf.read()[0][0]) == 2, what="services still watched")
@@ -620,17 +626,34 @@ def test_an_endless_watch_line_is_cut_at_a_bound(api: FakeKubeAPI, tmp_path: Pat
 
 
 def test_kube_proxy_upgraded_under_a_running_agent(api: FakeKubeAPI, tmp_path: Path) -> None:
-    """kube-proxy's DaemonSet rolled to a new image while the agent runs: its Pod is
-    replaced (a new name) and the watch carries the new image; kube-proxy's Pods on other
-    nodes, or forbidden Pods, change nothing here."""
+    """kube-proxy's DaemonSet rolled to a new image while the agent runs: the watch carries
+    the new image; another DaemonSet changing wakes nothing that is read."""
     inf = start(api, tmp_path, watch_timeout=30.0)
     try:
         assert inf.read()[0][3].image == PROXY_IMAGE
-        api.delete("pods", "kube-proxy-a1b2c", "kube-system")
-        api.put("pods", pod("kube-proxy-z9y8x", "n1", "registry.k8s.io/kube-proxy:v1.33.6"))
-        api.put("pods", pod("kube-proxy-d3e4f", "n2", "registry.k8s.io/kube-proxy:v1.34.0"))
-        until(lambda: inf.read()[0][3].name == "kube-system/kube-proxy-z9y8x",
-              what="the new Pod")
-        assert inf.read()[0][3].image.endswith(":v1.33.6")
+        api.put("daemonsets", daemon_set("registry.k8s.io/kube-proxy:v1.33.6"))
+        until(lambda: inf.read()[0][3].image.endswith(":v1.33.6"), what="the new image")
+    finally:
+        inf.stop()
+
+
+def test_a_refused_kube_proxy_daemonset_is_said_and_asked_again_rarely(
+        api: FakeKubeAPI, tmp_path: Path) -> None:
+    """An install whose RBAC predates the Role: the rest works, the version is said to be
+    unread (with why), and it is not asked for again every minute from every node."""
+    api.forbidden.add("daemonsets")
+    kc = kubeconfig(str(tmp_path / "kc"), api.url)
+    inf = kube_api.start_informer(ProbeContext(node_name="n1", kubeconfig=kc),
+                                  watch_timeout=30.0, backoff_base=0.05, backoff_cap=0.1)
+    try:
+        assert not inf.wait_synced(10.0)
+        values, why = inf.read()
+        assert len(values[0]) == 31 and values[3] is None
+        assert why == [("kube-proxy", "not listed yet: HTTP 403 Forbidden")]
+        time.sleep(3)
+        # base 0.05 s doubling: 6 tries in the first 3 s at most, and never capped at the
+        # other reflectors' 0.1 s (which would be ~30)
+        refused = [q for q in api.requests(resource="daemonsets") if q.status == 403]
+        assert 1 <= len(refused) <= 7, len(refused)
     finally:
         inf.stop()

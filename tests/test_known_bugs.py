@@ -77,7 +77,7 @@ def test_131765_on_the_reporters_map_says_the_fix_when_the_version_is_unknown() 
     (f,) = bugs(v)
     assert (f["lb_ip"], f["port"], f["service"]) == (
         "10.88.1.2", 80, "sys-ingress-priv/internal-ingress-controller-v2")
-    assert "kubernetes#131765" in f["summary"] and "its version is not in the input" \
+    assert "kubernetes#131765" in f["summary"] and "own version is not in the input" \
         in f["summary"]
     assert "v1.33.6" in f["remedy"] and "v1.34.0" in f["remedy"]
     assert any("no-endpoint-services has 10.88.1.2 . tcp . 80 : drop" in e
@@ -226,7 +226,7 @@ def test_the_nodes_reported_kube_proxy_version_is_a_hint_never_a_fix() -> None:
     assert "the Node's status.nodeInfo.kubeProxyVersion says v1.34.2" in \
         v["context"]["kube_proxy_version"]
     (f,) = bugs(v)
-    assert "its version is not in the input" in f["summary"]
+    assert "own version is not in the input" in f["summary"]
     # kube-proxy's own word (its log) wins, and the hint is not said beside it
     w = verdict(("node.json", node), ("kube-proxy.log", log("v1.34.2")))
     assert bugs(w) == [] and "nodeInfo" not in w["context"]["kube_proxy_version"]
@@ -302,19 +302,49 @@ def test_80297_from_the_service_and_the_nodes_families() -> None:
            'to ip set: KUBE-LOAD-BALANCER, error: exit status 1\n')
     w = bundle(ipvs, ("kube-proxy.log", own), ("node.json", node("10.2.1.0/24")))
     assert of(w, "kubernetes#80297") == []
+    # a dual-stack node whose Node object says IPv4 only (no podCIDRs from its IPAM) but
+    # whose kube-proxy has IPv6 ipsets: kube-proxy serves IPv6 here
+    six = "create KUBE-6-CLUSTER-IP hash:ip,port family inet6 hashsize 1024 maxelem 65536\n"
+    w = bundle(ipvs, ("services.json", SVC_V6_INGRESS), ("ipset.txt", six),
+               ("node.json", node("10.2.1.0/24")))
+    assert of(w, "kubernetes#80297") == []
+    # a Node whose kubelet is v1.30.4: kube-proxy is at least v1.27 beside it (the version
+    # skew policy), long after the fix: said nothing; the kubelet at v1.19: still open
+    for kubelet, fires in (("v1.30.4", False), ("v1.19.16", True)):
+        n = json.loads(node("10.2.1.0/24"))
+        n["status"]["nodeInfo"] = {"kubeProxyVersion": kubelet}
+        w = bundle(ipvs, ("services.json", SVC_V6_INGRESS), ("node.json", json.dumps(n)))
+        assert bool(of(w, "kubernetes#80297")) == fires, kubelet
+        if fires:
+            assert "kube-proxy is at least v1.16 beside it" in \
+                w["context"]["kube_proxy_version"]
 
 
-def test_kube_proxys_failed_syncs_are_kept_from_any_paste_and_bounded() -> None:
+def test_kube_proxys_failed_syncs_are_kept_from_any_paste_once_each_and_bounded() -> None:
     """The log lines are found in a paste of any name, only kube-proxy's (klog's file of
-    its proxier or ipset helper), and at most MAX_ERRORS of them."""
+    its proxier or ipset helper: a kubelet line about kube-proxy's Pod is not), each
+    message once however often the log repeats it (so the cause is not crowded out by a
+    line repeated every sync), and at most MAX_ERRORS messages."""
     from agent.probes.kube_proxy import MAX_ERRORS
 
-    other = "E0718 12:00:00.000000       1 kubelet.go:10] Failed to sync pod: x\n"
-    snap = load_texts([("paste.txt", other + LOG_80297 * 30, "")], origin="bundle:t")
+    kubelet = ('E0718 12:00:00.000000       1 kubelet.go:10] "Failed to sync pod" '
+               'pod="kube-system/kube-proxy-abcde"\n')
+    noise = ('E0718 12:11:12.800000       1 proxier.go:1500] Failed to ensure that nat chain '
+             'KUBE-POSTROUTING exists\n')
+    snap = load_texts([("paste.txt", kubelet + noise * 25 + LOG_80297 * 30, "")],
+                      origin="bundle:t")
     assert snap.kube_proxy is not None
     errors = snap.kube_proxy.errors
-    assert len(errors) == MAX_ERRORS and all("kubelet.go" not in e for e in errors)
-    assert errors[0].startswith("E0718 12:11:12.833267") and "proxier.go:1499]" in errors[0]
+    assert len(errors) == 4 and all("kubelet.go" not in e for e in errors)
+    assert errors[0].startswith("E0718 12:11:12.800000") and "proxier.go:1499]" in errors[1]
+    many = "".join(f"E0718 12:00:00.{i:06d}       1 proxier.go:9] Failed to sync rule {i}\n"
+                   for i in range(3 * MAX_ERRORS))
+    snap = load_texts([("paste.txt", many, "")], origin="bundle:t")
+    assert snap.kube_proxy is not None and len(snap.kube_proxy.errors) == MAX_ERRORS
+    # and a kubelet's line alone says nothing of kube-proxy
+    alone = load_texts([("paste.txt", kubelet, ""), ("ipvsadm.txt", "TCP  10.0.0.9:80 rr\n",
+                                                      "")], origin="bundle:t")
+    assert alone.kube_proxy is None
 
 
 # -- kubernetes#90236: NodePorts on 127.0.0.1 and [::1] (IPVS mode) -----------------------
@@ -330,6 +360,13 @@ def test_90236_on_the_posted_ipvsadm_listing() -> None:
     without = "\n".join(ln for ln in posted.splitlines()
                         if "127.0.0.1:" not in ln and "[::1]:" not in ln)
     assert of(bundle(("ipvsadm.txt", without)), "kubernetes#90236") == []
+    # a loopback virtual server that is no NodePort (constructed: a DNS cache's on
+    # 127.0.0.2:53, a port outside the NodePort range) is not this
+    other = "TCP  127.0.0.2:53 rr\nTCP  127.0.0.1:6443 rr\n"
+    assert of(bundle(("ipvsadm.txt", other)), "kubernetes#90236") == []
+    # with the Services given, their nodePorts decide (31201 is none of theirs here)
+    assert of(bundle(("ipvsadm.txt", posted), ("services.json", SVC_V6_INGRESS)),
+              "kubernetes#90236") == []
 
 
 # -- kubernetes#134884: KUBE-LOOP-BACK without a local endpoint ---------------------------

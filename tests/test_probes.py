@@ -255,7 +255,7 @@ current-context: x
     result = kube_api.collect(ProbeContext(node_name="n1", kubeconfig=str(kc), timeout=2))
     assert result.value == (None, None, None, None)
     assert [u.reason.split(":")[0] for u in result.unknowns] == ["services", "node",
-                                                                  "ingresses", "pods"]
+                                                                  "ingresses", "kube-proxy"]
 
 
 def test_collect_live_turns_a_crash_into_an_unknown(monkeypatch: pytest.MonkeyPatch) -> None:

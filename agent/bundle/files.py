@@ -9,8 +9,8 @@ SYSCTL = "sysctl.txt"
 SERVICES = "services.json"
 NODE = "node.json"
 INGRESSES = "ingresses.json"
-# the Pods of kube-system on this node, kube-proxy's among them (its image: its version)
-KUBE_PROXY_POD = "kube-proxy-pod.json"
+# kube-proxy's DaemonSet, reduced to its name and its containers' images (its version)
+KUBE_PROXY_DAEMONSET = "kube-proxy-daemonset.json"
 # `nft list ruleset` when a kube-proxy table is in it (bundles before 2026-11 have it as
 # nft-kube-proxy.json, `nft -j`: every file is read by its content, so both still load)
 NFT = "nft-ruleset.txt"
@@ -19,4 +19,4 @@ IP6TABLES = "ip6tables-save.txt"  # the IPv6 rules, of the backend iptables-save
 KUBE_PROXY_METRICS = "kube-proxy-metrics.txt"
 
 ALL = (IPTABLES, IPSET, IPVSADM, ROUTE_LOCAL, ADDR, SYSCTL, SERVICES, NODE, INGRESSES, NFT,
-       IP6TABLES, KUBE_PROXY_METRICS, KUBE_PROXY_POD)
+       IP6TABLES, KUBE_PROXY_METRICS, KUBE_PROXY_DAEMONSET)

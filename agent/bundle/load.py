@@ -34,11 +34,14 @@ from agent.parse.addr_text import parse_addresses
 from agent.parse.ipset_text import parse_ipsets
 from agent.parse.ipvsadm_text import parse_ipvsadm
 from agent.parse.kube import (
+    choose_kube_proxy_image,
+    kube_proxy_daemon_set,
+    kube_proxy_pods,
     parse_ingresses,
-    parse_kube_proxy_pod,
     parse_node,
     parse_services,
 )
+from agent.parse.kube_proxy_log import failed_sync
 from agent.parse.kube_proxy_metrics import read_metrics
 from agent.parse.route_text import parse_local_routes
 from agent.parse.svc_describe import parse_svc_describe
@@ -49,7 +52,7 @@ from agent.snapshot import (
     Address,
     IpSet,
     IpvsVirtualServer,
-    KubeProxyPod,
+    KubeProxyImage,
     KubeProxySync,
     LocalRoute,
     Netfilter,
@@ -80,7 +83,7 @@ class _Evidence:
     sysctls: dict[str, str] = field(default_factory=dict)
     services: dict[str, Service] = field(default_factory=dict)
     node: NodeInfo | None = None
-    kube_proxy_pod: KubeProxyPod | None = None
+    kube_proxy_images: list[KubeProxyImage] = field(default_factory=list)
     ingresses: dict[str, Any] = field(default_factory=dict)
     services_read: bool = False  # a Service list was read (it may be empty)
     seen: dict[str, list[str]] = field(default_factory=dict)  # format -> sources
@@ -259,21 +262,14 @@ def _kube_proxy_lines(text: str, source: str, ev: _Evidence) -> None:
             '"Version info"' in text or "Failed to " in text:
         lines = [ln for ln in text.splitlines()
                  if ("kube-proxy" in ln or "Prox" in ln or "FLAG: --" in ln
-                     or '"Version info"' in ln or _sync_error(ln))
+                     or '"Version info"' in ln
+                     or ("Failed to " in ln and failed_sync(ln) is not None))
                  and not ln.startswith(("-A ", ":", "["))]
     else:
         return
     if lines and any(_from_paste(lines)):  # a fact, or a value it names as unusable
         ev.kube_proxy_lines += lines
         ev.saw("kube-proxy", source)
-
-
-def _sync_error(line: str) -> bool:
-    """A kube-proxy log line of a failed sync: klog's file of the proxier or its ipset
-    helper before "Failed to" (another component's failures are not kube-proxy's)."""
-    at = line.find("] ")
-    return at > 0 and "Failed to " in line and (
-        "proxier.go:" in line[:at] or "ipset.go:" in line[:at])
 
 
 def _from_paste(lines: list[str]):  # type: ignore[no-untyped-def]
@@ -701,9 +697,10 @@ def _kube(s: Section, ev: _Evidence) -> bool:
             elif kind == "Ingress":
                 for ing in parse_ingresses(doc, where):
                     ev.ingresses[ing.key] = ing
-            elif kind == "Pod":
-                # (kube-system's Pods on the node: kube-proxy's is the one that counts)
-                ev.kube_proxy_pod = parse_kube_proxy_pod(doc, where) or ev.kube_proxy_pod
+            elif kind in ("Pod", "DaemonSet"):
+                # (kube-system's Pods on the node, kube-proxy's DaemonSet: its image)
+                ev.kube_proxy_images += (kube_proxy_pods if kind == "Pod" else
+                                         kube_proxy_daemon_set)(doc, where)
             else:
                 what = f"{kind} objects" if kind != "None" else "objects without a kind"
                 ev.notes.append(Unknown(where, f"{len(objs)} {what}: not used"))
@@ -850,7 +847,7 @@ def _snapshot(ev: _Evidence, origin: str, refused: list[str]) -> NodeSnapshot:
         services=tuple(ev.services.values()) if ev.services_read else None,
         ingresses=tuple(ev.ingresses.values()) if ev.ingresses else None,
         node_info=ev.node,
-        kube_proxy_pod=ev.kube_proxy_pod,
+        kube_proxy_image=choose_kube_proxy_image(ev.kube_proxy_images),
         routes=tuple(ev.main_routes.values()) if ev.main_routes else None,
         unknowns=tuple(unknowns),
         nft=tuple(ev.nft) or None,
@@ -869,9 +866,9 @@ def with_kube_json(snap: NodeSnapshot, directory: Path) -> NodeSnapshot:
     kube = load_bundle(directory)
     unknowns = tuple(u for u in snap.unknowns if u.source != "kubernetes API")
     unknowns += tuple(u for u in kube.unknowns
-                      if u.source in (*names, bundle_files.KUBE_PROXY_POD))
+                      if u.source in (*names, bundle_files.KUBE_PROXY_DAEMONSET))
     return replace(snap, services=kube.services, node_info=kube.node_info,
-                   ingresses=kube.ingresses, kube_proxy_pod=kube.kube_proxy_pod,
+                   ingresses=kube.ingresses, kube_proxy_image=kube.kube_proxy_image,
                    unknowns=unknowns)
 
 

@@ -232,7 +232,7 @@ def name_format(name: str) -> str:
     for needle, fmt in (("iptables", IPTABLES), ("ipset", IPSET), ("ipvs", IPVSADM),
                         ("route", ROUTE), ("addr", ADDR), ("sysctl", SYSCTL),
                         ("service", KUBE), ("svc", KUBE), ("node", KUBE), ("ingress", KUBE),
-                        ("pod", KUBE), ("metrics", METRICS)):
+                        ("pod", KUBE), ("daemonset", KUBE), ("metrics", METRICS)):
         if needle in n:
             if fmt == KUBE and not n.endswith((".json", ".yaml", ".yml")):
                 continue

@@ -54,6 +54,10 @@ class KubeProxyVersion:
     version: tuple[int, int, int] | None  # as kube-proxy said it (its log, its Pod's image)
     shape: Shape | None  # what its rules' shapes say
     how: str  # for people: "v1.29.15 (kube-proxy's log ...)", "rules shaped as ..."
+    # the oldest kube-proxy the Node's kubelet version allows (the version skew policy:
+    # kube-proxy at most SKEW minors older than the kubelet beside it): it rules a fix
+    # older than that in, never a bug
+    floor: tuple[int, int, int] | None = None
 
     def before(self, fixed: tuple[int, int, int],
                backports: tuple[tuple[int, int, int], ...] = ()) -> bool | None:
@@ -66,7 +70,7 @@ class KubeProxyVersion:
             return v < (line or fixed)
         s = self.shape
         if s is None:
-            return None
+            return self._floor_has(fixed)
         if s.until is not None and s.until <= fixed:
             if s.backport is None:
                 return True
@@ -76,7 +80,16 @@ class KubeProxyVersion:
             return True if line is None or line >= s.backport else None
         if s.since is not None and s.since >= fixed:
             return False
-        return None
+        return self._floor_has(fixed)
+
+
+    def _floor_has(self, fixed: tuple[int, int, int]) -> bool | None:
+        return False if self.floor is not None and self.floor >= fixed else None
+
+
+# kubernetes.io/releases/version-skew-policy: kube-proxy may be up to three minor versions
+# older or newer than the kubelet it runs beside (two before 1.25)
+SKEW = 3
 
 
 def version_of(text: str | None) -> tuple[int, int, int] | None:
@@ -96,7 +109,7 @@ def image_version(image: str) -> tuple[tuple[int, int, int], bool] | None:
     if ":" not in last:
         return None
     m = _TAG.fullmatch(last.split(":", 1)[1])
-    if m is None:
+    if m is None or m.group(1) != "1":  # (a tag of the image's own numbering: no release)
         return None
     return (int(m.group(1)), int(m.group(2)), int(m.group(3))), bool(m.group(4))
 
@@ -105,15 +118,16 @@ def kube_proxy_version(snap: NodeSnapshot, mode: str) -> KubeProxyVersion | None
     """What the input says of kube-proxy's version, or None when it says nothing."""
     kp = snap.kube_proxy
     logged = version_of(kp.version) if kp is not None else None
-    pod = snap.kube_proxy_pod
+    pod = snap.kube_proxy_image
     tagged = image_version(pod.image) if pod is not None else None
-    said = logged or (tagged[0] if tagged else None)
+    # (a Pod whose container is not running says what may run, not what does)
+    said = logged or (tagged[0] if tagged and pod is not None and pod.running else None)
     shape = _shape(snap, mode)
     node = snap.node_info
     # the Node's field names the kubelet's version (kubelet wrote its own there): said, as
     # a hint, never taken as kube-proxy's for a known bug's fix
     hint = node.kube_proxy_version if node is not None and said is None else None
-    if said is None and shape is None and hint is None:
+    if said is None and shape is None and hint is None and tagged is None:
         return None
     parts = []
     if logged is not None:
@@ -122,9 +136,12 @@ def kube_proxy_version(snap: NodeSnapshot, mode: str) -> KubeProxyVersion | None
         # the Pod's image: what the node runs unless its log (the process's own word,
         # from when it started) says otherwise
         parts.append(
-            f"v{'.'.join(map(str, tagged[0]))} (the image of its Pod {pod.name}: "
-            f"{pod.image}" + ("; a vendor's build of that release, whose own patches may "
-                              "differ" if tagged[1] else "") + ")"
+            f"v{'.'.join(map(str, tagged[0]))} (the image of its {pod.of}: {pod.image}"
+            + ("; a vendor's build of that release, whose own patches may differ"
+               if tagged[1] else "")
+            + ("; a node may still run the one before while the DaemonSet rolls"
+               if pod.of.startswith("DaemonSet ") else
+               "; its container is not running" if not pod.running else "") + ")"
             + ("; its log's version is the one taken" if logged is not None else ""))
     if shape is not None:
         parts.append(f"rules shaped as {shape.source}: {shape.name}")
@@ -132,7 +149,13 @@ def kube_proxy_version(snap: NodeSnapshot, mode: str) -> KubeProxyVersion | None
         parts.append(f"the Node's status.nodeInfo.kubeProxyVersion says {hint[:40]} (the "
                      "kubelet's own version, which kube-proxy usually matches: a hint, not "
                      "kube-proxy's word; deprecated in 1.31)")
-    return KubeProxyVersion(said, shape, "; ".join(parts))
+    kubelet = _TAG.fullmatch(hint.strip()) if hint else None
+    floor = (1, max(int(kubelet.group(2)) - SKEW, 0), 0) \
+        if kubelet is not None and kubelet.group(1) == "1" else None
+    if floor is not None:
+        parts[-1] = parts[-1][:-1] + (f"; kube-proxy is at least v1.{floor[1]} beside it, "
+                                      "by the version skew policy)")
+    return KubeProxyVersion(said, shape, "; ".join(parts), floor)
 
 
 def _shape(snap: NodeSnapshot, mode: str) -> Shape | None:

@@ -1,5 +1,5 @@
-"""Four reflectors (Services, Ingresses, this Node, kube-system's Pods on this Node) and
-what a probe reads from them.
+"""Four reflectors (Services, Ingresses, this Node, kube-proxy's DaemonSet) and what a
+probe reads from them.
 
 Each object is decoded by agent.parse.kube as it arrives (the code that reads a bundle's
 kubectl JSON), so the memory holds Service/Ingress/NodeInfo records, not API objects,
@@ -14,18 +14,20 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from agent.kubewatch.reflector import JitteredBackoff, Reflector, object_key
+from agent.kubewatch.reflector import REFUSED, JitteredBackoff, Reflector, object_key
 from agent.parse.kube import (
+    KUBE_PROXY_DAEMONSET,
     KUBE_PROXY_NAMESPACE,
+    choose_kube_proxy_image,
+    kube_proxy_daemon_set,
     parse_ingresses,
-    parse_kube_proxy_pod,
     parse_node,
     parse_services,
 )
-from agent.snapshot import Ingress, KubeProxyPod, NodeInfo, Service
+from agent.snapshot import Ingress, KubeProxyImage, NodeInfo, Service
 
 SOURCE = "kubernetes API"
-REFUSED = (401, 403, 404)  # statuses a retry within seconds does not mend
+REFUSED_RETRY = 3600.0  # seconds: how often a refused kube-proxy DaemonSet is asked again
 
 
 def _one(parse: Callable[[dict[str, Any], str], Any], kind: str
@@ -39,9 +41,13 @@ def _one(parse: Callable[[dict[str, Any], str], Any], kind: str
     return decode
 
 
+def _daemon_set(doc: dict[str, Any], source: str) -> KubeProxyImage | None:
+    return choose_kube_proxy_image(kube_proxy_daemon_set(doc, source))
+
+
 class KubeInformer:
-    """Starts list+watch of Services, Ingresses and (with a node name) this Node and the
-    kube-system Pods on it (kube-proxy's image says its version)."""
+    """Starts list+watch of Services, Ingresses, kube-proxy's DaemonSet (its image says
+    kube-proxy's version) and, with a node name, this Node."""
 
     def __init__(self, api_client: Any, node_name: str | None, *,
                  on_change: Callable[[str], None] | None = None,
@@ -69,18 +75,25 @@ class KubeInformer:
         # This node only: a fieldSelector, so no agent ever lists the cluster's nodes.
         self.node = reflector("node", core.list_node, _one(parse_node, "Node"),
                               f"metadata.name={node_name}") if node_name else None
-        # kube-system's Pods on this node only (as the kubelet watches its own Pods): a
-        # handful, kube-proxy's among them
-        self.pods = reflector(
-            "pods", functools.partial(core.list_namespaced_pod, KUBE_PROXY_NAMESPACE),
-            _one(parse_kube_proxy_pod, "Pod"), f"spec.nodeName={node_name}") \
-            if node_name else None
+        # kube-proxy's DaemonSet only (a fieldSelector on its name, which its RBAC names:
+        # one object), for its image. Where the RBAC predates that grant it is refused:
+        # retried at most hourly, not every minute from every node
+        self.kube_proxy = Reflector(
+            "kube-proxy", functools.partial(client.AppsV1Api(api_client)
+                                            .list_namespaced_daemon_set,
+                                            KUBE_PROXY_NAMESPACE),
+            _one(_daemon_set, "DaemonSet"), on_change=on_change,
+            field_selector=f"metadata.name={KUBE_PROXY_DAEMONSET}",
+            watch_timeout=watch_timeout, request_timeout=request_timeout, rng=rng,
+            backoff=JitteredBackoff(backoff_base, backoff_cap, rng),
+            refused_backoff=JitteredBackoff(backoff_base, max(backoff_cap, REFUSED_RETRY),
+                                            rng))
         self._cache: dict[str, tuple[int, Any]] = {}
         self._lock = threading.Lock()
 
     @property
     def reflectors(self) -> list[Reflector]:
-        return [r for r in (self.services, self.node, self.ingresses, self.pods)
+        return [r for r in (self.services, self.node, self.ingresses, self.kube_proxy)
                 if r is not None]
 
     def start(self) -> KubeInformer:
@@ -116,7 +129,7 @@ class KubeInformer:
             waiting[0].synced.wait(min(left, 0.05))
 
     def read(self) -> tuple[tuple[Any, ...], list[tuple[str, str]]]:
-        """(services, node_info, ingresses, kube_proxy_pod) as the kube_api probe fills
+        """(services, node_info, ingresses, kube_proxy_image) as the kube_api probe fills
         them, and the
         (what, why) of anything that cannot be told."""
         unknowns: list[tuple[str, str]] = []
@@ -131,13 +144,9 @@ class KubeInformer:
                 node_info = nodes[0]
             elif nodes is not None and not self.node.bad:
                 unknowns.append(("node", f"node {self.node_name} not found"))
-        pod: KubeProxyPod | None = None
-        if self.pods is not None:
-            pods = self._read(self.pods, "pods", unknowns)
-            # (a Pod that is not kube-proxy's decodes to None)
-            found = [p for p in pods or () if p is not None]
-            pod = min(found, key=lambda p: p.name) if found else None
-        return (services, node_info, ingresses, pod), unknowns
+        found = self._read(self.kube_proxy, "kube-proxy", unknowns)
+        image = choose_kube_proxy_image(found or ())
+        return (services, node_info, ingresses, image), unknowns
 
     def _read(self, r: Reflector, what: str, unknowns: list[tuple[str, str]]
               ) -> tuple[Any, ...] | None:
@@ -154,7 +163,7 @@ class KubeInformer:
             if cached is not None and cached[0] == version:
                 return cached[1]
         out: tuple[Service | Ingress | NodeInfo, ...] = tuple(
-            records if what in ("node", "pods")  # type: ignore[arg-type]
+            records if what in ("node", "kube-proxy")  # type: ignore[arg-type]
             else sorted(records, key=lambda x: x.key))  # type: ignore[attr-defined]
         with self._lock:
             self._cache[what] = (version, out)

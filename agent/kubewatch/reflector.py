@@ -29,6 +29,7 @@ PAGE = 500  # objects per LIST page: bounds the memory of one response
 CONNECT_TIMEOUT = 10.0
 READ_MARGIN = 30.0  # a watch's read timeout is its timeoutSeconds plus this
 MAX_LINE = 16 << 20  # bytes of one watch event: the API server's objects are < 3 MiB
+REFUSED = (401, 403, 404)  # statuses a retry within seconds does not mend
 DELAYS_KEPT = 64  # backoff delays remembered (tests, the bench): a 403 retries forever
 
 
@@ -112,6 +113,7 @@ class Reflector:
                  on_change: Callable[[str], None] | None = None,
                  field_selector: str | None = None, watch_timeout: float = 300.0,
                  request_timeout: float = 10.0, backoff: JitteredBackoff | None = None,
+                 refused_backoff: JitteredBackoff | None = None,
                  rng: random.Random | None = None) -> None:
         self.name = name
         self._list_call = list_call
@@ -122,6 +124,9 @@ class Reflector:
         self.request_timeout = request_timeout
         self.rng = rng or random.Random()
         self.backoff = backoff or JitteredBackoff(rng=self.rng)
+        # what waits after a refusal no retry within minutes mends (401/403/404: RBAC, no
+        # such API), where that is not the usual backoff (an optional read)
+        self.refused_backoff = refused_backoff
         self.stopping = threading.Event()
         self.synced = threading.Event()
         self.lock = threading.Lock()
@@ -194,7 +199,8 @@ class Reflector:
         self.error = describe(exc)
         status = getattr(exc, "status", None)
         self.status = status if isinstance(status, int) else None
-        delay = self.backoff.next_delay()
+        delay = (self.refused_backoff if self.refused_backoff is not None and
+                 self.status in REFUSED else self.backoff).next_delay()
         self.delays.append(delay)
         self.stopping.wait(delay)
 

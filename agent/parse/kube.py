@@ -7,6 +7,7 @@ once the JSON is decoded, so it is given only for syntax errors.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from sys import intern
 from typing import Any
 
@@ -16,7 +17,7 @@ from agent.parse.json_text import loads
 from agent.snapshot import (
     Ingress,
     IngressBackend,
-    KubeProxyPod,
+    KubeProxyImage,
     LoadBalancerIngress,
     NodeInfo,
     Service,
@@ -74,45 +75,98 @@ def parse_node(doc: dict[str, Any], source: str = "node.json") -> NodeInfo:
 
 KUBE_PROXY = "kube-proxy"
 KUBE_PROXY_NAMESPACE = "kube-system"
+# what the API is asked for: kube-proxy's DaemonSet, by name (kubeadm's, EKS's, AKS's,
+# TKE's; a static-pod kube-proxy has none, and then nothing is said)
+KUBE_PROXY_DAEMONSET = KUBE_PROXY
 
 
-def parse_kube_proxy_pod(doc: dict[str, Any], source: str = "kube-proxy-pod.json"
-                         ) -> KubeProxyPod | None:
-    """kube-proxy's Pod among Pods (`kubectl -n kube-system get pods -o json
-    --field-selector spec.nodeName=NODE`, or one Pod): a kube-system Pod that kube-proxy's
-    installers name or label so (kubeadm's DaemonSet: k8s-app=kube-proxy, pods
-    kube-proxy-xxxxx; static pods: kube-proxy-NODE, component=kube-proxy), and its
-    container named kube-proxy (or the one whose image is kube-proxy). A running one is
-    preferred to one that is ending; None when no Pod is kube-proxy's."""
-    found: list[tuple[bool, KubeProxyPod]] = []
+def _kube_proxy_container(spec: dict[str, Any], path: str, source: str
+                          ) -> tuple[str, str] | None:
+    """(the container's name, its image): the container named kube-proxy, or the one
+    whose image is kube-proxy."""
+    for i, c in enumerate(_list(spec, "containers", path, source)):
+        where = f"{path}containers[{i}]."
+        if not isinstance(c, dict):
+            raise InputError(source, None, f"{where[:-1]}: expected an object")
+        image = _opt_str(c, "image", where, source)
+        name = _opt_str(c, "name", where, source) or ""
+        if image and (name == KUBE_PROXY or image_repository(image) == KUBE_PROXY):
+            return name, image[:300]
+    return None
+
+
+def image_repository(image: str) -> str:
+    """The last part of an image reference's repository: "kube-proxy" for
+    "registry.example:5000/eks/kube-proxy:v1.31.10-eksbuild.8@sha256:..."."""
+    return image.split("@", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]
+
+
+def _is_kube_proxys(namespace: str, name: str, labels: dict[str, Any]) -> bool:
+    return namespace == KUBE_PROXY_NAMESPACE and (
+        name == KUBE_PROXY or name.startswith(KUBE_PROXY + "-") or
+        KUBE_PROXY in (labels.get("k8s-app"), labels.get("component")))
+
+
+def kube_proxy_pods(doc: dict[str, Any], source: str) -> list[KubeProxyImage]:
+    """kube-proxy's Pods among Pods (`kubectl -n kube-system get pods -o json`, one Pod):
+    a kube-system Pod that kube-proxy's installers name or label so (kubeadm's DaemonSet:
+    k8s-app=kube-proxy, pods kube-proxy-xxxxx; static pods: kube-proxy-NODE,
+    component=kube-proxy), with the image its kube-proxy container runs (its status's,
+    else its spec's)."""
+    out = []
     for pod, path in _items(doc, "Pod", source):
         namespace, name = _ns_name(pod, path, source)
         meta = _obj(pod, "metadata", path, source)
-        labels = _obj(meta, "labels", f"{path}metadata.", source)
-        if namespace != KUBE_PROXY_NAMESPACE or not (
-                name.startswith(KUBE_PROXY + "-") or
-                KUBE_PROXY in (labels.get("k8s-app"), labels.get("component"))):
+        if not _is_kube_proxys(namespace, name,
+                               _obj(meta, "labels", f"{path}metadata.", source)):
             continue
-        image = None
-        for i, c in enumerate(_list(_obj(pod, "spec", path, source), "containers",
-                                    f"{path}spec.", source)):
-            where = f"{path}spec.containers[{i}]."
-            if not isinstance(c, dict):
-                raise InputError(source, None, f"{where[:-1]}: expected an object")
-            img = _opt_str(c, "image", where, source)
-            repo = (img or "").rsplit("/", 1)[-1].split(":", 1)[0].split("@", 1)[0]
-            if img and (_opt_str(c, "name", where, source) == KUBE_PROXY or
-                        repo == KUBE_PROXY):
-                image = img
-                break
-        if image is None:
+        found = _kube_proxy_container(_obj(pod, "spec", path, source), f"{path}spec.",
+                                      source)
+        if found is None:
             continue
+        container, image = found
         status = _obj(pod, "status", path, source)
-        running = status.get("phase") == "Running" and not meta.get("deletionTimestamp")
-        found.append((running, KubeProxyPod(f"{namespace}/{name}", image[:300], source)))
-    if not found:
-        return None
-    return next((p for running, p in found if running), found[0][1])
+        # (a paste may leave the status out: only what it shows not running is not)
+        running = status.get("phase") in (None, "Running") and \
+            not meta.get("deletionTimestamp")
+        for cs in status.get("containerStatuses") or ():
+            if isinstance(cs, dict) and cs.get("name") == container:
+                state = cs.get("state")
+                running = running and isinstance(state, dict) and "running" in state
+                if isinstance(cs.get("image"), str) and cs["image"]:
+                    image = cs["image"][:300]  # (what runs, where the spec was changed)
+        out.append(KubeProxyImage(f"Pod {namespace}/{name}", image, source, running))
+    return out
+
+
+def kube_proxy_daemon_set(doc: dict[str, Any], source: str) -> list[KubeProxyImage]:
+    """kube-proxy's DaemonSet (`kubectl -n kube-system get ds kube-proxy -o json`): the
+    image of its template's kube-proxy container."""
+    out = []
+    for ds, path in _items(doc, "DaemonSet", source):
+        namespace, name = _ns_name(ds, path, source)
+        meta = _obj(ds, "metadata", path, source)
+        if not _is_kube_proxys(namespace, name,
+                               _obj(meta, "labels", f"{path}metadata.", source)):
+            continue
+        template = _obj(_obj(ds, "spec", path, source), "template", f"{path}spec.", source)
+        found = _kube_proxy_container(
+            _obj(template, "spec", f"{path}spec.template.", source),
+            f"{path}spec.template.spec.", source)
+        if found is not None:
+            out.append(KubeProxyImage(f"DaemonSet {namespace}/{name}", found[1], source))
+    return out
+
+
+def choose_kube_proxy_image(found: Iterable[KubeProxyImage | None]
+                            ) -> KubeProxyImage | None:
+    """The one that says what kube-proxy runs here: a running Pod's, then a DaemonSet's,
+    then a Pod's that is ending or waiting (one place: a watched, a listed and a saved
+    input choose alike)."""
+    ranked = sorted((f for f in found if f is not None),
+                    key=lambda f: (not (f.running and f.of.startswith("Pod ")),
+                                   not f.of.startswith("DaemonSet "), f.of))
+    return ranked[0] if ranked else None
 
 
 def parse_ingresses(doc: dict[str, Any],

@@ -1,4 +1,5 @@
-"""Optional: Services, this Node and Ingresses from the Kubernetes API.
+"""Optional: Services, this Node, Ingresses and kube-proxy's DaemonSet (its image) from
+the Kubernetes API.
 
 One-shot commands LIST once (``fetch_raw``); the daemon keeps them by list+watch
 (``start_informer``, agent.kubewatch) and the probe reads that memory (``ctx.kube_cache``).
@@ -19,12 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.errors import InputError
-from agent.parse.kube import KUBE_PROXY_NAMESPACE
+from agent.parse.kube import KUBE_PROXY_DAEMONSET, KUBE_PROXY_NAMESPACE
 from agent.probes.base import Probe, ProbeContext, ProbeResult, register, unavailable
 from agent.snapshot import Unknown
 
 SOURCE = "kubernetes API"
-FIELDS = ("services", "node_info", "ingresses", "kube_proxy_pod")
+FIELDS = ("services", "node_info", "ingresses", "kube_proxy_image")
 DISABLED = "disabled (--no-kube-api)"
 NOT_INSTALLED = "python package 'kubernetes' not installed"
 NOT_CONFIGURED = "not configured: no in-cluster service account and no kubeconfig"
@@ -37,7 +38,7 @@ KEEPALIVE = (30, 15, 9)
 class RawResponse:
     """One API read: the body exactly as the server sent it, or why there is none."""
 
-    what: str  # "services" | "node" | "ingresses" | "pods"
+    what: str  # "services" | "node" | "ingresses" | "kube-proxy"
     body: bytes | None = None
     error: str | None = None
 
@@ -125,30 +126,34 @@ def fetch_raw(ctx: ProbeContext) -> list[RawResponse]:
     api = api_client(ctx)
     core = client.CoreV1Api(api)
     networking = client.NetworkingV1Api(api)
+    apps = client.AppsV1Api(api)
     opts: dict[str, Any] = {"_preload_content": False, "_request_timeout": ctx.timeout}
     calls: list[tuple[str, Callable[[], Any] | None]] = [
         ("services", lambda: core.list_service_for_all_namespaces(**opts)),
         ("node", (lambda: core.read_node(ctx.node_name, **opts)) if ctx.node_name else None),
         ("ingresses", lambda: networking.list_ingress_for_all_namespaces(**opts)),
-        # kube-proxy's Pod among kube-system's on this node (a fieldSelector: a handful
-        # of Pods, never the cluster's)
-        ("pods", (lambda: core.list_namespaced_pod(
-            KUBE_PROXY_NAMESPACE, field_selector=f"spec.nodeName={ctx.node_name}", **opts))
-         if ctx.node_name else None),
+        # kube-proxy's DaemonSet, by name (its RBAC names it: no other object is
+        # readable), for the image kube-proxy runs
+        ("kube-proxy", lambda: apps.read_namespaced_daemon_set(
+            KUBE_PROXY_DAEMONSET, KUBE_PROXY_NAMESPACE, **opts)),
     ]
     out = []
     try:
         for what, call in calls:
             if call is None:
-                # (the node's unknown says it once; its Pods are not asked for)
-                out.append(RawResponse(what, error=None if what == "pods" else
-                                       "no node name given (--node or NODE_NAME)"))
+                out.append(RawResponse(what, error="no node name given (--node or NODE_NAME)"))
                 continue
             try:
                 response = call()
                 out.append(RawResponse(what, body=response.data))
             except Exception as exc:  # ApiException (403...), urllib3 timeouts, TLS errors
-                out.append(RawResponse(what, error=_describe_error(exc)))
+                if what == "kube-proxy" and getattr(exc, "status", None) == 404:
+                    # no such DaemonSet (a static-pod kube-proxy, or none): nothing to say
+                    out.append(RawResponse(what))
+                    continue
+                out.append(RawResponse(what, error=_describe_error(exc) + (
+                    " (the DaemonSet kube-system/kube-proxy: its Role may predate this "
+                    "agent's RBAC)" if what == "kube-proxy" else "")))
     finally:
         api.close()
     return out
@@ -172,8 +177,9 @@ def _from_informer(informer: Any) -> ProbeResult:
 
 def _parse(raw: RawResponse) -> object:
     from agent.parse.kube import (
+        choose_kube_proxy_image,
+        kube_proxy_daemon_set,
         parse_ingresses,
-        parse_kube_proxy_pod,
         parse_node,
         parse_services,
     )
@@ -185,8 +191,10 @@ def _parse(raw: RawResponse) -> object:
         raise InputError(source, None, f"bad JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise InputError(source, None, "expected a JSON object")
+    if raw.what == "kube-proxy":
+        return choose_kube_proxy_image(kube_proxy_daemon_set(doc, source))
     parser = {"services": parse_services, "node": parse_node,
-              "ingresses": parse_ingresses, "pods": parse_kube_proxy_pod}[raw.what]
+              "ingresses": parse_ingresses}[raw.what]
     return parser(doc, source)
 
 
@@ -204,7 +212,7 @@ def collect(ctx: ProbeContext) -> ProbeResult:
     values: list[object] = []
     unknowns: list[Unknown] = []
     for raw in responses:
-        if raw.body is None and raw.error is None:  # not asked for
+        if raw.body is None and raw.error is None:  # (none to read: no kube-proxy DaemonSet)
             values.append(None)
             continue
         if raw.error is not None:

@@ -19,6 +19,7 @@ import psutil
 
 from agent.errors import InputError
 from agent.parse.ip_text import is_network
+from agent.parse.kube_proxy_log import failed_sync
 from agent.parse.text_file import read_text_file
 from agent.probes.base import Probe, ProbeContext, ProbeResult, register, unavailable
 from agent.snapshot import KubeProxy, Unknown
@@ -207,12 +208,7 @@ _LOG_FLAG = re.compile(r'FLAG: --(proxy-mode|cluster-cidr|masquerade-all)="([^"]
 _LOG_PROXIER = re.compile(r'"?Using (ipvs|iptables|nftables|userspace) [Pp]rox(?:ier|y)\b')
 # its version, logged at startup: `server.go:865] "Version info" version="v1.29.15"`
 _LOG_VERSION = re.compile(r'"Version info" version="(v\d{1,2}\.\d{1,3}\.\d{1,4})[^"]{0,40}"')
-# a sync that failed, in klog's plain and structured forms (kubernetes#80297's lines:
-# `proxier.go:1499] Failed to bind service address to dummy device "default/netdia:":
-# error bind address: 2400:3200:1500::1cb to interface: kube-ipvs0, err: permission denied`)
-_LOG_SYNC_ERROR = re.compile(r'\] "?Failed to (?:bind service address|add entry|sync service|'
-                             r'execute iptables-restore|ensure|delete|sync)')
-MAX_ERRORS = 20  # (the first lines tell the cause; a log repeats them every sync)
+MAX_ERRORS = 20  # different messages kept (a log repeats each every sync: once each)
 MAX_ERROR_LINE = 400
 _PROXY_ARGS = re.compile(r"(?:^|[\s/\"'])kube-proxy(?:\s|\"|'|$)")
 
@@ -224,6 +220,7 @@ def from_paste(lines: Sequence[str]) -> tuple[KubeProxy | None, str]:
     mode came from."""
     mode = cidr = masq = version = None
     errors: list[str] = []
+    said: set[str] = set()  # the messages of those lines (a repeated one is kept once)
     how = ""
     text = "\n".join(lines)
     if "KubeProxyConfiguration" in text:
@@ -239,7 +236,9 @@ def from_paste(lines: Sequence[str]) -> tuple[KubeProxy | None, str]:
         v = _LOG_VERSION.search(line)
         if v:
             version = v.group(1)
-        if len(errors) < MAX_ERRORS and _LOG_SYNC_ERROR.search(line):
+        msg = failed_sync(line) if len(errors) < MAX_ERRORS else None
+        if msg is not None and msg not in said:
+            said.add(msg)
             errors.append(line.strip()[:MAX_ERROR_LINE])
         m = _LOG_PROXIER.search(line)
         if m and m.group(1) != "userspace":

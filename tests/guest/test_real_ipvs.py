@@ -219,10 +219,11 @@ def test_what_if_nftables_on_real_ipvs() -> None:
 
 
 def test_localhost_node_port_hangs_and_is_named_on_real_ipvs() -> None:
-    """kubernetes#90236 (its IPVS side, #96879): a virtual server on 127.0.0.1:NodePort, as
-    kube-proxy wrote one before kubernetes#101023. The kernel decides: the node's own
-    connect to it gets no answer (DNATed off lo: martian) while the same endpoint
-    answers on its own address; the agent names that virtual server, and only it."""
+    """kubernetes#90236 (its IPVS side, #96879): a virtual server on 127.0.0.1:NodePort (the
+    lab Service's nodePort 30080), as kube-proxy wrote one before kubernetes#101023. The
+    kernel decides: the node's own connect to it gets no answer (DNATed off lo: martian)
+    while the same endpoint answers on its own address; the agent names that virtual
+    server, and only it."""
     from lab.clb import connect
     from lab.node import build_lab
     from lab.scenarios import SCENARIOS
@@ -237,10 +238,43 @@ def test_localhost_node_port_hangs_and_is_named_on_real_ipvs() -> None:
         assert ipvs_kind() == REAL
         kube = str(lab.kube_dir)
         assert bug_findings(lab.node, kube) == []
-        lab.node.run("ipvsadm", "-A", "-t", "127.0.0.1:30999", "-s", "rr")
-        lab.node.run("ipvsadm", "-a", "-t", "127.0.0.1:30999", "-r", "172.16.1.10:8080", "-m")
-        assert connect(lab.node, "127.0.0.1", 30999, timeout=2).outcome == "TIMEOUT"
+        lab.node.run("ipvsadm", "-A", "-t", "127.0.0.1:30080", "-s", "rr")
+        lab.node.run("ipvsadm", "-a", "-t", "127.0.0.1:30080", "-r", "172.16.1.10:8080", "-m")
+        assert connect(lab.node, "127.0.0.1", 30080, timeout=2).outcome == "TIMEOUT"
         assert connect(lab.node, "172.16.1.10", 8080, timeout=2).outcome == "CONNECTED"
         (f,) = bug_findings(lab.node, kube)
-        assert (f["lb_ip"], f["port"]) == ("127.0.0.1", 30999)
-        assert "IPVS virtual server TCP 127.0.0.1:30999 (1 real server)" in f["evidence"]
+        assert (f["lb_ip"], f["port"]) == ("127.0.0.1", 30080)
+        assert "IPVS virtual server TCP 127.0.0.1:30080 (1 real server)" in f["evidence"]
+
+
+@pytest.mark.parametrize("name", ["tke-ipvs-etp-local", "ipvs-lb-bound"])
+def test_what_if_iptables_on_real_ipvs(name: str) -> None:
+    """Issue 34, IPVS -> iptables: an IPVS-mode node (its endpoints read from the real
+    servers of its virtual servers) predicted in iptables mode equals the diagnosis of an
+    iptables-mode lab node built for the same cluster; the prediction names the IPVS
+    state kube-proxy itself leaves behind on such a switch."""
+    import dataclasses
+
+    from lab.node import build_lab
+    from lab.scenarios import SCENARIOS
+    from tests.test_what_if import ids
+
+    scenario = SCENARIOS[name]
+    with build_lab(scenario, "legacy") as lab:
+        assert ipvs_kind() == REAL
+        r = agent_in(lab.node, "check", "--what-if", "iptables", "--json", "--all",
+                     "--node-name", "n", "--kube-json", str(lab.kube_dir))
+        assert r.returncode in (0, 1, 3), r.stderr
+        doc = json.loads(r.stdout)
+    assert doc["today"]["kube_proxy_mode"] == "ipvs"
+    assert doc["predicted"]["kube_proxy_mode"] == "iptables"
+    assert not [n for n in doc["notes"] if n.startswith("not read")], doc["notes"]
+    assert any("switched cleanly" in n for n in doc["notes"])
+    iptables = dataclasses.replace(scenario, name=f"{name}-iptables", mode="iptables")
+    with build_lab(iptables, "legacy") as lab:
+        r = agent_in(lab.node, "check", "--json", "--all", "--node-name", "n",
+                     "--kube-json", str(lab.kube_dir))
+        real = json.loads(r.stdout)
+    assert real["kube_proxy_mode"] == "iptables"
+    assert ids(doc["predicted"]) == ids(real)
+    assert doc["predicted"]["status"] == real["status"]

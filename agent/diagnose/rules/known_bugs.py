@@ -174,16 +174,30 @@ _SYNC = re.compile(r"Failed to sync service:? \[?([0-9A-Fa-f:.]+?)\]?:(\d+)/(TCP
 
 
 def _node_families(ctx: Context) -> tuple[set[int], str]:
-    """The IP families this node serves, and how the input shows it (empty: not shown)."""
+    """The IP families this node serves, and how the input shows it (empty: not shown):
+    every family any source says (its Node's pod CIDRs and addresses, its own addresses,
+    kube-proxy's own state of that family), so that a family shown by one is never taken
+    as missing because another says less."""
+    fams: dict[int, str] = {}
     node = ctx.snapshot.node_info
     for what, values in (("its Node's spec.podCIDRs", node.pod_cidrs if node else ()),
                          ("its Node's InternalIP addresses",
                           node.internal_ips if node else ())):
-        if values:
-            return {6 if ":" in v else 4 for v in values}, f"{what}: {', '.join(values)}"
+        for v in values:
+            fams.setdefault(6 if ":" in v else 4, f"{what}: {', '.join(values)}")
     f = ctx.facts
-    fams = {v for v, ip in ((4, f.node_ip), (6, f.node_ip6)) if ip}
-    return fams, ("the node's addresses (`ip addr`)" if fams else "")
+    for fam, ip in ((4, f.node_ip), (6, f.node_ip6)):
+        if ip:
+            fams.setdefault(fam, f"the node's address {ip}")
+    snap = ctx.snapshot
+    six = snap.ip6tables.table("nat") if snap.ip6tables is not None else None
+    if (six is not None and six.chain("KUBE-SERVICES") is not None) or any(
+            s.name.startswith("KUBE-6-") for s in snap.ipsets or ()):
+        fams.setdefault(6, "kube-proxy's IPv6 rules or ipsets")
+    rs, _ = ruleset_of(snap) if snap.nft else (None, "")
+    if rs is not None and rs.table("ip6", "kube-proxy") is not None:
+        fams.setdefault(6, "kube-proxy's table ip6 kube-proxy")
+    return set(fams), "; ".join(dict.fromkeys(fams[k] for k in sorted(fams)))
 
 
 def lb_ip_of_another_family(ctx: Context) -> list[Hit]:
@@ -245,13 +259,20 @@ def ipvs_localhost_node_ports(ctx: Context) -> list[Hit]:
     every local address, loopback included, until kubernetes#101023): a client on the
     node dialling localhost:NodePort is DNATed off the loopback interface, which the
     kernel drops as martian (IPv6 has no route_localnet), so it hangs."""
+    snap = ctx.snapshot
+    # the NodePorts: the Services' own where they are given, else the default range (the
+    # API server's --service-node-port-range): a loopback virtual server on another port
+    # (an API server's, a DNS cache's) is not kube-proxy's NodePort
+    node_ports = {p.node_port for svc in snap.services or () for p in svc.ports
+                  if p.node_port} if snap.services is not None else None
     out: list[Hit] = []
-    for vs in ctx.snapshot.ipvs or ():
+    for vs in snap.ipvs or ():
         try:
             loopback = ipaddress.ip_address(vs.address).is_loopback
         except ValueError:
             continue
-        if not loopback:
+        if not loopback or not (vs.port in node_ports if node_ports is not None
+                                else NODE_PORT_RANGE[0] <= vs.port <= NODE_PORT_RANGE[1]):
             continue
         host = f"[{vs.address}]" if ":" in vs.address else vs.address
         t = LbTarget(vs.address, vs.port, vs.protocol, "nodeport", None,
@@ -265,6 +286,7 @@ def ipvs_localhost_node_ports(ctx: Context) -> list[Hit]:
 
 
 MAX_HITS = 200  # per bug (a node has a localhost virtual server per NodePort)
+NODE_PORT_RANGE = (30000, 32767)  # the API server's default --service-node-port-range
 
 
 DETECTORS: dict[str, Callable[[Context], list[Hit]]] = {
@@ -301,12 +323,14 @@ def _finding(bug: Bug, t: LbTarget, evidence: tuple[str, ...],
         which = f"kube-proxy ({version.how})" if version is not None else "kube-proxy"
     else:
         which = (f"kube-proxy ({version.how})" if version is not None and before else
-                 f"kube-proxy older than {fixed}, if it is (its version is not in the "
-                 "input: its log's \"Version info\" line, or its rules' shape, would say)")
+                 f"kube-proxy older than {fixed}, if it is (kube-proxy's own version is not "
+                 "in the input: its log's \"Version info\" line, its image or its rules' "
+                 "shape would say)")
     host = f"[{t.ip}]" if ":" in t.ip else t.ip
+    what = f"{host}:{t.port}/{t.protocol}" if t.port else host  # (a log may name no port)
     return Finding(
         ID, "info",
-        f"{host}:{t.port}/{t.protocol} meets {bug.id} of {which}: {bug.title}",
+        f"{what} meets {bug.id} of {which}: {bug.title}",
         lb_ip=t.ip, port=t.port, protocol=t.protocol, service=t.service,
         evidence=(*evidence, f"{bug.id}: {bug.why}",
                   f"fixed by {bug.fix}: in {fixed}" if fixed is not None else
