@@ -939,6 +939,51 @@ def test_monitoring_labels_reach_every_monitor_and_rule() -> None:
     assert the(alone, "PrometheusRule")["metadata"]["namespace"] == AGENT_NAMESPACE
 
 
+def test_rules_and_dashboard_follow_the_release() -> None:
+    """The generated rules (dashboards/mixin.py) select the scrape jobs by the base's names;
+    the chart puts the release's in (its PodMonitors' jobs are NAMESPACE/FULLNAME, its
+    ServiceMonitors' FULLNAME), and changes nothing else. With the default names the
+    rules are the component's, unchanged."""
+    from dashboards import mixin
+
+    base = mixin.rule_groups(mixin.Config())
+    assert the(template("monitoring.prometheusRule.enabled=true"), "PrometheusRule")["spec"] \
+        == base
+    objs = render("monitoring.prometheusRule.enabled=true", "monitoring.dashboard.enabled=true",
+                  release="edge", namespace="ops")
+    spec = the(objs, "PrometheusRule")["spec"]
+    text = json.dumps(spec)
+    agent, collector = 'job=~\\"(.+/)?edge-loopback-agent\\"', \
+        'job=~\\"(.+/)?edge-loopback-agent-collector\\"'
+    assert agent in text and collector in text
+    assert 'job=~\\"(.+/)?loopback-agent' not in text
+    back = text.replace(agent, 'job=~\\"(.+/)?loopback-agent\\"').replace(
+        collector, 'job=~\\"(.+/)?loopback-agent-collector\\"').replace(
+        "kubectl -n ops ", "kubectl -n loopback-agent-node ")
+    assert json.loads(back) == base
+    cm = one(objs, "ConfigMap", "edge-loopback-agent-dashboard")
+    dash = cm["data"]["loopback-agent.json"]
+    assert dash.count('job=~\\"(.+/)?edge-loopback-agent\\"') > 10
+    assert dash.count('job=~\\"(.+/)?edge-loopback-agent-collector\\"') >= 3
+    assert json.loads(dash)["templating"] != json.loads(
+        (REPO / "dashboards" / "loopback-agent.json").read_text())["templating"]
+
+
+def test_no_collector_no_collector_alerts() -> None:
+    """collector.enabled=false (the agents ship to collector.url, a collector monitored
+    elsewhere): the collector's group is left out, or LoopbackAgentCollectorDown would
+    fire for ever; the agents' rules stay as they are."""
+    from dashboards import mixin
+
+    (agents, _) = mixin.rule_groups(mixin.Config())["groups"]
+    spec = the(render("monitoring.prometheusRule.enabled=true", "collector.enabled=false",
+                      "collector.url=https://collector.example:8080"), "PrometheusRule")["spec"]
+    assert spec == {"groups": [agents]}
+    assert [g["name"] for g in spec["groups"]] == ["loopback-agent"]
+    alerts = {r["alert"] for r in agents["rules"]}
+    assert not {"LoopbackAgentCollectorDown", "LoopbackAgentNodeSilent"} & alerts
+
+
 def test_dashboard_labels_annotations_and_namespace() -> None:
     cm = the([o for o in case("dashboard") if o["kind"] == "ConfigMap"
               and o["metadata"]["name"].endswith("-dashboard")], "ConfigMap")
@@ -1021,6 +1066,7 @@ def test_renders_under_other_names_are_valid_kubernetes(naming: tuple[Any, ...],
 
 
 def test_chart_copies_of_the_monitoring_files_are_current() -> None:
+    """Both written by dashboards/mixin.py (tests/test_monitoring.py: byte for byte)."""
     rules = yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())
     component = yaml.safe_load((KUSTOMIZE_DIR / "monitoring" / "prometheusrule.yaml").read_text())
     assert rules == component["spec"]
