@@ -135,6 +135,7 @@ class Store:
 
     _placeholder = "?"
     _order_node = "node"  # SQLite compares TEXT as UTF-8 bytes: code point order
+    _position = "instr"  # where a string is in another, 1-based (0: not in it)
 
     def __init__(self, path: str | Path, retention_days: float = 14.0,
                  node_quota: int = NODE_QUOTA) -> None:
@@ -369,17 +370,76 @@ class Store:
             "ORDER BY CASE WHEN received < ? THEN 1 ELSE 0 END, "
             f"received, {self._order_node} LIMIT ?", (gone_before, limit))]
 
-    def nodes(self, limit: int, offset: int = 0) -> list[dict[str, Any]]:
-        """Latest summary per node, worst first."""
-        rows = self._rows(f"SELECT {', '.join(_NODE_COLUMNS)} FROM nodes ORDER BY rank, "
-                          f"findings DESC, {self._order_node} LIMIT ? OFFSET ?",
-                          (limit, offset))
+    def nodes(self, limit: int, offset: int = 0, **filters: str | None
+              ) -> list[dict[str, Any]]:
+        """Latest summary per node, worst first; ``filters`` (status, finding, service,
+        lb_ip: ``_where``) keep the nodes that match all of them."""
+        where, args = self._where(**filters)
+        rows = self._rows(f"SELECT {', '.join(_NODE_COLUMNS)} FROM nodes{where} ORDER BY "
+                          f"rank, findings DESC, {self._order_node} LIMIT ? OFFSET ?",
+                          (*args, limit, offset))
         out = []
         for r in rows:
             d = dict(zip(_NODE_COLUMNS, r, strict=True))
-            d["ids"] = json.loads(d["ids"])
+            try:
+                d["ids"] = [str(i) for i in json.loads(d["ids"])]
+            except (TypeError, ValueError):
+                d["ids"] = []
             out.append(d)
         return out
+
+    def node_count(self, **filters: str | None) -> int:
+        where, args = self._where(**filters)
+        return int(self._rows(f"SELECT COUNT(*) FROM nodes{where}", args)[0][0])
+
+    def _where(self, status: str | None = None, finding: str | None = None,
+               service: str | None = None, lb_ip: str | None = None
+               ) -> tuple[str, tuple[Any, ...]]:
+        clauses: list[str] = []
+        args: list[Any] = []
+        if status:
+            clauses.append("status = ?")
+            args.append(status)
+        if finding:
+            # ``ids`` holds the JSON array of the node's finding ids: the id's JSON string,
+            # quotes included, is in it exactly when the id is (no LIKE: no wildcard, and
+            # the same case-sensitive answer from SQLite and PostgreSQL)
+            clauses.append(f"{self._position}(ids, ?) > 0")
+            args.append(json.dumps(finding))
+        keys = [(c, v) for c, v in (("service", service), ("lb_ip", lb_ip)) if v]
+        if keys:
+            clauses.append("node IN (SELECT node FROM node_findings WHERE "
+                           + " AND ".join(f"{c} = ?" for c, _ in keys) + ")")
+            args += [v for _, v in keys]
+        return (" WHERE " + " AND ".join(clauses) if clauses else ""), tuple(args)
+
+    def finding_counts(self) -> list[tuple[str, int]]:
+        """Each finding id of the fleet's latest verdicts and on how many nodes, most first
+        (one row per distinct set of ids: a fleet has few)."""
+        counts: dict[str, int] = {}
+        for ids, n in self._rows("SELECT ids, COUNT(*) FROM nodes GROUP BY ids"):
+            try:
+                for i in set(json.loads(ids)):
+                    counts[str(i)] = counts.get(str(i), 0) + int(n)
+            except (TypeError, ValueError):
+                continue
+        return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+
+    def node_status(self, node: str) -> dict[str, Any] | None:
+        """The node's latest status, time and kube-proxy mode; None for a node not held."""
+        row = self._rows("SELECT status, time, kube_proxy_mode FROM nodes WHERE node = ?",
+                         (node,))
+        return dict(zip(("status", "time", "kube_proxy_mode"), row[0], strict=True)) \
+            if row else None
+
+    def status_history(self, node: str, limit: int) -> tuple[list[tuple[str, str]], int]:
+        """(time, status) of the node's newest ``limit`` verdicts, oldest first, and how
+        many it has in all (the columns alone: no document is read)."""
+        rows = self._rows("SELECT time, status FROM verdicts WHERE node = ? ORDER BY id DESC "
+                          "LIMIT ?", (node, limit))
+        total = int(self._rows("SELECT COUNT(*) FROM verdicts WHERE node = ?",
+                               (node,))[0][0])
+        return [(str(t), str(st)) for t, st in reversed(rows)], total
 
     _SERVICES = """
         SELECT service, lb_ip,
@@ -484,6 +544,7 @@ class PostgresStore(Store):
 
     _placeholder = "%s"
     _order_node = 'node COLLATE "C"'  # code point order, as SQLite and Python sort
+    _position = "strpos"
 
     def __init__(self, url: str, retention_days: float = 14.0,
                  node_quota: int = NODE_QUOTA) -> None:

@@ -40,10 +40,9 @@ from tornado.httpserver import HTTPServer
 from tornado.ioloop import IOLoop
 from tornado.web import Application, RequestHandler, stream_request_body
 
-from agent.collector import views
+from agent.collector import browse, views
 from agent.collector.auth import Authenticator, Caller
 from agent.collector.intake import MAX_BODY, MAX_INFLATED, BadRequest
-from agent.collector.page import CSP
 from agent.collector.server import Collector, dumps
 from agent.collector.store import Store
 from agent.collector.tls import TLSFiles
@@ -520,17 +519,37 @@ def _body_coding(values: list[str]) -> bool:
 
 
 class Page(_Base):
+    """The fleet page: filters and paging in the query (agent.collector.browse)."""
+
     async def get(self) -> None:
         try:
-            offset = views.page_of(self.args(), (views.SCREEN_NODES,
-                                                 views.SCREEN_NODES)).offset
-            html = await self.run(self.col.page, offset)
+            view = browse.FleetView.of(self.args())
+            html = await self.run(browse.fleet_page, self.col.store, view)
         except BadRequest as e:
             self.fail(e)
             return
-        self.set_header("Content-Security-Policy", CSP)
+        self.html(html)
+
+    def html(self, html: str) -> None:
+        self.set_header("Content-Security-Policy", browse.CSP)
         # old databases may hold text that does not encode: never a 500 for it
         self.reply(html.encode("utf-8", "replace"), "text/html; charset=utf-8")
+
+
+class NodePage(Page):
+    """/nodes/NODE: one node's latest verdict and its status over time; 404 (a page)
+    for a node the collector holds no verdict of."""
+
+    async def get(self, node: str) -> None:  # type: ignore[override]
+        try:
+            html = await self.run(browse.node_page, self.col.store, node)
+        except BadRequest as e:
+            self.fail(e)
+            return
+        if html is None:
+            self.set_status(404)
+            html = browse.not_found_page(node)
+        self.html(html)
 
 
 class _Paged(_Base):
@@ -604,7 +623,8 @@ class OpenAPI(_Base):
 
 def _routes(server: CollectorServer) -> list[Any]:
     kw = {"server": server}
-    return [(r"/", Page, kw), (r"/v1/verdicts", Verdicts, kw), (r"/v1/nodes", Nodes, kw),
+    return [(r"/", Page, kw), (r"/nodes/([^/]+)", NodePage, kw),
+            (r"/v1/verdicts", Verdicts, kw), (r"/v1/nodes", Nodes, kw),
             (r"/v1/nodes/([^/]+)", History, kw), (r"/v1/services", Services, kw),
             (r"/metrics", Metrics, kw), (r"/healthz", Health, kw), (r"/openapi.json", OpenAPI, kw)]
 
