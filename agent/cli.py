@@ -9,7 +9,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from json.encoder import encode_basestring_ascii as _ENC  # json.dumps' own (C)
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
@@ -118,6 +118,22 @@ def _cpu_percent(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a percentage of one CPU above 0 and at most "
                                          f"100: {text!r} (try 10)")
     return v
+
+
+def _log_format(text: str) -> str:
+    from agent.logfmt import log_format
+
+    try:
+        return log_format(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _on_off(text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("on", "off", "true", "false", "1", "0", "yes", "no"):
+        raise argparse.ArgumentTypeError(f"not on or off: {text!r}")
+    return value in ("on", "true", "1", "yes")
 
 
 def _port_range(text: str) -> tuple[int, int]:
@@ -258,8 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser(
         "run", help="daemon mode: a verdict every interval, shipped to a collector",
         description="The DaemonSet mode. Every interval: snapshot, watch NodePort handshakes, "
-                    "diagnose; one bounded JSON summary line per verdict on stdout (at most "
-                    "16 KiB; human logs on stderr); "
+                    "diagnose; one bounded summary line per verdict on stdout (at most 16 KiB; "
+                    "JSON, or text with --log-format text; other messages on stderr, in "
+                    "the same format, each with its ts, level and msg); "
                     "verdicts are spooled durably and shipped when they change and as a "
                     "heartbeat. The options marked [env ...] can also be set with that "
                     "environment variable (LOOPBACK_AGENT_<OPTION>, e.g. "
@@ -300,6 +317,10 @@ def build_parser() -> argparse.ArgumentParser:
                   "the Services of that time, and says so. 100: read every change at once")
     _env_opt(r, "--max-finding-series", metavar="N", type=int, default=500,
              help="cap on loopback_agent_finding series in /metrics (default 500)")
+    _env_opt(r, "--log-format", metavar="json|text", type=_log_format, default="json",
+             help="the verdicts' lines on stdout and the messages on stderr: one JSON "
+                  "object a line (default), or text: 'TS LEVEL msg key=value ...'; both "
+                  "carry ts, level and msg")
     r.add_argument("--no-capture", action="store_true", help="static checks only")
     r.add_argument("--kube-report", action="store_true",
                    help="also write the verdict to the cluster: a LoadBalancerLoopback "
@@ -348,6 +369,14 @@ def build_parser() -> argparse.ArgumentParser:
     _env_opt(col, "--token-review-cache", metavar="SECONDS", type=_seconds, default=60.0,
              help="--auth kube-token: how long a token's positive review is kept (default "
                   "60; never past the token's expiry)")
+    _env_opt(col, "--log-format", metavar="json|text", type=_log_format, default="json",
+             help="the access log on stdout and the messages on stderr: one JSON object a "
+                  "line (default), or text: 'TS LEVEL msg key=value ...'; both carry ts, "
+                  "level and msg")
+    _env_opt(col, "--access-log", metavar="on|off", type=_on_off, default=True,
+             help="a line on stdout per HTTP request: method, path (no query but paging), "
+                  "status, bytes, duration, client address, the node a POST is for; never "
+                  "a token (default on)")
 
     sub.add_parser("schema", help="print the verdict JSON Schema")
     return p
@@ -359,6 +388,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    say: Callable[[str], object] = _plain_say
+    if args.command in ("run", "collector"):  # long-running: every line with a level
+        from agent import logfmt
+
+        say = logfmt.setup(args.log_format).error
     try:
         if args.command == "check":
             return _check(args)
@@ -374,19 +408,23 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(schema_text())
             return 0
     except _Exit as e:
-        print(f"loopback-agent: {for_terminal(e.message)}", file=sys.stderr)
+        say(e.message)
         return e.code
     except BrokenPipeError:
         return 0
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # a bug: say so plainly, with an exit code scripts can tell
-        print(f"loopback-agent: internal error: {type(e).__name__}: {e} (please report this "
-              "with the bundle)", file=sys.stderr)
+        say(f"internal error: {type(e).__name__}: {e} (please report this with the "
+            "bundle)")
         if os.environ.get("LOOPBACK_AGENT_DEBUG"):
             raise
         return EXIT_SOFTWARE
     return EXIT_USAGE
+
+
+def _plain_say(message: str) -> None:
+    print(f"loopback-agent: {for_terminal(message)}", file=sys.stderr)
 
 
 class _Exit(Exception):
@@ -772,12 +810,13 @@ def _capture(args: argparse.Namespace, prepared: Prepared):  # type: ignore[no-u
 
 
 def _run(args: argparse.Namespace) -> int:
+    import logging
+
     from agent.daemon import Daemon, DaemonConfig, ListenError
 
     if not args.collector:
-        print("loopback-agent: no --collector: verdicts go to the spool only (and their "
-              "summaries to stdout)",
-              file=sys.stderr)
+        logging.getLogger("loopback_agent.daemon").info(
+            "no --collector: verdicts go to the spool only (and their summaries to stdout)")
     if args.kube_json and not Path(args.kube_json).is_dir():
         raise _Exit(EXIT_NOINPUT, f"{args.kube_json}: no such directory")
     try:
@@ -792,7 +831,7 @@ def _run(args: argparse.Namespace) -> int:
         use_kube_api=not (args.no_kube_api or args.kube_json), kubeconfig=args.kubeconfig,
         kube_json=args.kube_json, cycles=args.cycles,
         max_finding_series=args.max_finding_series, kube_report=args.kube_report,
-        reread_cpu=args.reread_cpu)
+        reread_cpu=args.reread_cpu, log_format=args.log_format)
     try:
         return Daemon(cfg).run()
     except ListenError as e:

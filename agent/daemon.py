@@ -1,14 +1,15 @@
 """`loopback-agent run`: the DaemonSet mode.
 
 Every interval: snapshot the node, watch NodePort handshakes for the interval, diagnose,
-print a bounded summary of the verdict as one JSON line on stdout (for the log pipeline:
-agent.ship.logline), spool the verdict (its v2 summary document) when it changed or a
-heartbeat is due, and ship the spool to the collector. Without a capture (--no-capture,
-or none possible here) the rest of the interval is waited out. /metrics, /healthz and (to
-this node only) /verdict, the last verdict (?detail=all: every finding itemised;
-?lb_ip=IP: one address's), are served on --listen (bounded: agent.daemon_http).
-SIGTERM: finish the current verdict, ship what the grace period allows, leave the rest in
-the spool, exit 0.
+print a bounded summary of the verdict as one line on stdout (for the log pipeline:
+agent.ship.logline; JSON, or a human line with --log-format text), spool the verdict (its
+v2 summary document) when it changed or a heartbeat is due, and ship the spool to the
+collector. Without a capture (--no-capture, or none possible here) the rest of the
+interval is waited out. /metrics, /healthz and (to this node only) /verdict, the last
+verdict (?detail=all: every finding itemised; ?lb_ip=IP: one address's), are served on
+--listen (bounded: agent.daemon_http). SIGTERM: finish the current verdict, ship what the
+grace period allows, leave the rest in the spool, exit 0. Anything else the daemon says
+is a line on stderr with a level, in the same format (agent.logfmt).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import dataclasses
 import datetime as dt
 import ipaddress
 import json
+import logging
 import os
 import signal
 import sys
@@ -33,6 +35,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from agent import logfmt
 from agent.bundle import files as bundle_files
 from agent.bundle import with_kube_json
 from agent.capture.model import OUTCOMES, SOURCE_CLASSES
@@ -61,6 +64,9 @@ _KUBE_SOURCES = frozenset({kube_api.SOURCE, bundle_files.SERVICES, bundle_files.
 MAX_FINDING_SERIES = 500
 _SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 _LABEL_MAX = 253  # a DNS name's length: longer label values are cut, not refused
+# what the daemon says besides the verdicts: stderr, a line each (agent.logfmt, set up by
+# the command); stdout carries only the verdicts' lines
+log = logging.getLogger(logfmt.LOGGER + ".daemon")
 
 
 def _malloc_trim() -> Any:
@@ -108,6 +114,7 @@ class DaemonConfig:
     # the share of one CPU, in percent, that reading changed rules/ipsets/IPVS again may
     # take (ReadCache.cpu_share); 100: read every change at once
     reread_cpu: float = 10.0
+    log_format: str = "json"  # the verdicts' lines on stdout (agent.logfmt: json or text)
 
 
 class Metrics:
@@ -341,7 +348,8 @@ class Daemon:
             if self._server:
                 self._server.shutdown()
                 self._server.server_close()
-        log(f"stopped; {len(self.spool)} verdicts left in the spool {self.cfg.spool_dir}")
+        log.info(f"stopped; {len(self.spool)} verdicts left in the spool {self.cfg.spool_dir}",
+                 extra=logfmt.fields(spool_depth=len(self.spool)))
         return 0
 
     def _begin_cycle(self) -> float:
@@ -420,7 +428,8 @@ class Daemon:
             since = self._line_time
         else:
             self._line_key, self._line_time, self._since_line = key, v.time, 0
-        return logline.summary_line(v, self._where(v, ikey), unchanged_since=since)
+        return logline.summary_line(v, self._where(v, ikey), unchanged_since=since,
+                                    fmt=self.cfg.log_format)
 
     def _where(self, v: Verdict, ikey: str | None) -> logline.Where:
         http = None
@@ -494,7 +503,7 @@ class Daemon:
                 ProbeContext(node_name=self.cfg.node_name, kubeconfig=self.cfg.kubeconfig),
                 on_change=self._kube_changed, watch_timeout=self.cfg.kube_watch_timeout)
         except kube_api.KubeUnavailable as e:
-            log(f"kubernetes API: {e}")
+            log.warning(f"kubernetes API: {e}")
             return
         # the first verdict should know the Services: wait a little for the first LISTs
         self.kube.wait_synced(10.0)
@@ -508,11 +517,11 @@ class Daemon:
             try:
                 api = kube_api.api_client(ProbeContext(kubeconfig=self.cfg.kubeconfig))
             except kube_api.KubeUnavailable as e:
-                log(f"--kube-report: kubernetes API: {e}")
+                log.warning(f"--kube-report: kubernetes API: {e}")
                 return
             self.reporter = KubeReporter(api, v.node)
         for problem in self.reporter.report(v):
-            log(f"--kube-report: {problem}")
+            log.warning(f"--kube-report: {problem}")
 
     def _kube_changed(self, what: str) -> None:
         """A change the diagnosis can see: diagnose now (ending the wait or the capture),
@@ -584,7 +593,7 @@ class Daemon:
         try:
             return with_kube_json(snap, Path(directory))
         except Exception as e:  # a bad file must not stop the daemon
-            log(f"--kube-json {directory}: {getattr(e, 'message', e)}")
+            log.warning(f"--kube-json {directory}: {getattr(e, 'message', e)}")
             return snap
 
     def _spool(self, doc: dict[str, Any]) -> bool:
@@ -594,7 +603,7 @@ class Daemon:
             return True
         except (OSError, ValueError) as e:
             self.metrics.spool_write_failures.inc()
-            log(f"verdict not spooled: {e}")
+            log.error(f"verdict not spooled: {e}")
             return False
 
     def ship(self, deadline: float | None) -> None:
@@ -607,7 +616,7 @@ class Daemon:
             res = drain(self.spool, self.sender)
             m.shipped.inc(res.sent)
             if res.held:
-                log(f"{res.held} verdicts kept in the spool: too large to send without "
+                log.warning(f"{res.held} verdicts kept in the spool: too large to send without "
                     f"gzip, which the collector does not take ({res.held_why}); they go "
                     "once it does (upgrade the collector)")
             if res.last is None:
@@ -616,7 +625,8 @@ class Daemon:
             m.ship_failures.inc()
             delay = self.backoff.next_delay(res.last.retry_after)
             self.next_ship = time.monotonic() + delay
-            log(f"shipping failed ({res.last.error}); retrying in {delay:.1f}s")
+            log.warning(f"shipping failed ({res.last.error}); retrying in {delay:.1f}s",
+                        extra=logfmt.fields(retry_in_s=round(delay, 1)))
             if deadline is None or time.monotonic() + min(delay, 1.0) > deadline:
                 break
             time.sleep(min(delay, 1.0, max(0.0, deadline - time.monotonic())))
@@ -624,7 +634,7 @@ class Daemon:
         m.spool_dropped.set(self.spool.dropped)
         m.spool_set_aside.set(self.spool.corrupt + self.spool.rejected)
         for problem in self.spool.take_problems():
-            log(problem)
+            log.warning(problem)
 
     # -- /metrics and /healthz --------------------------------------------------------
 
@@ -688,6 +698,3 @@ def same_node(a: NodeSnapshot, b: NodeSnapshot) -> bool:
         replace(a, kube_proxy_sync=None) == replace(b, kube_proxy_sync=None)
 
 
-def log(msg: str) -> None:
-    """Human logs go to stderr; stdout carries only the verdicts' log lines."""
-    print(f"loopback-agent: {msg}", file=sys.stderr, flush=True)

@@ -23,7 +23,8 @@ VERDICT_SCHEMA = json.loads(schema_text())
 
 def log_line(line: str | bytes) -> dict[str, Any]:
     """One stdout line, checked against the contract: ASCII, one line, <= 16 KiB, JSON
-    of the log-line schema."""
+    of the log-line schema, starting with ts, level and msg as every line of the agent
+    (agent.logfmt)."""
     data = line.encode() if isinstance(line, str) else line
     assert data, "no line (the daemon ended?)"
     assert len(data) <= LINE_BYTES and data.endswith(b"\n") and data.count(b"\n") == 1, \
@@ -31,6 +32,7 @@ def log_line(line: str | bytes) -> dict[str, Any]:
     data.decode("ascii")
     doc = json.loads(data)
     jsonschema.validate(doc, LINE_SCHEMA)
+    assert list(doc)[:3] == ["ts", "level", "msg"], list(doc)[:3]
     return doc
 
 

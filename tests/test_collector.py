@@ -4,8 +4,10 @@ agent's shipping path end to end."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -101,8 +103,13 @@ class Proc:
                f"127.0.0.1:{self.port}", "--db", url, *extra]
         if token:
             cmd += ["--token-file", str(token)]
-        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True, preexec_fn=preexec_fn, env=env)
+        # stdout (the access log, a line per request) to a file: a pipe nobody reads
+        # would fill and stop the collector; appended to, read by access_log()
+        fd, self.out = tempfile.mkstemp(prefix="collector-stdout-")
+        os.close(fd)
+        with open(self.out, "ab") as out:
+            self.p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE,
+                                      text=True, preexec_fn=preexec_fn, env=env)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and self.p.poll() is None:
             try:
@@ -123,6 +130,14 @@ class Proc:
             self.p.kill()
             _, err = self.p.communicate()
         return err
+
+    def access_log(self) -> str:
+        """What it wrote on stdout so far (its access log)."""
+        return Path(self.out).read_text()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            os.unlink(self.out)
 
 
 @pytest.fixture
@@ -345,7 +360,6 @@ def test_healthz_of_the_daemon_fails_when_cycles_stop(tmp_path: Path) -> None:
 
 def test_page_lists_a_node_once_per_service_when_observed_and_exposed() -> None:
     """The demo's fleet: each node both exposes the LB IP and saw it loop."""
-    from agent.collector.server import Collector
     from agent.collector.store import Store
 
     def finding(fid: str) -> dict[str, Any]:
@@ -356,8 +370,12 @@ def test_page_lists_a_node_once_per_service_when_observed_and_exposed() -> None:
                 "unknowns": [], "idempotency_key": n,
                 "findings": [finding("lb-ip-local"), finding("loopback-observed")]}
                for n in ("node-a", "node-b")])
-    page = Collector(store).page(0)
-    assert "<td>node-a, node-b</td>" in page
+    from agent.collector import browse
+
+    page = browse.fleet_page(store, browse.FleetView.of({}))
+    row = page[page.index("demo/web"):]
+    row = row[:row.index("</tr>")]
+    assert ">node-a</a>" in row and ">node-b</a>" in row
 
 
 _CLIENT = """
@@ -384,8 +402,9 @@ def test_the_default_listener_takes_ipv6_and_ipv4(tmp_path: Path) -> None:
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             assert proc.stderr is not None
-            assert proc.stderr.readline().startswith(
-                "loopback-agent collector on http://[::]:18090/")
+            said = json.loads(proc.stderr.readline())
+            assert said["level"] == "info" and said["url"] == "http://[::]:18090/"
+            assert said["msg"].startswith("collector on http://[::]:18090/")
             for i, host in enumerate(("[::1]", "127.0.0.1")):
                 body = json.dumps({**verdict(f"n{i}"), "idempotency_key": f"k{i}"})
                 got = ns.run(sys.executable, "-c", _CLIENT,
@@ -416,7 +435,8 @@ def test_a_name_with_ipv6_addresses_only_is_listened_on(tmp_path: Path) -> None:
         try:
             assert proc.stderr is not None
             line = proc.stderr.readline()
-            assert line.startswith("loopback-agent collector on "), line + proc.stderr.read()
+            assert json.loads(line)["msg"].startswith("collector on http"), \
+                line + proc.stderr.read()
             got = ns.run(sys.executable, "-c", _CLIENT, "http://[fd00:99::2]:18091/healthz",
                          input="")
             assert got.stdout.strip() == "200", got.stderr

@@ -202,8 +202,9 @@ def test_the_listener_answers_on_ipv6_and_ipv4(lab: Lab, tmp_path: Path) -> None
             holder.kill()
             holder.wait()
         assert busy.returncode == 73, busy.stderr
-        assert busy.stderr.endswith("loopback-agent: cannot listen on 127.0.0.1:19812: "
-                                    "Address already in use\n"), busy.stderr
+        said = json.loads(busy.stderr.splitlines()[-1])  # the last line, as every one: JSON
+        assert (said["level"], said["msg"]) == (
+            "error", "cannot listen on 127.0.0.1:19812: Address already in use"), busy.stderr
 
 
 def test_sigterm_finishes_and_keeps_undelivered_verdicts(lab: Lab, tmp_path: Path) -> None:

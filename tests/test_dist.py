@@ -262,9 +262,15 @@ def test_release_workflow_builds_with_make_dist() -> None:
     assert any("helm push" in s for s in steps["chart"])
     assert any("cosign attest" in s and ".python.cdx.json" in s for s in steps["image"])
     assert any(s.startswith("rajatjindal/krew-release-bot") for s in steps["krew"])
-    built_by_dist = {job for job, spec in jobs.items() if job != "dist"
-                     and ("dist" in spec["needs"] or "release" in spec["needs"])}
-    assert built_by_dist == set(jobs) - {"dist"}
+    # the suite runs on the tag; nothing is published before it and make dist passed, and
+    # the release page comes last
+    assert any(s.strip() == ".ci/run" for s in steps["test"])
+    publishing = set(jobs) - {"dist", "test"}
+    for job in publishing - {"krew"}:
+        assert {"dist", "test"} <= set(jobs[job]["needs"]), job
+    assert {"pypi", "image", "chart"} <= set(jobs["release"]["needs"])
+    assert jobs["krew"]["needs"] == "release"
+    assert "github.repository_owner }}/" not in text  # (lower-cased first: registries)
 
 
 def test_changelog_names_the_version() -> None:

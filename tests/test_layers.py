@@ -17,6 +17,7 @@ RANK = {
     "netfilter": 3, "parse": 3, "probes": 3, "capture": 3, "kubewatch": 3,
     "snapshot": 4, "errors": 4, "__version__": 4, "agent": 4, "quick_init": 4, "signals": 4,
     "listen": 4, "numbers": 4, "verdict_doc": 4, "terminal": 4, "regular_file": 4,
+    "logfmt": 4,
 }
 
 

@@ -16,7 +16,7 @@ Everything that came from a node is HTML-escaped, and what would not show as its
 made visible first: a lone surrogate becomes U+FFFD, a control character (a terminal
 escape) its Unicode control picture (ESC: U+241B), a bidirectional override or isolate
 U+FFFD. The pages hold no script and no style attribute: the Content-Security-Policy
-allows only the style sheet below, by its hash (as agent.collector.page's did).
+allows only the style sheet below, by its hash.
 
 The fleet page reads only the summaries (``nodes``, ``node_findings``), a page at a
 time, as the store's own readers do, with the store's SQL helpers, so SQLite and

@@ -1,9 +1,11 @@
 """`loopback-agent collector`: open the store, choose who may post, serve until SIGTERM,
-prune the history every hour."""
+prune the history every hour. Its messages are lines on stderr with a level, its access
+log lines on stdout (agent.logfmt, agent.collector.access; the command set the format)."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import re
 import signal
 import ssl
@@ -11,10 +13,12 @@ import sys
 import threading
 from typing import Any
 
+from agent.logfmt import LOGGER, stream_logger
 from agent.signals import SignalEvents
 
 EXIT_USAGE = 64  # as agent.cli (sysexits.h)
 EXIT_CANTCREAT = 73
+log = logging.getLogger(LOGGER + ".collector")
 
 
 class StartError(Exception):
@@ -48,6 +52,19 @@ def authenticator(args: argparse.Namespace) -> Any:
                            ttl=float(getattr(args, "token_review_cache", 60.0)))
 
 
+def _shown_db(db: str) -> str:
+    return re.sub(r"//[^@/]*@", "//***@", db)  # no password in a message
+
+
+def _access_log(fmt: str, on: bool) -> Any:
+    """The access log (a line per request on stdout, in the log format), or None."""
+    from agent.collector import access
+
+    if not on:
+        return None
+    return access.AccessLog(stream_logger(access.LOGGER, fmt, sys.stdout, on=True))
+
+
 def run(args: argparse.Namespace) -> int:
     from agent.collector.store import open_store
     from agent.collector.web import serve
@@ -64,11 +81,12 @@ def run(args: argparse.Namespace) -> int:
         raise StartError(EXIT_USAGE, f"{db}: {e} (pip install 'loopback-agent[postgres]')") \
             from e
     except Exception as e:
-        shown = re.sub(r"//[^@/]*@", "//***@", db)  # no password in the message
-        raise StartError(EXIT_CANTCREAT, f"{shown}: {type(e).__name__}: {e}") from e
+        raise StartError(EXIT_CANTCREAT, f"{_shown_db(db)}: {type(e).__name__}: {e}") from e
     try:
         server = serve(args.listen, store, args.token_file, tls_cert=tls_cert,
-                       tls_key=tls_key, authenticator=auth)
+                       tls_key=tls_key, authenticator=auth,
+                       access_log=_access_log(getattr(args, "log_format", "json"),
+                                              bool(getattr(args, "access_log", True))))
     except ssl.SSLError as e:  # not a certificate, or the key does not match it
         raise StartError(EXIT_USAGE, f"TLS: {tls_cert}, {tls_key}: {e}") from e
     except OSError as e:
@@ -81,11 +99,12 @@ def run(args: argparse.Namespace) -> int:
     host, port = server.server_address[:2]
     scheme = "https" if tls_cert else "http"
     where = f"[{host}]" if ":" in host else host
-    print(f"loopback-agent collector on {scheme}://{where}:{port}/ ({db})", file=sys.stderr,
-          flush=True)
+    url = f"{scheme}://{where}:{port}/"
+    log.info(f"collector on {url} ({_shown_db(db)})",
+             extra={"fields": {"url": url, "db": _shown_db(db)}})
     if auth is not None and not tls_cert:
-        print("loopback-agent collector: warning: --auth kube-token without TLS: agents' "
-              "tokens cross the network in clear text", file=sys.stderr, flush=True)
+        log.warning("--auth kube-token without TLS: agents' tokens cross the network in "
+                    "clear text")
     while not stop.wait(3600):
         store.prune()
     signals.close()

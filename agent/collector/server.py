@@ -23,7 +23,6 @@ from agent.collector import views
 from agent.collector.auth import Anyone, Authenticator, Caller, SharedToken, authorize
 from agent.collector.docs import Body, split
 from agent.collector.intake import MAX_BATCH, MAX_BODY, BadRequest, Intake
-from agent.collector.page import render_page
 from agent.collector.store import Store
 from agent.verdict_doc import STATUSES
 
@@ -36,6 +35,10 @@ MAX_NODE_SERIES = 10_000
 # spool drained after an outage its changes only; beyond: 429 (issue 35, item 5)
 CHANGES_PER_WINDOW = 120
 CHANGE_WINDOW = 600.0
+# POSTs whose nodes are kept for their access log line (agent.collector.access) until it
+# is written; a request that ends without one (its client gone) leaves its entry until
+# this many newer ones push it out
+MAX_POSTED = 4096
 # silent this long: taken as removed from the cluster (the LoopbackAgentNodeSilent alert's
 # upper bound, daemonset/monitoring/prometheusrule.yaml); exported only after the others
 NODE_GONE_AFTER = 86400.0
@@ -71,6 +74,11 @@ class Collector:
                                   "its storage quota", registry=r)
         self._changes: dict[str, collections.deque[float]] = {}
         self._changes_lock = threading.Lock()
+        # id(caller) -> (caller, the first node, how many nodes): the caller object the
+        # server made for the request (kept here: its id is not reused meanwhile)
+        self._posted: collections.OrderedDict[int, tuple[Caller, str, int]] = \
+            collections.OrderedDict()
+        self._posted_lock = threading.Lock()
 
     # -- POST /v1/verdicts ------------------------------------------------------------
 
@@ -96,6 +104,7 @@ class Collector:
             return stored and schema == self.intake.schema_tag
 
         batch = self.intake.verdicts(body, known)
+        self._note_posted(caller, batch)
         authorize(caller, [v["node"] for v in batch])
         self._within_rate([v["node"] for v in batch if id(v) not in stored_docs])
         stored, dup = self.store.add(batch, bodies, schema=self.intake.schema_tag,
@@ -104,6 +113,25 @@ class Collector:
         self.accepted.inc(stored)
         self.duplicates.inc(dup)
         return {"stored": stored, "duplicates": dup}
+
+    def _note_posted(self, caller: Caller, batch: list[dict[str, Any]]) -> None:
+        nodes = [v["node"] for v in batch if isinstance(v.get("node"), str)]
+        if not nodes:
+            return
+        with self._posted_lock:
+            self._posted[id(caller)] = (caller, nodes[0], len(set(nodes)))
+            self._posted.move_to_end(id(caller))
+            while len(self._posted) > MAX_POSTED:
+                self._posted.popitem(last=False)
+
+    def posted_node(self, caller: Caller) -> tuple[str, int] | None:
+        """The node the request of ``caller`` (the object the server made for it) posted
+        verdicts for, and how many nodes its batch named; once (for its access log)."""
+        with self._posted_lock:
+            entry = self._posted.pop(id(caller), None)
+        if entry is None or entry[0] is not caller:
+            return None
+        return entry[1], entry[2]
 
     def _within_rate(self, changed: list[str]) -> None:
         """429 when a node's changed verdicts in this batch would pass CHANGES_PER_WINDOW
@@ -148,14 +176,6 @@ class Collector:
 
     def services_page(self, page: views.Page) -> tuple[list[dict[str, Any]], int]:
         return self.store.services(page.limit, page.offset), self.store.service_total()
-
-    def page(self, offset: int) -> str:
-        limit = views.SCREEN_NODES
-        return render_page(self.store.status_counts(), self.store.node_total(),
-                           self.store.nodes(limit, offset),
-                           self.store.services(views.SCREEN_SERVICES, 0,
-                                               max_nodes=views.SCREEN_SERVICE_NODES),
-                           self.store.service_total(), offset, limit)
 
     def history(self, node: str, limit: int, before: int | None) -> tuple[bytes, int | None]:
         """The JSON array of a node's verdicts, newest first, from the stored text."""

@@ -3,18 +3,20 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import ssl
 import stat
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+from agent.logfmt import LOGGER
 from agent.regular_file import read_regular
 
 MAX_PEM_BYTES = 1 << 20  # a certificate chain or key file; anything bigger is not one
+log = logging.getLogger(LOGGER + ".collector")
 
 
 class TLSFiles:
@@ -78,11 +80,9 @@ class TLSFiles:
         except (OSError, ssl.SSLError) as e:
             said = f"TLS files {self.cert}, {self.key}: {e}"
             if said != self._said:
-                print(f"loopback-agent collector: {said}; still serving the previous "
-                      "certificate", file=sys.stderr, flush=True)
+                log.warning(f"{said}; still serving the previous certificate")
                 self._said = said
             return
         self._context, self._stamp, self._said = ctx, stamp, ""
         self.reloads += 1
-        print(f"loopback-agent collector: TLS certificate reloaded from {self.cert}",
-              file=sys.stderr, flush=True)
+        log.info(f"TLS certificate reloaded from {self.cert}")

@@ -25,11 +25,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import resource
 import socket
-import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,7 @@ from agent.collector.server import Collector, dumps
 from agent.collector.store import Store
 from agent.collector.tls import TLSFiles
 from agent.listen import bind_address, dual_stack, on_every_address, split_listen
+from agent.logfmt import LOGGER
 from agent.ship.gz import GzipError, inflate_chunks
 
 _RESOURCE_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
@@ -90,7 +92,9 @@ def _raise_fd_limit() -> int:
 
 
 def _say(message: str) -> None:
-    print(f"loopback-agent collector: {message}", file=sys.stderr, flush=True)
+    """A message of the server itself (an accept() that fails for want of descriptors):
+    a line of the collector's log (agent.logfmt), as its command set it up."""
+    logging.getLogger(LOGGER + ".collector").warning(message)
 
 
 class _HTTPServer(HTTPServer):
@@ -172,8 +176,12 @@ class CollectorServer:
     ``serve_forever()`` in a thread, ``shutdown()`` from another, ``server_address``."""
 
     def __init__(self, collector: Collector, host: str, port: int,
-                 tls: TLSFiles | None = None, limits: Limits | None = None) -> None:
+                 tls: TLSFiles | None = None, limits: Limits | None = None,
+                 access_log: Callable[[RequestHandler], None] | None = None) -> None:
         self.collector = collector
+        # called with each request's handler when it ends (agent.collector.access);
+        # None: no access log
+        self.access_log = access_log or _no_log
         self.tls = tls
         self.limits = limits or Limits()
         fd_limit = _raise_fd_limit()
@@ -229,7 +237,8 @@ class CollectorServer:
         self._stop = asyncio.Event()
         lim = self.limits
         app = Application(_routes(self), default_handler_class=NotFound,
-                          default_handler_args={"server": self}, log_function=_no_log,
+                          default_handler_args={"server": self},
+                          log_function=self.access_log,
                           compress_response=False)
         http = _HTTPServer(app, tls=self.tls, max_connections=self.max_connections,
                            idle_connection_timeout=lim.header_timeout,
@@ -631,12 +640,15 @@ def _routes(server: CollectorServer) -> list[Any]:
 
 def serve(listen: str, store: Store, token_file: str | None = None, *,
           tls_cert: str | None = None, tls_key: str | None = None,
-          authenticator: Authenticator | None = None) -> Any:
+          authenticator: Authenticator | None = None,
+          access_log: Callable[[RequestHandler], None] | None = None) -> Any:
     """Bind ``listen`` now (an OSError says why not); ``serve_forever()`` then serves
-    until ``shutdown()``."""
+    until ``shutdown()``; ``access_log`` is called with each request's handler when it
+    ends (agent.collector.access.AccessLog)."""
     host, port = split_listen(listen)
     tls = TLSFiles(tls_cert, tls_key) if tls_cert and tls_key else None
     collector = Collector(store, token_file, authenticator)
     if host:
-        return CollectorServer(collector, host, port, tls)
-    return on_every_address(lambda h: CollectorServer(collector, h, port, tls))
+        return CollectorServer(collector, host, port, tls, access_log=access_log)
+    return on_every_address(lambda h: CollectorServer(collector, h, port, tls,
+                                                      access_log=access_log))

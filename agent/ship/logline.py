@@ -16,20 +16,29 @@ its newline. It carries what an SRE greps and alerts on: node, time, status, kub
 mode, counts by severity and by finding id, the most severe findings and the affected LB
 IPs up to the budget, and ``omitted`` counts for what did not fit.
 
-``summary_line`` is pure: the daemon decides when a cycle is unchanged (``same_key``) and
-then asks for the short form (``unchanged_since``), which drops the lists.
+Like every line of the agent (agent.logfmt), it starts with ``ts`` (when it was written,
+RFC 3339 UTC with milliseconds; ``time`` stays the verdict's), ``level`` (by the status:
+healthy info, at-risk and unknown warning, loopback error) and ``msg`` (the status and
+the counts by severity, in words). With ``--log-format text`` the same fields make a
+human line (agent.logfmt.text_line), within the same bound.
+
+``summary_line`` is pure but for ``ts`` (now, unless given): the daemon decides when a
+cycle is unchanged (``same_key``) and then asks for the short form (``unchanged_since``),
+which drops the lists.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from agent import logfmt
 from agent.diagnose.model import SEVERITIES, Verdict
 
 LOG_SCHEMA = "loopback-agent/log/v1"
-LINE_BYTES = 16384  # the CRI's line limit, with the newline
+LINE_BYTES = logfmt.LINE_BYTES  # the CRI's line limit, with the newline
+# a verdict line's level, by its status (any other status: warning)
+LEVELS = {"healthy": "info", "unknown": "warning", "at-risk": "warning", "loopback": "error"}
 MAX_FINDINGS = 20  # shown in a line: the rest of the budget lists affected LB IPs
 _HEADER_BYTES = 6144  # the fixed fields' share; their strings are cut shorter past it
 _RANK = {s: i for i, s in enumerate(reversed(SEVERITIES))}  # critical 0, warning 1, info 2
@@ -59,17 +68,59 @@ def same_key(v: Verdict) -> tuple[Any, ...]:
                   for f in v.findings))
 
 
+def verdict_level(status: str) -> str:
+    return LEVELS.get(status, "warning")
+
+
 def summary_line(v: Verdict, where: Where = Where(), *, unchanged_since: str | None = None,
-                 budget: int = LINE_BYTES) -> str:
-    """The verdict's log line, newline included, at most ``budget`` bytes (>= 2048).
+                 budget: int = LINE_BYTES, ts: str | None = None, fmt: str = "json") -> str:
+    """The verdict's log line, newline included, at most ``budget`` bytes (>= 2048), in
+    ``fmt`` (json or text); ``ts``: when it is written (default now).
 
     With ``unchanged_since`` (the time of the last full line) the short form: the same
     header and severity counts, no lists."""
     if budget < 2048:
         raise ValueError("a log line needs at least 2048 bytes")
+    ts = logfmt.timestamp() if ts is None else ts
+    if fmt == "text":
+        return _text_line(v, where, unchanged_since, budget, ts)
+    return _json_line(v, where, unchanged_since, budget, ts)
+
+
+def _text_line(v: Verdict, where: Where, since: str | None, budget: int, ts: str) -> str:
+    """The same fields as a text line: the JSON line's lists are made for a smaller
+    budget until the text fits (its flattened keys take more room than JSON's nesting);
+    past a few tries the text line's own bound leaves fields out."""
+    inner = budget
+    counted = _counts(v)
+    for _ in range(4):
+        fields = _doc(v, where, since, inner, ts, counted)
+        head = [str(fields.pop(k)) for k in ("ts", "level", "msg")]
+        line = logfmt.text_line(head[0], head[1], head[2], fields, budget=1 << 30)
+        if len(line) <= budget or inner <= 2048:
+            break
+        inner = max(2048, inner * budget // len(line) - 256)
+    return logfmt.text_line(head[0], head[1], head[2], fields, budget=budget)
+
+
+def _json_line(v: Verdict, where: Where, since: str | None, budget: int, ts: str) -> str:
     limit = budget - 1  # the newline
+    counted = _counts(v)
+    line = _dumps(_doc(v, where, since, budget, ts, counted))
+    if len(line) > limit:  # cannot happen (sizes are reserved); never print more anyway:
+        # every string at 8 characters (<= 96 bytes escaped), no lists, all omitted
+        line = _dumps(_header_at(v, Where(), counted[0], since, 0.0, ts))
+    return line + "\n"
+
+
+_Counted = tuple[dict[str, Any], list[Any], dict[str, int], list[str]]
+
+
+def _counts(v: Verdict) -> _Counted:
+    """The counts, the findings most severe first, the findings by id and the affected
+    LB IPs (most severe first)."""
     ordered = sorted(v.findings, key=lambda f: _RANK.get(f.severity, len(_RANK)))
-    by_sev = {s: 0 for s in reversed(SEVERITIES)}
+    by_sev: dict[str, int] = {s: 0 for s in reversed(SEVERITIES)}
     by_id: dict[str, int] = {}
     for f in ordered:
         sev = f.severity if f.severity in by_sev else "other"  # one key, whatever it says
@@ -84,30 +135,34 @@ def summary_line(v: Verdict, where: Where = Where(), *, unchanged_since: str | N
         "findings": len(v.findings), "by_severity": by_sev,
         "lb_ips": len(v.lb_ips), "lb_ips_local": sum(1 for r in v.lb_ips if r.local),
         "lb_ips_affected": len(affected), "unknowns": len(v.unknowns)}
-    doc = _header(v, where, counts, unchanged_since, min(_HEADER_BYTES, limit // 2))
-    if unchanged_since is None:
-        _fill(doc, ordered, by_id, list(affected), limit)
-    line = _dumps(doc)
-    if len(line) > limit:  # cannot happen (sizes are reserved); never print more anyway:
-        # every string at 8 characters (<= 96 bytes escaped), no lists, all omitted
-        line = _dumps(_header_at(v, Where(), counts, unchanged_since, 0.0))
-    return line + "\n"
+    return counts, ordered, by_id, list(affected)
+
+
+def _doc(v: Verdict, where: Where, since: str | None, budget: int, ts: str,
+         counted: _Counted) -> dict[str, Any]:
+    """The line's fields, whose JSON takes at most ``budget`` - 1 bytes."""
+    limit = budget - 1  # the newline
+    counts, ordered, by_id, affected = counted
+    doc = _header(v, where, counts, since, min(_HEADER_BYTES, limit // 2), ts)
+    if since is None:
+        _fill(doc, ordered, by_id, affected, limit)
+    return doc
 
 
 def _header(v: Verdict, where: Where, counts: dict[str, Any], since: str | None,
-            limit: int) -> dict[str, Any]:
+            limit: int, ts: str) -> dict[str, Any]:
     """The fixed fields; their strings are cut shorter until they fit ``limit`` bytes
     (a node name of 253 astral characters is 3 KB escaped)."""
     scale = 1.0
     while True:
-        doc = _header_at(v, where, counts, since, scale)
+        doc = _header_at(v, where, counts, since, scale, ts)
         if len(_dumps(doc)) <= limit or scale < 0.01:
             return doc
         scale /= 2
 
 
 def _header_at(v: Verdict, where: Where, counts: dict[str, Any], since: str | None,
-               scale: float) -> dict[str, Any]:
+               scale: float, ts: str) -> dict[str, Any]:
     def cap(name: str, value: str | None) -> str | None:
         return None if value is None else _clean(value, max(8, int(_CAPS[name] * scale)))
 
@@ -115,9 +170,15 @@ def _header_at(v: Verdict, where: Where, counts: dict[str, Any], since: str | No
         ("http", cap("url", where.http)), ("collector", cap("url", where.collector)),
         ("spool", cap("spool", where.spool)), ("key", cap("key", where.key)))
         if val is not None}
+    status = cap("status", v.status)
+    sev = counts["by_severity"]
+    msg = (f"verdict{' unchanged' if since is not None else ''}: {status}; findings: "
+           f"{counts['findings']} ({sev['critical']} critical, {sev['warning']} warning, "
+           f"{sev['info']} info)")
     doc: dict[str, Any] = {
+        "ts": _clean(ts, 40), "level": verdict_level(v.status), "msg": msg,
         "schema": LOG_SCHEMA, "node": cap("node", v.node), "time": cap("time", v.time),
-        "status": cap("status", v.status),
+        "status": status,
         "kube_proxy_mode": cap("kube_proxy_mode", v.kube_proxy_mode),
         "agent_version": cap("agent_version", v.agent_version),
         "line": "summary" if since is None else "unchanged"}
@@ -174,16 +235,6 @@ def _fill(doc: dict[str, Any], ordered: list[Any], by_id: dict[str, int],
                       "finding_ids": len(by_id) - len(ids)}
 
 
-def _clean(value: object, cap: int) -> str:
-    """A string any JSON parser takes: lone surrogates become U+FFFD (a valid pair is
-    kept), at most ``cap`` characters (cut ones end in an ellipsis)."""
-    s = (value if isinstance(value, str) else str(value))[:cap + 1]  # a huge one: cut first
-    if s.isascii() and len(s) <= cap:  # the usual case: nothing to do (37k a cycle)
-        return s
-    s = s.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return s if len(s) <= cap else s[:cap - 1] + _CUT
-
-
-def _dumps(doc: object) -> str:
-    # ASCII: byte length = character length, and no pipeline guesses an encoding
-    return json.dumps(doc, separators=(",", ":"), ensure_ascii=True)
+# (one definition with every other line's: a string any JSON parser takes, capped; ASCII)
+_clean = logfmt.clean
+_dumps = logfmt.dumps
