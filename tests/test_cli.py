@@ -397,6 +397,23 @@ def test_an_offline_verdict_is_named_by_its_input_not_by_this_machine(tmp_path: 
     assert json.loads(named.stdout)["node"] == "given"
 
 
+def test_warnings_say_no_python_none_and_name_their_file_once(tmp_path: Path) -> None:
+    """issue 37, bug 5: a YAML object without a kind was "1 None objects: not used", and a
+    warning whose reason names its file and line printed the file twice."""
+    d = copy_bundle(tmp_path)
+    # (a List as kubectl prints one, holding an object that has no kind: a ConfigMap's
+    # trimmed copy, say)
+    (d / "svc-extra.yaml").write_text("kind: List\nitems:\n- metadata:\n    name: x\n"
+                                      "  data:\n    a: b\n")
+    r = run("check", "--from", str(d))
+    assert r.returncode in (0, 1, 2, 3), r.stderr
+    said = r.stdout + r.stderr
+    assert "None" not in said, said
+    assert "1 objects without a kind: not used" in said
+    named = [line for line in r.stderr.splitlines() if "svc-extra.yaml" in line]
+    assert len(named) == 2 and all(line.count("svc-extra.yaml") == 1 for line in named), named
+
+
 @pytest.mark.parametrize("option,value,said", [
     ("--token-review-cache", "nan", "not a number of seconds"),
     ("--token-review-cache", "-5", "not a number of seconds"),
