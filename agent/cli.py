@@ -234,13 +234,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--lb-ip", metavar="IP", type=_lb_ip,
                    help="only this LB / external / Ingress address: its findings in full "
                         "and the status they make (its exit code)")
-    c.add_argument("--what-if", metavar="MODE", choices=("nftables",),
-                   help="before moving kube-proxy to MODE (nftables): predict what this "
-                        "node would show, for the Services and endpoints it serves today "
-                        "(the rules kube-proxy would write, walked by the same engine), and "
-                        "say per LB address what appears and what vanishes; the exit code "
-                        "is the predicted verdict's. Needs the Services (API, --kube-json, "
-                        "services.json) and iptables or IPVS mode today")
+    c.add_argument("--what-if", metavar="MODE", choices=("nftables", "iptables", "ipvs"),
+                   help="before moving kube-proxy to MODE (nftables, iptables or ipvs): "
+                        "predict what this node would show, for the Services and endpoints "
+                        "it serves today (the rules kube-proxy would write, walked by the "
+                        "same engine), and say per LB address what appears and what "
+                        "vanishes; the exit code is the predicted verdict's. Needs the "
+                        "Services (API, --kube-json, services.json) and another of the "
+                        "three modes today")
     c.add_argument("--npd", action="store_true",
                    help="node-problem-detector custom plugin: one line on stdout, exit 0 "
                         "OK, 1 NonOK (at risk or looping), 2 Unknown (cannot tell, or an "

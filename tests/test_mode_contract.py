@@ -18,14 +18,14 @@ kubernetes#132456, and with the filter-chain layout that change replaced (the on
 kubernetes#131765). Each is diagnosed offline, from a bundle (file name -> text) put
 together as lab.kube_proxy_rules.synthetic does.
 
-Constructed inputs: the rules come from the lab's generators (lab/kube_proxy_rules),
-which follow kube-proxy's own rule shapes. Where a generator does not write a feature,
-this module adds what kube-proxy's proxier writes for it, citing the source:
-loadBalancerSourceRanges in IPVS and nftables mode, the IPv6 (`ip6 kube-proxy`) table of
-nftables mode, nftables mode without a detector, the pre-#132456 nftables base chains,
-the IPv6 addresses of `ip addr` and the local table, and status.loadBalancer.ingress[].
-ipMode: Proxy (no rule in any mode: pkg/proxy/serviceport.go skips the address when
-!proxyutil.IsVIPMode(ing)).
+Constructed inputs: the rules come from the agent's own generators of each mode
+(agent.predict: nftables, iptables, ipvs, through the lab's adapters in
+lab/kube_proxy_rules), which follow kube-proxy's own rule shapes: loadBalancerSourceRanges
+in every mode, the IPv6 (`ip6 kube-proxy`) table of nftables mode, nftables mode without
+a detector, the pre-#132456 nftables base chains. This module adds what no generator
+writes: the IPv6 addresses of `ip addr` and the local table, and status.loadBalancer.
+ingress[].ipMode: Proxy (no rule in any mode: pkg/proxy/serviceport.go skips the address
+when !proxyutil.IsVIPMode(ing)).
 
 Where the modes really differ, EXPECTED_DIFFERENCES says so, each with its reason and
 the kube-proxy source that makes it. A disagreement kube-proxy does not explain (the
@@ -58,9 +58,6 @@ from lab.kube_proxy_rules import (
     services_json,
     sysctl_text,
 )
-from lab.kube_proxy_rules.ipvs import IPVS_SETS, set_name
-from lab.kube_proxy_rules.ipvs import _ipset_text as ipvs_ipset_text
-from lab.kube_proxy_rules.ipvs import _ipvs_tables as ipvs_tables
 from lab.kube_proxy_rules.nftables import nftables_mode
 
 # --- the node -------------------------------------------------------------------------
@@ -180,38 +177,17 @@ def services(cluster: Cluster) -> list[LbService]:
 # --- what each mode writes ----------------------------------------------------------------
 
 
-def _parse_ipset(text: str) -> dict[str, list[str]]:
-    """The members of `ipset restore` input by the sets' IPv4 names."""
-    base = {set_name(name, 6): name for name, _t, _c in IPVS_SETS}
-    members: dict[str, list[str]] = {name: [] for name, _t, _c in IPVS_SETS}
-    for line in text.splitlines():
-        if line.startswith("add "):
-            _add, name, member = line.split(" ", 2)
-            members[base.get(name, name)].append(member)
-    return members
-
-
 def _ipvs_files(svcs: list[LbService], family: int, bind: bool, cidr: str | None
                 ) -> tuple[str, str, str, tuple[str, ...]]:
     """(iptables rules, ipset save, ipvsadm -S, kube-ipvs0 addresses) of one family's
-    IPVS proxier. loadBalancerSourceRanges, which lab.kube_proxy_rules.ipvs does not
-    write, are added as pkg/proxy/ipvs/proxier.go does ("Capture load-balancer ingress":
-    the LB IP:port in KUBE-LOAD-BALANCER-FW, each range in KUBE-LOAD-BALANCER-SOURCE-CIDR;
-    no KUBE-LOAD-BALANCER-SOURCE-IP: the node's address is in no range here), and the
-    rules matching them (ipsetWithIptablesChain) are written by the lab's own code."""
+    IPVS proxier, as the agent predicts it (agent.predict.ipvs, through the lab's
+    adapter): loadBalancerSourceRanges as pkg/proxy/ipvs/proxier.go writes them
+    ("Capture load-balancer ingress": the LB IP:port in KUBE-LOAD-BALANCER-FW, each
+    range in KUBE-LOAD-BALANCER-SOURCE-CIDR; no KUBE-LOAD-BALANCER-SOURCE-IP: the node's
+    address is in no range here)."""
     state = ipvs_mode(svcs, bind_lb_ip=bind, cluster_cidr=cidr, node_ip=NODE_IP[family],
                       family=family)
-    fw = [s for s in svcs if s.lb_ip and s.source_ranges]
-    if not fw:
-        return (state.iptables_restore, state.ipset_save, state.ipvsadm_save,
-                state.kube_ipvs0_addresses)
-    sets = _parse_ipset(state.ipset_restore)
-    for s in fw:
-        entry = f"{s.lb_ip},{s.protocol.lower()}:{s.port}"
-        sets["KUBE-LOAD-BALANCER-FW"].append(entry)
-        sets["KUBE-LOAD-BALANCER-SOURCE-CIDR"] += [f"{entry},{r}" for r in s.source_ranges]
-    rules = ipvs_tables(sets, cidr, family).save_text("legacy")
-    return (rules, ipvs_ipset_text(sets, save_form=True, family=family), state.ipvsadm_save,
+    return (state.iptables_restore, state.ipset_save, state.ipvsadm_save,
             state.kube_ipvs0_addresses)
 
 

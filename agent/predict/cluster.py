@@ -1,18 +1,25 @@
 """The node's Services as kube-proxy is given them, with their endpoints, read from what
 the node shows today: the Service objects (the API, services.json) and the endpoints the
-current mode's rules send each service port to (IPVS real servers, iptables KUBE-SEP
-chains). What another mode would write is predicted from this (agent.predict.what_if).
+current mode's rules send each service port to (IPVS real servers of the ClusterIP's
+virtual server, the DNATs of iptables' KUBE-SEP chains behind the port's KUBE-SVC chain,
+the DNATs of nftables' endpoint chains behind the ClusterIP's @service-ips element and
+its service chain's vmap). What another mode would write is predicted from this
+(agent.predict.what_if).
 """
 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent.diagnose.lb_ip import chain_hash
+from agent.diagnose.nft_paths import cluster_cidr as nft_cluster_cidr
 from agent.diagnose.node_facts import NodeFacts, pod_cidrs_in_rules
+from agent.netfilter.nft_model import NftSet, NftTable, Token
+from agent.netfilter.nft_read import ruleset_of
 from agent.netfilter.rules import parse_rule_text
-from agent.predict.nftables import Endpoint, ServicePort
+from agent.predict.model import Endpoint, ServicePort
 from agent.snapshot import NodeSnapshot, Service
 
 
@@ -59,7 +66,8 @@ def read_cluster(snap: NodeSnapshot, facts: NodeFacts, mode: str) -> Cluster:
     if v6:
         gaps.insert(0, f"{v6} Services with an IPv6 ClusterIP: their IPv6 side is not "
                        "predicted (IPv4 only)")
-    cidr, how = _cluster_cidr(snap)
+    _SERVICE_IPS.clear()  # (read for this snapshot's ports: not kept past them)
+    cidr, how = _cluster_cidr(snap, mode)
     return Cluster(tuple(ports), cidr, how, facts.node_ip, tuple(gaps))
 
 
@@ -70,10 +78,19 @@ def _network(prefix: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | Non
         return None
 
 
-def _cluster_cidr(snap: NodeSnapshot) -> tuple[str | None, str]:
+def _cluster_cidr(snap: NodeSnapshot, mode: str) -> tuple[str | None, str]:
     kp = snap.kube_proxy
     if kp is not None and kp.cluster_cidr:
         return kp.cluster_cidr, "kube-proxy's --cluster-cidr"
+    if mode == "nftables":
+        table = _nft_table(snap)
+        found_nft = nft_cluster_cidr(table) if table is not None else None
+        if found_nft:
+            return found_nft, (f"the cluster CIDR kube-proxy's rules name (nft {table.family} "
+                               f"kube-proxy: ip saddr != {found_nft} jump mark-for-masquerade)"
+                               if table is not None else "")
+        return None, ("no cluster CIDR in kube-proxy's flags or rules: predicted without a "
+                      "local traffic detector")
     found = pod_cidrs_in_rules(snap)
     if found:
         return found[0][0], f"the cluster CIDR kube-proxy's rules name ({found[0][1]})"
@@ -95,6 +112,8 @@ def _endpoints(snap: NodeSnapshot, facts: NodeFacts, mode: str, svc: Service, po
             return False
         return bool((pod_net is not None and addr in pod_net) or facts.is_local(ip))
 
+    if mode == "nftables":
+        return _nft_endpoints(snap, svc.cluster_ip, port, protocol, local)
     if mode == "ipvs":
         if snap.ipvs is None:
             return (), "IPVS is not in the input (`ipvsadm -Ln`)"
@@ -124,3 +143,74 @@ def _endpoints(snap: NodeSnapshot, facts: NodeFacts, mode: str, svc: Service, po
                 host = host.strip("[]")
                 out.append(Endpoint(host, int(port_text), local(host)))
     return tuple(dict.fromkeys(out)), ""
+
+
+def _nft_table(snap: NodeSnapshot) -> NftTable | None:
+    rs, _problems = ruleset_of(snap)
+    return rs.kube_proxy if rs is not None else None
+
+
+def _nft_endpoints(snap: NodeSnapshot, cluster_ip: str, port: int, protocol: str,
+                   local: Callable[[str], bool]) -> tuple[tuple[Endpoint, ...], str]:
+    """kube-proxy's nftables table: the ClusterIP's @service-ips element goes to the
+    port's service chain, whose `numgen random mod N vmap { 0 : goto endpoint-..., ... }`
+    numbers its endpoint chains, each DNATing (`dnat to IP:PORT`)."""
+    table = _nft_table(snap)
+    if table is None:
+        return (), "kube-proxy's nftables table (ip kube-proxy) is not in the input"
+    svc_ips = table.set("service-ips")
+    if svc_ips is None:
+        return (), "the service-ips map of kube-proxy's nftables table is not in the input"
+    key = (cluster_ip, protocol.lower(), str(port))
+    verdict = _service_ips(svc_ips).get(key)
+    if verdict is None:
+        # kube-proxy sends a port without endpoints to @no-endpoint-services: none
+        return (), ""
+    chain = table.chain(verdict.split()[-1])
+    if chain is None:
+        return (), f"its service chain {verdict.split()[-1]} is not in the input"
+    names: list[str] = []
+    for r in chain.rules:
+        names += _vmap_targets(r.tokens)
+    out: list[Endpoint] = []
+    for name in names:
+        ep = table.chain(name)
+        for r in ep.rules if ep else ():
+            words = [w for w in r.tokens if isinstance(w, str)]
+            for i, w in enumerate(words[:-2]):
+                if w == "dnat" and words[i + 1] == "to":
+                    host, _, port_text = words[i + 2].rpartition(":")
+                    if host and port_text.isdigit():
+                        host = host.strip("[]")
+                        out.append(Endpoint(host, int(port_text), local(host)))
+    return tuple(dict.fromkeys(out)), ""
+
+
+# the last @service-ips read, by identity (hashing the map would cost what reading it does)
+_SERVICE_IPS: list[tuple[NftSet, dict[tuple[str, ...], str]]] = []
+
+
+def _service_ips(svc_ips: NftSet) -> dict[tuple[str, ...], str]:
+    """@service-ips by its key (address, protocol, port), read once per map (a node of
+    10k Services has 30k elements, and each port asks)."""
+    if _SERVICE_IPS and _SERVICE_IPS[0][0] is svc_ips:
+        return _SERVICE_IPS[0][1]
+    out: dict[tuple[str, ...], str] = {}
+    for k, v in svc_ips.elements:
+        if v:
+            out.setdefault(k, v)
+    _SERVICE_IPS[:] = [(svc_ips, out)]
+    return out
+
+
+def _vmap_targets(tokens: tuple[Token, ...]) -> list[str]:
+    """The chains of a rule's `vmap { N : goto CHAIN, ... }` (in its order)."""
+    out: list[str] = []
+    for i, tok in enumerate(tokens[:-1]):
+        group = tokens[i + 1]
+        if tok != "vmap" or not isinstance(group, tuple):
+            continue
+        words = [w for w in group if isinstance(w, str)]
+        out += [words[k + 1] for k in range(len(words) - 1)
+                if words[k] in ("goto", "jump") and words[k + 1].startswith("endpoint-")]
+    return out

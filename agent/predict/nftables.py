@@ -26,38 +26,10 @@ from __future__ import annotations
 import base64
 import hashlib
 from collections.abc import Iterable
-from dataclasses import dataclass
 
+from agent.predict.model import Endpoint, ServicePort
 
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    ip: str
-    port: int
-    local: bool  # on this node
-
-
-@dataclass(frozen=True, slots=True)
-class ServicePort:
-    """One Service port as kube-proxy's nftables proxier is given it."""
-
-    namespace: str
-    name: str
-    port_name: str  # "" for an unnamed port
-    port: int
-    protocol: str  # "TCP" | "UDP" | "SCTP"
-    cluster_ip: str
-    node_port: int | None = None
-    lb_ips: tuple[str, ...] = ()  # status.loadBalancer.ingress[].ip in VIP mode
-    external_ips: tuple[str, ...] = ()
-    etp_local: bool = False  # externalTrafficPolicy: Local
-    endpoints: tuple[Endpoint, ...] = ()  # in the order the vmap numbers them
-    source_ranges: tuple[str, ...] = ()  # loadBalancerSourceRanges
-
-    @property
-    def key(self) -> str:
-        """ServicePortName.String(): "ns/name:port", "ns/name" for an unnamed port."""
-        base = f"{self.namespace}/{self.name}"
-        return f"{base}:{self.port_name}" if self.port_name else base
+__all__ = ["Endpoint", "ServicePort", "nftables_rules"]
 
 
 def _h8(data: str) -> str:

@@ -6,23 +6,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from agent.predict.nftables import Endpoint, ServicePort, nftables_rules
+from agent.predict.nftables import ServicePort, nftables_rules
+from lab.kube_proxy_rules import common
 from lab.kube_proxy_rules.common import LbService
 
 TABLE = "ip kube-proxy"
 
 
 def service_port(svc: LbService) -> ServicePort:
-    """The agent's model of one service port (agent.predict.nftables), from the lab's: its
+    """The agent's model of one service port (agent.predict.model), from the lab's: its
     local endpoints first, then the remote ones, each on ``target_port``."""
-    return ServicePort(
-        namespace=svc.namespace, name=svc.name, port_name=svc.port_name, port=svc.port,
-        protocol=svc.protocol, cluster_ip=svc.cluster_ip, node_port=svc.node_port,
-        lb_ips=(svc.lb_ip,) if svc.lb_ip else (), external_ips=svc.external_ips,
-        etp_local=svc.etp == "Local",
-        endpoints=tuple(Endpoint(ip, svc.target_port, local) for ips, local in (
-            (svc.local_endpoints, True), (svc.remote_endpoints, False)) for ip in ips),
-        source_ranges=svc.source_ranges)
+    return common.service_port(svc, by_address=False)
 
 
 def nftables_mode(services: Iterable[LbService], *, cluster_cidr: str | None, node_ip: str,
