@@ -4,20 +4,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from agent.diagnose.cloud import provider_of
+from agent.diagnose.cloud import provider_of, providers
 from agent.diagnose.lb_ip import LbTarget
 
 if TYPE_CHECKING:
     from agent.diagnose.context import Context
 
 PREVENT_LOOPBACK = "service.cloud.tencent.com/prevent-loopback"
-_TKE_ANNOTATIONS = ("service.cloud.tencent.com/", "service.kubernetes.io/qcloud",
-                    "service.kubernetes.io/tke")
 
 
 def is_tke(t: LbTarget) -> bool:
-    """Tencent's controller annotates its Services; that is the evidence we accept."""
-    return any(k.startswith(_TKE_ANNOTATIONS) for k, _ in t.annotations)
+    """Tencent's controller annotates its Services; that is the evidence we accept (the
+    annotation prefixes of the providers' catalogue, agent/diagnose/data)."""
+    tke = next(p for p in providers() if p.id == "tke")
+    return any(k.startswith(tke.annotation_prefixes) for k, _ in t.annotations)
 
 
 def tke_ipvs_variant(t: LbTarget, ctx: Context) -> bool:
