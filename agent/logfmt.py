@@ -264,7 +264,10 @@ class LineFormatter(logging.Formatter):
             out.setdefault("logger", record.name)
         if record.exc_info and record.exc_info[0] is not None:
             trace = "".join(traceback.format_exception(*record.exc_info))
-            out["exception"] = trace[-TRACE_CHARS:]  # its end says what was raised
+            # its end says what was raised: cut from the front, to what a value may hold
+            # (a value is cut at its end, where this one's matters most)
+            keep = min(TRACE_CHARS, VALUE_CHARS - 1)
+            out["exception"] = trace if len(trace) <= keep else "…" + trace[-(keep - 1):]
         try:
             msg = record.getMessage()
         except Exception:  # a bad format: the template, not no line

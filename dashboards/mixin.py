@@ -221,13 +221,16 @@ def groups(c: Config) -> tuple[Group, ...]:
             "LoopbackAgentShipFailing",
             "Shipping to the collector fails: attempts failed and none succeeded for 15 min "
             "(the agent retries with backoff, at most 5 min apart, while verdicts wait). Not "
-            "while every collector target is down: LoopbackAgentCollectorDown says that once.",
+            "while every collector target is down or there is none: "
+            "LoopbackAgentCollectorDown says that once.",
             f"sum {c.by_node} (increase("
             f"{c.agent('loopback_agent_ship_failures_total')}[15m])) > 0\n"
             f"unless\nsum {c.by_node} (increase("
             f"{c.agent('loopback_agent_shipped_verdicts_total')}[15m])) > 0\n"
             f"unless on ({c.cluster_label})\n"
-            f"max {c.by_cluster} ({c.collector('up')}) == 0",
+            f"max {c.by_cluster} ({c.collector('up')}) == 0\n"
+            # (no collector target at all: CollectorDown's absent() says it, once)
+            f"unless on ()\nabsent({c.collector('up')})",
             "15m", "warning",
             "Node {{ $labels.node }}: the loopback-agent cannot ship verdicts to the collector",
             "The loopback-agent on {{ $labels.node }} failed to ship verdicts for 15 min and "

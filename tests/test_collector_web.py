@@ -452,3 +452,27 @@ def test_status_over_time_alone() -> None:
     assert "4 runs of the newest 10 of 5000 verdicts" in html
     assert "weird-status" in page.texts["changes"]
     assert browse._timeline([("x", "healthy")], 1, t0).startswith('<p class="muted"')
+
+
+def test_a_verdict_dated_past_year_9999_does_not_break_its_nodes_page() -> None:
+    """The schema's date-time takes 9999-12-31T23:59:59-12:00, past year 9999 in UTC: the
+    node's page still renders (its axis says the end is out of range)."""
+    from agent.collector import browse
+
+    html = browse._timeline([("2026-12-01T00:00:00Z", "healthy"),
+                             ("9999-12-31T23:59:59-12:00", "at-risk")], 2, 1.8e9)
+    assert "(out of range)" in html and "at-risk" in html
+
+
+def test_a_nul_in_a_filter_or_a_node_name_is_a_400() -> None:
+    """PostgreSQL refuses a NUL in text (a 500 there); the pages refuse it first, on any
+    store."""
+    from agent.collector import browse
+    from agent.collector.intake import BadRequest
+    from agent.collector.store import Store
+
+    with pytest.raises(BadRequest) as e:
+        browse.FleetView.of({"service": ["a\x00b"]})
+    assert e.value.code == 400
+    with pytest.raises(BadRequest):
+        browse.node_page(Store(":memory:"), "n\x00")

@@ -342,3 +342,35 @@ def test_a_collector_that_cannot_start_says_so_in_its_format(tmp_path: Path,
     (line,) = lines(r.stderr)
     got = json_head(line) if fmt == "json" else text_fields(line)
     assert got["level"].lower() == "error" and got["msg"] == "--tls-cert and --tls-key go together"
+
+
+def test_a_long_traceback_keeps_what_was_raised() -> None:
+    """A traceback longer than a field may hold (here a chained one, 3 KB) is cut from its
+    front: its last line, the exception's type and message, is what the line must keep."""
+    try:
+        try:
+            raise KeyError("z" * 3000)
+        except KeyError as e:
+            raise ValueError("the cause") from e
+    except ValueError:
+        import sys as _sys
+
+        record = logging.LogRecord("loopback-agent", logging.ERROR, __file__, 1, "failed",
+                                   None, _sys.exc_info())
+    line = json.loads(logfmt.LineFormatter("json").format(record))
+    trace = line["exception"]
+    assert len(trace) <= logfmt.VALUE_CHARS and trace.startswith("…")
+    assert trace.rstrip().endswith("ValueError: the cause")
+
+
+@pytest.mark.parametrize("db,shown", [
+    ("postgresql://u:s3cret@db/x", "postgresql://u:***@db/x"),
+    ("postgresql://u:s3/cr@t@db/x", "postgresql://u:***@db/x"),  # '/' and '@' in it
+    ("postgresql://db/x?user=u&password=s3cret", "postgresql://db/x?user=u&password=***"),
+    ("sqlite:///var/lib/c.db", "sqlite:///var/lib/c.db"),
+    ("/var/lib/c.db", "/var/lib/c.db"),
+])
+def test_the_database_password_is_never_shown(db: str, shown: str) -> None:
+    from agent.collector.main import shown_db
+
+    assert shown_db(db) == shown and "s3" not in shown_db(db)

@@ -449,3 +449,44 @@ def test_many_changes_are_counted_by_kind(tmp_path: Path) -> None:
     assert sum(int(ln.split(" x ")[0]) for ln in counted) == total
     assert "more (--verbose lists them" in r.stdout
 
+
+
+def test_a_prediction_keeps_what_other_components_wrote_beside_kube_proxy() -> None:
+    """Constructed from a real shape (kube-router's network-policy sets are KUBE-SRC-*/
+    KUBE-DST-*; the portmap CNI's hostport chains jump to KUBE-MARK-MASQ): only kube-proxy's
+    own sets, chains and its jumps from the built-in chains go; another component's rule
+    that jumps to KUBE-MARK-MASQ stays, and the chain with it, flushed, as kube-proxy's
+    cleanup leaves a chain another rule refers to."""
+    from agent.predict.what_if import _without_kube_proxy_state
+    from agent.snapshot import IpSet
+
+    dump = ("*nat\n:PREROUTING ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n"
+            ":KUBE-SERVICES - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n:KUBE-HP-ABC - [0:0]\n"
+            "-A PREROUTING -m comment --comment \"kubernetes service portals\" "
+            "-j KUBE-SERVICES\n"
+            "-A PREROUTING -m addrtype --dst-type LOCAL -j KUBE-HP-ABC\n"
+            "-A KUBE-HP-ABC -s 10.0.0.5/32 -j KUBE-MARK-MASQ\n"
+            "-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\n"
+            "COMMIT\n*filter\n:FORWARD ACCEPT [0:0]\n:KUBE-NWPLCY-ABC - [0:0]\n"
+            "-A FORWARD -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT\n"
+            "-A KUBE-NWPLCY-ABC -m set --match-set KUBE-SRC-XYZ src "
+            "-m set --match-set KUBE-DST-QRS dst -j MARK --set-xmark 0x10000/0x10000\n"
+            "COMMIT\n")
+    snap = load_texts([("iptables-save.txt", dump, name_format("iptables-save.txt"))],
+                      origin="bundle:t")
+    snap = dataclasses.replace(snap, ipsets=(
+        IpSet("KUBE-SRC-XYZ", "hash:ip", ("10.0.0.9",)),
+        IpSet("KUBE-CLUSTER-IP", "hash:ip,port", ("10.96.0.1,tcp:443",))))
+    out = _without_kube_proxy_state(snap, "nftables")
+    assert [s.name for s in out.ipsets or ()] == ["KUBE-SRC-XYZ"]
+    nf = out.netfilter
+    assert nf is not None
+    nat, filt = nf.table("nat"), nf.table("filter")
+    assert nat is not None and filt is not None
+    assert [c.name for c in nat.chains if c.name.startswith("KUBE-")] == \
+        ["KUBE-HP-ABC", "KUBE-MARK-MASQ"]
+    assert list(nat.chain("KUBE-MARK-MASQ").rules.texts) == []  # type: ignore[union-attr]
+    assert list(nat.chain("PREROUTING").rules.texts) == [  # type: ignore[union-attr]
+        "-A PREROUTING -m addrtype --dst-type LOCAL -j KUBE-HP-ABC"]
+    assert list(filt.chain("FORWARD").rules.texts) == []  # type: ignore[union-attr]
+    assert len(filt.chain("KUBE-NWPLCY-ABC").rules.texts) == 1  # type: ignore[union-attr]

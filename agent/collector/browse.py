@@ -164,6 +164,8 @@ class FleetView:
             value = (args.get(name) or [""])[-1]
             if len(value) > MAX_FILTER:
                 raise BadRequest(400, f"{name} is longer than {MAX_FILTER} characters")
+            if "\x00" in value:  # (PostgreSQL refuses it in text: a 400, not a 500)
+                raise BadRequest(400, f"{name} holds a NUL character")
             got[name] = value
         if got["status"] and got["status"] not in STATUSES:
             raise BadRequest(400, f"status must be one of {', '.join(STATUSES)}")
@@ -320,6 +322,8 @@ def _nav(view: FleetView, matched: int) -> str:
 
 def node_page(store: Store, node: str, now: float | None = None) -> str | None:
     """The node's page, or None for a node the collector has no verdict of."""
+    if "\x00" in node:  # (no node is named so, and PostgreSQL refuses it in text)
+        raise BadRequest(400, "the node name holds a NUL character")
     latest = store.node_status(node)
     if latest is None:
         return None
@@ -330,6 +334,14 @@ def node_page(store: Store, node: str, now: float | None = None) -> str | None:
         doc = {"error": "the stored document is not JSON"}
     runs, total = store.status_history(node, TIMELINE_ROWS)
     return render_node(node, latest, doc, runs, total, time.time() if now is None else now)
+
+
+def _finding_link(fleet: FleetView, fid: str, severity: object) -> str:
+    """A finding id, linked to the fleet filtered by it where that filter can find it:
+    the fleet's summaries hold the ids of findings that are not info."""
+    if severity == "info":
+        return h(fid)
+    return f'<a href="{h(fleet.url(finding=fid))}">{h(fid)}</a>'
 
 
 def not_found_page(node: str) -> str:
@@ -437,7 +449,10 @@ def _timeline(history: list[tuple[str, str]], total: int, now: float) -> str:
     key = "".join(f'<span><b class="{s}"></b>{s}</span>' for s in (*STATUSES, "silent"))
     older = (f'<p class="muted">{len(runs) - CHANGES_SHOWN} older changes not listed.</p>'
              if len(runs) > CHANGES_SHOWN else "")
-    when_end = datetime.fromtimestamp(end, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        when_end = datetime.fromtimestamp(end, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (ValueError, OverflowError, OSError):  # a verdict dated past year 9999 (UTC)
+        when_end = "(out of range)"
     return f"""<svg class="timeline" id="timeline" viewBox="0 0 1000 20" \
 preserveAspectRatio="none" role="img" aria-label="status over time">{"".join(bars)}</svg>
 <div class="axis"><span>{h(points[0][1])}</span><span>{len(runs)} run{"s" if len(runs) != 1
@@ -463,7 +478,7 @@ def _findings(fleet: FleetView, doc: dict[str, Any]) -> str:
         out.append("</div>")
     if abridged:
         rows = "".join(
-            f'<tr><td><a href="{h(fleet.url(finding=text(f.get("id"))))}">{h(f.get("id"))}</a>'
+            f'<tr><td>{_finding_link(fleet, text(f.get("id")), f.get("severity"))}'
             f'</td><td>{h(f.get("severity"))}</td><td>{_service_link(fleet, f)}</td>'
             f'<td>{_target(f)}</td><td class="mono">{h(f.get("shape"))}</td></tr>'
             for f in abridged[:ROWS_SHOWN])
@@ -515,7 +530,7 @@ def _finding(fleet: FleetView, f: dict[str, Any], open_: bool) -> str:
               else "")
     cls = severity if severity in ("critical", "warning", "info") else "warning"
     return f"""<div class="finding {cls}">
-<h3><a href="{h(fleet.url(finding=fid))}">{h(fid)}</a> <span class="muted">{h(severity)}</span>
+<h3>{_finding_link(fleet, fid, severity)} <span class="muted">{h(severity)}</span>
 {where}</h3>
 <p>{h(f.get("summary"))}</p>
 {remedy}

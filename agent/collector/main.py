@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import signal
 import ssl
 import sys
@@ -52,8 +51,22 @@ def authenticator(args: argparse.Namespace) -> Any:
                            ttl=float(getattr(args, "token_review_cache", 60.0)))
 
 
-def _shown_db(db: str) -> str:
-    return re.sub(r"//[^@/]*@", "//***@", db)  # no password in a message
+def shown_db(db: str) -> str:
+    """The --db URL as a message may show it: no password, neither in its user part
+    (`postgresql://u:secret@host/db`, a password holding `/` too: the user part ends at
+    the last `@`) nor in its query (`?password=secret`)."""
+    scheme, sep, rest = db.partition("://")
+    if not sep:
+        return db  # a path (SQLite): no password in it
+    main, q, query = rest.partition("?")
+    if "@" in main:
+        userinfo, host = main.rsplit("@", 1)
+        user = userinfo.split(":", 1)[0]
+        main = f"{user}:***@{host}" if ":" in userinfo else f"{user}@{host}"
+    if q:
+        query = "&".join(f"{k}=***" if "pass" in k.lower() else kv
+                         for kv in query.split("&") for k in (kv.partition("=")[0],))
+    return f"{scheme}://{main}{q}{query}"
 
 
 def _access_log(fmt: str, on: bool) -> Any:
@@ -78,10 +91,11 @@ def run(args: argparse.Namespace) -> int:
         store = open_store(db, retention_days=args.retention_days,
                            node_quota=int(getattr(args, "node_quota_mb", 64)) << 20)
     except ImportError as e:
-        raise StartError(EXIT_USAGE, f"{db}: {e} (pip install 'loopback-agent[postgres]')") \
+        raise StartError(EXIT_USAGE,
+                         f"{shown_db(db)}: {e} (pip install 'loopback-agent[postgres]')") \
             from e
     except Exception as e:
-        raise StartError(EXIT_CANTCREAT, f"{_shown_db(db)}: {type(e).__name__}: {e}") from e
+        raise StartError(EXIT_CANTCREAT, f"{shown_db(db)}: {type(e).__name__}: {e}") from e
     try:
         server = serve(args.listen, store, args.token_file, tls_cert=tls_cert,
                        tls_key=tls_key, authenticator=auth,
@@ -100,8 +114,8 @@ def run(args: argparse.Namespace) -> int:
     scheme = "https" if tls_cert else "http"
     where = f"[{host}]" if ":" in host else host
     url = f"{scheme}://{where}:{port}/"
-    log.info(f"collector on {url} ({_shown_db(db)})",
-             extra={"fields": {"url": url, "db": _shown_db(db)}})
+    log.info(f"collector on {url} ({shown_db(db)})",
+             extra={"fields": {"url": url, "db": shown_db(db)}})
     if auth is not None and not tls_cert:
         log.warning("--auth kube-token without TLS: agents' tokens cross the network in "
                     "clear text")

@@ -104,8 +104,9 @@ class Collector:
             return stored and schema == self.intake.schema_tag
 
         batch = self.intake.verdicts(body, known)
-        self._note_posted(caller, batch)
         authorize(caller, [v["node"] for v in batch])
+        # (after the check: a refused post is not logged as the node it claimed to be)
+        self._note_posted(caller, batch)
         self._within_rate([v["node"] for v in batch if id(v) not in stored_docs])
         stored, dup = self.store.add(batch, bodies, schema=self.intake.schema_tag,
                                      stored_docs=stored_docs)

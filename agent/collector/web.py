@@ -39,7 +39,7 @@ from urllib.parse import quote
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from tornado.httpserver import HTTPServer
 from tornado.ioloop import IOLoop
-from tornado.web import Application, RequestHandler, stream_request_body
+from tornado.web import Application, HTTPError, RequestHandler, stream_request_body
 
 from agent.collector import browse, views
 from agent.collector.auth import Authenticator, Caller
@@ -441,6 +441,16 @@ class _Base(RequestHandler):
         timer = loop.call_later(self.server.limits.write_timeout,
                                 lambda: None if done.done() else stream.close())
         done.add_done_callback(lambda _: loop.remove_timeout(timer))
+
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        """An uncaught exception, as a line of the collector's log naming the method and
+        the path only (Tornado's own line shows the whole URI: a query may hold what a
+        client should not have put there, as the access log never shows)."""
+        if isinstance(value, HTTPError):
+            return  # (an answer, not an error of the collector's)
+        logging.getLogger(LOGGER + ".collector").error(
+            f"uncaught exception serving {self.request.method} {self.request.path[:512]}",
+            exc_info=(typ, value, tb))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         self.set_header("Content-Type", "application/json")

@@ -62,7 +62,9 @@ def read_cluster(snap: NodeSnapshot, facts: NodeFacts, mode: str) -> Cluster:
                 node_port=p.node_port if svc.type in ("NodePort", "LoadBalancer") else None,
                 lb_ips=lb, external_ips=tuple(a for a in svc.external_ips if ":" not in a),
                 etp_local=svc.external_traffic_policy == "Local", endpoints=eps,
-                source_ranges=svc.source_ranges))
+                # (kube-proxy writes each family's ranges in that family's rules)
+                source_ranges=tuple(r.strip() for r in svc.source_ranges
+                                    if ":" not in r and r.strip())))
     if v6:
         gaps.insert(0, f"{v6} Services with an IPv6 ClusterIP: their IPv6 side is not "
                        "predicted (IPv4 only)")
@@ -121,7 +123,7 @@ def _endpoints(snap: NodeSnapshot, facts: NodeFacts, mode: str, svc: Service, po
         if vs is None:
             return (), f"no IPVS virtual server {protocol} {svc.cluster_ip}:{port}"
         return tuple(Endpoint(r.address, r.port, local(r.address))
-                     for r in vs.real_servers), ""
+                     for r in vs.real_servers if r.weight != 0), ""  # (0: draining)
     nat = snap.netfilter.table("nat") if snap.netfilter else None
     if nat is None:
         return (), "the nat rules are not in the input"

@@ -45,7 +45,7 @@ from agent.parse.ipset_text import parse_ipsets
 from agent.parse.ipvsadm_text import parse_ipvsadm
 from agent.predict.cluster import Cluster, read_cluster
 from agent.predict.iptables import iptables_rules
-from agent.predict.ipvs import ipvs_mode
+from agent.predict.ipvs import IPVS_SETS, ipvs_mode, set_name
 from agent.predict.nftables import nftables_rules
 from agent.snapshot import (
     Address,
@@ -172,7 +172,7 @@ def _without_kube_proxy_state(snap: NodeSnapshot, target: Target) -> NodeSnapsho
     """``snap`` without what any mode of kube-proxy left (its nftables tables, its
     iptables chains and the rules that jump to them or match its sets, its ipsets, IPVS's
     virtual servers, kube-ipvs0's addresses and local routes), named as ``target``'s."""
-    kept_sets = tuple(s for s in snap.ipsets or () if not s.name.startswith("KUBE-"))
+    kept_sets = tuple(s for s in snap.ipsets or () if s.name not in KUBE_PROXY_SETS)
     nft = tuple(d for d in map(_without_kube_proxy_tables, snap.nft or ()) if d is not None)
     return replace(
         snap,
@@ -186,8 +186,10 @@ def _without_kube_proxy_state(snap: NodeSnapshot, target: Target) -> NodeSnapsho
         local_routes=tuple(r for r in snap.local_routes if r.dev != "kube-ipvs0")
         if snap.local_routes is not None else None,
         nft=nft if snap.nft is not None else None,
-        kube_proxy=replace(snap.kube_proxy, mode=target, pid=None)
+        # (today's process: its log lines and its sync metrics are not the new one's)
+        kube_proxy=replace(snap.kube_proxy, mode=target, pid=None, errors=())
         if snap.kube_proxy is not None else None,
+        kube_proxy_sync=None,
         given={**(snap.given or {}), "mode": target})
 
 
@@ -241,9 +243,9 @@ def _merged(kept: Netfilter | None, text: str, source: str) -> Netfilter:
 
 
 # `table ip kube-proxy {` of a listing; `add chain ip kube-proxy ...` of a transaction
-_NFT_TABLE = re.compile(r"^table\s+(?:ip|ip6)\s+kube-proxy\b")
+_NFT_TABLE = re.compile(r"^table\s+(?:ip|ip6)\s+kube-proxy(?=\s|\{|$)")
 _NFT_COMMAND = re.compile(r"^(?:add|create|flush|delete|destroy|insert|replace)\s+"
-                          r"(?:\w+\s+)?(?:ip|ip6)\s+kube-proxy\b")
+                          r"(?:\w+\s+)?(?:ip|ip6)\s+kube-proxy(?=\s|\{|$)")
 _NFT_ANY_TABLE = re.compile(r"^(?:table\s|(?:add|create)\s+table\s)", re.M)
 
 
@@ -299,34 +301,53 @@ def _kube_proxy_item(item: Any) -> bool:
 
 
 def _without_kube_proxy(nf: Netfilter | None) -> Netfilter | None:
+    """kube-proxy's chains taken away, with its jumps to them from the built-in chains and
+    the rules that match its ipsets. Another component's chain that jumps to one of
+    kube-proxy's (a hostport chain to KUBE-MARK-MASQ) is kept, and so is the chain it
+    jumps to, flushed: kube-proxy's cleanup cannot delete a chain another rule refers to."""
     if nf is None:
         return None
     tables = []
     for t in nf.tables:
         chains = []
+        wanted: set[str] = set()  # kube-proxy's chains another component's rules jump to
         for c in t.chains:
             if kube_proxy_chain(c.name):
                 continue
             texts = c.rules.texts
-            keep = [i for i, x in enumerate(texts) if not _referenced(x)]
+            keep = [i for i, x in enumerate(texts) if not _kube_proxys_rule(x, c.name)]
+            for i in keep:
+                wanted.update(_jumps_to_kube_proxy(texts[i]))
             rules = Rules([texts[i] for i in keep], [c.rules.source(i) for i in keep]) \
                 if len(keep) < len(texts) else c.rules
             chains.append(replace(c, rules=rules) if rules is not c.rules else c)
+        chains += [Chain(c.name, c.policy, Rules([], [])) for c in t.chains
+                   if c.name in wanted]
         tables.append(Table(t.name, tuple(chains)) if len(chains) != len(t.chains) or
                       any(a is not b for a, b in zip(chains, t.chains, strict=True)) else t)
     return replace(nf, tables=tuple(tables))
 
 
-def _referenced(text: str) -> list[str]:
-    """The kube-proxy chains and sets a rule jumps to or matches on."""
+_BUILT_IN = frozenset({"PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"})
+# kube-proxy's ipsets (IPVS mode), both families
+KUBE_PROXY_SETS = frozenset(set_name(name, family) for name, _t, _c in IPVS_SETS
+                            for family in (4, 6))
+
+
+def _jumps_to_kube_proxy(text: str) -> list[str]:
     words = text.split()
-    out = []
-    for i, w in enumerate(words[:-1]):
-        nxt = words[i + 1]
-        if (w in ("-j", "-g") and kube_proxy_chain(nxt)) or \
-                (w == "--match-set" and nxt.startswith("KUBE-")):
-            out.append(nxt)
-    return out
+    return [words[i + 1] for i, w in enumerate(words[:-1])
+            if w in ("-j", "-g") and kube_proxy_chain(words[i + 1])]
+
+
+def _kube_proxys_rule(text: str, chain: str) -> bool:
+    """Is this rule of a chain that is not kube-proxy's kube-proxy's own: its jump from a
+    built-in chain to one of its chains, or a rule matching one of its ipsets?"""
+    if chain in _BUILT_IN and _jumps_to_kube_proxy(text):
+        return True
+    words = text.split()
+    return any(w == "--match-set" and words[i + 1] in KUBE_PROXY_SETS
+               for i, w in enumerate(words[:-1]))
 
 
 def what_if(snap: NodeSnapshot, node: str, target: Target,
@@ -359,6 +380,11 @@ def what_if(snap: NodeSnapshot, node: str, target: Target,
              f"its local traffic detector: {cluster.cluster_cidr_how}",
              *_serves(mode, target),
              *_version_notes(snap, cluster, mode, target),
+             *(("predicted as upstream kube-proxy's IPVS mode, which binds the LB IPs: "
+                "these Services are Tencent's (TKE), whose own kube-proxy leaves LB IPs "
+                "unbound in IPVS mode, so on TKE lb-ip-local would not appear and pods' "
+                "traffic to them leaves the node as it does today",)
+               if target == "ipvs" and _tencents(snap) else ()),
              *(("the Services' health check NodePorts (spec.healthCheckNodePort) are not in "
                 "the input the agent reads: their accept rules and set entries are left out "
                 "(no finding reads them)",) if target != "nftables" and any(
@@ -367,6 +393,15 @@ def what_if(snap: NodeSnapshot, node: str, target: Target,
              *((f"{len(cluster.gaps) - 20} more service ports not read",)
                if len(cluster.gaps) > 20 else ()))
     return WhatIf(target, today, fixed, *_changes(today, fixed, unfixed), notes)
+
+
+def _tencents(snap: NodeSnapshot) -> bool:
+    """Does a Service carry Tencent's annotations (the providers' catalogue's)?"""
+    from agent.diagnose.cloud import providers
+
+    tke = next(p for p in providers() if p.id == "tke")
+    return any(k.startswith(tke.annotation_prefixes) for svc in snap.services or ()
+               for k in svc.annotations)
 
 
 def _what_changes(mode: str, target: Target) -> Iterator[str]:
@@ -503,7 +538,8 @@ def _changes(today: Verdict, fixed: Verdict, unfixed: Verdict
     a, b, c = _by_target(today), _by_target(fixed), _by_target(unfixed)
     changes: list[Change] = []
     same = 0
-    for key in sorted(a.keys() | b.keys(), key=lambda k: (k[0], k[1] or 0, k[2] or "")):
+    for key in sorted(a.keys() | b.keys() | c.keys(),
+                      key=lambda k: (k[0], k[1] or 0, k[2] or "")):
         now, pred = a.get(key, ([], None)), b.get(key, ([], None))
         old = c.get(key, ([], None))
         alt = tuple(sorted(old[0])) if sorted(old[0]) != sorted(pred[0]) else None
