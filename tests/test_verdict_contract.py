@@ -13,6 +13,7 @@ process (its API, page and metrics) and the kubectl plugin's `nodes` table.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -94,7 +95,7 @@ def test_one_verdict_says_the_same_everywhere(status: str, inputs: dict[str, Pat
         assert node["status"] == status
         page = requests.get(col.url + "/", timeout=10).text
         assert f'<td class="{status}"><b>{status}</b></td>' in page
-        assert f'<span class="pill {status}">{status}: 1</span>' in page
+        assert re.search(rf'<a class="pill {status}"[^>]*>{status}: 1</a>', page), page
         metrics = requests.get(col.url + "/metrics", timeout=10).text
         counts = {lb["status"]: x for n, lb, x in samples(metrics)
                   if n == "loopback_collector_nodes"}
@@ -138,8 +139,8 @@ def test_a_v1_verdict_of_an_older_agent_is_read_as_v2_says_it(tmp_path: Path) ->
         web = [s for s in services if s["lb_ip"] == "10.0.1.100"]
         assert web and set(web[0]["exposed_nodes"]) == {at_risk["node"], "new-node"}
         page = requests.get(col.url + "/", timeout=10).text
-        assert '<span class="pill unknown">unknown: 1</span>' in page
-        assert '<span class="pill at-risk">at-risk: 2</span>' in page
+        assert re.search(r'<a class="pill unknown"[^>]*>unknown: 1</a>', page), page
+        assert re.search(r'<a class="pill at-risk"[^>]*>at-risk: 2</a>', page), page
     finally:
         col.stop()
 
@@ -265,7 +266,7 @@ def test_a_50k_service_nodes_verdict_is_spooled_shipped_and_shown(tmp_path: Path
         assert (node["node"], node["status"], node["lb_ips"]) == (
             "node-50k", doc["status"], 50_000)
         page = requests.get(col.url + "/", timeout=10).text
-        assert "<td>node-50k</td>" in page
+        assert '<td><a href="/nodes/node-50k">node-50k</a></td>' in page
     finally:
         col.stop()
 
