@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TextIO
 
 from agent.terminal import one_line
@@ -98,21 +98,27 @@ def json_line(ts: str, level: str, msg: str, fields: Mapping[str, Any] | None = 
         head["msg"] = _fit(head["msg"], limit // 2 - len(text) + len(dumps(head["msg"])))
         text = dumps(head)
     room = limit - len(text) - len(f',"{_OMITTED}":{len(fields or ())}')
-    items: list[str] = []
-    omitted = 0
-    for key, value in (fields or {}).items():
-        k = clean(key, 128)
-        if k in _HEAD:
-            k += "_"
-        item = "," + dumps(k) + ":" + dumps(plain(value))
-        if len(item) <= room:
-            items.append(item)
-            room -= len(item)
-        else:
-            omitted += 1
+    items, omitted = _fitting(("," + dumps(k + "_" if k in _HEAD else k) + ":"
+                               + dumps(plain(value))
+                               for key, value in (fields or {}).items()
+                               for k in (clean(key, 128),)), room)
     if omitted:
         items.append(f',"{_OMITTED}":{omitted}')
     return text[:-1] + "".join(items) + "}\n"
+
+
+def _fitting(items: Iterable[str], room: int) -> tuple[list[str], int]:
+    """The items that fit in ``room`` characters, in order (one too long is left out and
+    the next ones still tried), and how many were left out."""
+    kept: list[str] = []
+    omitted = 0
+    for item in items:
+        if len(item) <= room:
+            kept.append(item)
+            room -= len(item)
+        else:
+            omitted += 1
+    return kept, omitted
 
 
 def dumps(doc: object) -> str:
@@ -168,18 +174,10 @@ def text_line(ts: str, level: str, msg: str, fields: Mapping[str, Any] | None = 
     text = head + m
     pairs = list(flatten(fields or {}))
     room = limit - len(text) - len(f" {_OMITTED}={len(pairs)}")
-    out = [text]
-    omitted = 0
-    for key, value in pairs:
-        item = f" {key}={value}"
-        if len(item) <= room:
-            out.append(item)
-            room -= len(item)
-        else:
-            omitted += 1
+    out, omitted = _fitting((f" {key}={value}" for key, value in pairs), room)
     if omitted:
         out.append(f" {_OMITTED}={omitted}")
-    return "".join(out) + "\n"
+    return text + "".join(out) + "\n"
 
 
 def flatten(fields: Mapping[str, Any], prefix: str = "",

@@ -7,7 +7,7 @@ once the JSON is decoded, so it is given only for syntax errors.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from sys import intern
 from typing import Any
 
@@ -101,10 +101,18 @@ def image_repository(image: str) -> str:
     return image.split("@", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]
 
 
-def _is_kube_proxys(namespace: str, name: str, labels: dict[str, Any]) -> bool:
-    return namespace == KUBE_PROXY_NAMESPACE and (
-        name == KUBE_PROXY or name.startswith(KUBE_PROXY + "-") or
-        KUBE_PROXY in (labels.get("k8s-app"), labels.get("component")))
+def _kube_proxys(doc: dict[str, Any], kind: str, source: str
+                 ) -> Iterator[tuple[dict[str, Any], str, str, str, dict[str, Any]]]:
+    """(object, path, namespace, name, metadata) of each ``kind`` object of ``doc`` that
+    kube-proxy's installers name or label so, in kube-system."""
+    for obj, path in _items(doc, kind, source):
+        namespace, name = _ns_name(obj, path, source)
+        meta = _obj(obj, "metadata", path, source)
+        labels = _obj(meta, "labels", f"{path}metadata.", source)
+        if namespace == KUBE_PROXY_NAMESPACE and (
+                name == KUBE_PROXY or name.startswith(KUBE_PROXY + "-") or
+                KUBE_PROXY in (labels.get("k8s-app"), labels.get("component"))):
+            yield obj, path, namespace, name, meta
 
 
 def kube_proxy_pods(doc: dict[str, Any], source: str) -> list[KubeProxyImage]:
@@ -114,12 +122,7 @@ def kube_proxy_pods(doc: dict[str, Any], source: str) -> list[KubeProxyImage]:
     component=kube-proxy), with the image its kube-proxy container runs (its status's,
     else its spec's)."""
     out = []
-    for pod, path in _items(doc, "Pod", source):
-        namespace, name = _ns_name(pod, path, source)
-        meta = _obj(pod, "metadata", path, source)
-        if not _is_kube_proxys(namespace, name,
-                               _obj(meta, "labels", f"{path}metadata.", source)):
-            continue
+    for pod, path, namespace, name, meta in _kube_proxys(doc, "Pod", source):
         found = _kube_proxy_container(_obj(pod, "spec", path, source), f"{path}spec.",
                                       source)
         if found is None:
@@ -143,12 +146,7 @@ def kube_proxy_daemon_set(doc: dict[str, Any], source: str) -> list[KubeProxyIma
     """kube-proxy's DaemonSet (`kubectl -n kube-system get ds kube-proxy -o json`): the
     image of its template's kube-proxy container."""
     out = []
-    for ds, path in _items(doc, "DaemonSet", source):
-        namespace, name = _ns_name(ds, path, source)
-        meta = _obj(ds, "metadata", path, source)
-        if not _is_kube_proxys(namespace, name,
-                               _obj(meta, "labels", f"{path}metadata.", source)):
-            continue
+    for ds, path, namespace, name, _meta in _kube_proxys(doc, "DaemonSet", source):
         template = _obj(_obj(ds, "spec", path, source), "template", f"{path}spec.", source)
         found = _kube_proxy_container(
             _obj(template, "spec", f"{path}spec.template.", source),
