@@ -44,6 +44,8 @@ _KP_NAMES = (r"service-ips|service-nodeports|no-endpoint-services|no-endpoint-no
              r"reject-chain|(?:service|external|firewall|endpoint)-[A-Z0-9]{8}-\S+")
 _HEADLESS = re.compile(rf"^\s*(?:chain|map|set)\s+(?:{_KP_NAMES})\s*\{{\s*$")
 _PROBLEMS_KEPT = 50
+# a line outside blocks that goes on with nft text (after a block has ended)
+_COMMAND = re.compile(r"^(?:add|create|insert|flush|delete|table)\s")
 
 
 def _starts(line: str) -> bool:
@@ -85,19 +87,35 @@ _MANY_TOKENS = re.compile(r"^(?:add|create|insert)\s+(?:element|set|map)\s")
 _ELEMENT_TOKENS = 16 * MAX_ELEMENTS
 
 
+def _words(text: str, source: str, line: int | None, limit: int) -> tuple[str, ...] | None:
+    """Words only (most rules of a 10k-service listing): the tokens tokenize's pattern
+    would give, one after another (ASCII: both split at the same blanks); None for text
+    with a brace, quote, ',', ';' or '#'. Interned: kube-proxy's words and chain names
+    repeat in every service's rules (a third of a 10k-service model was copies of them)."""
+    if not text.isascii() or _SPECIAL.search(text):
+        return None
+    words = tuple(map(_intern, text.split()))
+    if len(words) > limit:
+        raise NftError(source, line, f"more than {limit} tokens in a "
+                       + ("rule" if limit == MAX_TOKENS_PER_RULE else "statement"))
+    return words
+
+
+def rule_tokens(text: str, source: str, line: int) -> tuple[tuple[Token, ...], str]:
+    """A rule's tokens and its text as render() writes them."""
+    words = _words(text, source, line, MAX_TOKENS_PER_RULE)
+    if words is None:
+        toks = tokenize(text, source, line)
+        return toks, render(toks)
+    return words, " ".join(words)  # (render's text of words)
+
+
 def tokenize(text: str, source: str = "", line: int | None = None,
              limit: int = MAX_TOKENS_PER_RULE) -> tuple[Token, ...]:
     """Words, quoted strings (kept quoted), ';' ',' as tokens, brace groups as nested
     tuples; '#' at a word's start begins a comment (`# handle 5` after `nft -a`)."""
-    if text.isascii() and not _SPECIAL.search(text):
-        # words only (most rules of a 10k-service script): the words the pattern below
-        # would give, one after another (ASCII: both split at the same blanks)
-        # (interned: kube-proxy's words and chain names repeat in every service's rules,
-        # a third of a 10k-service model was copies of them)
-        words = tuple(map(_intern, text.split()))
-        if len(words) > limit:
-            raise NftError(source, line, f"more than {limit} tokens in a "
-                           + ("rule" if limit == MAX_TOKENS_PER_RULE else "statement"))
+    words = _words(text, source, line, limit)
+    if words is not None:
         return words
     stack: list[list[Token]] = [[]]
     # a line's tokens at once (strings, not match objects); a long statement's one at a
@@ -129,8 +147,39 @@ def tokenize(text: str, source: str = "", line: int | None = None,
     return tuple(stack[0])
 
 
+def element_group(text: str) -> tuple[Token, ...] | None:
+    """The brace group of an `elements = { ... }` statement, the tokens tokenize would
+    give it, for the shape nft lists (words, ',' and ':', quoted comments standing
+    apart): split at blanks, not matched token by token (a 10k-service map is one
+    statement of 100k tokens). None for any other shape: tokenize reads it."""
+    first = text.find("{")
+    last = text.rfind("}")
+    if first < 0 or last < first or len(text) > _ELEMENT_TOKENS or not text.isascii() \
+            or text[:first].split() != ["elements", "="] or text[last + 1:].strip():
+        return None
+    inner = text[first + 1:last]
+    if "{" in inner or "}" in inner or "#" in inner or ";" in inner:
+        return None
+    pieces = inner.split('"')
+    if len(pieces) % 2 == 0:
+        return None  # an unterminated quote: tokenize says so
+    out: list[Token] = []
+    for k, piece in enumerate(pieces):
+        if k % 2:
+            # a quoted string: a token of its own only where blanks or a ',' part it from
+            # its neighbours, as nft writes a comment
+            before, after = pieces[k - 1], pieces[k + 1]
+            if not (before[-1:].isspace() or before[-1:] == ",") or \
+                    not (after[:1].isspace() or after[:1] in ("", ",")):
+                return None
+            out.append(_intern(f'"{piece}"'))
+        elif piece:
+            out += map(_intern, piece.replace(",", " , ").split())
+    return tuple(out)
+
+
 def render(tokens: tuple[Token, ...]) -> str:
-    if not any(type(t) is tuple for t in tokens):  # words only: no group to open
+    if tuple not in map(type, tokens):  # words only: no group to open
         # (which the checker cannot see; a cast would cost a call per rule read)
         text = " ".join(tokens)  # type: ignore[arg-type]
         return text.replace(" ,", ",").replace(" ;", ";") if "," in text or ";" in text \
@@ -406,6 +455,10 @@ def read_nft_text(text: str, source: str) -> NftRuleset:
                 if line == "}":
                     nset = None
                     continue
+                group = element_group(line) if line.startswith("elements") else None
+                if group is not None:
+                    b.add_elements(nset, group, n_at)
+                    continue
                 toks = tokenize(line, source, n_at, _ELEMENT_TOKENS
                                 if line.startswith("elements") else MAX_TOKENS_PER_RULE)
                 if toks and toks[0] == "elements":
@@ -422,13 +475,13 @@ def read_nft_text(text: str, source: str) -> NftRuleset:
                     # a rule cut by the end of the input: its verdict may be what was cut
                     b.problem(n_at, "unterminated rule at the end of the input: not read")
                     continue
-                toks = tokenize(line, source, n_at)
+                toks, rtext = rule_tokens(line, source, n_at)
                 if toks and toks[0] == "type" and "hook" in toks:
                     _chain_header(chain, toks, source, n_at)
                 elif toks and toks[0] in ("comment", "policy", "devices", "device"):
                     continue
                 elif toks:
-                    chain.rules.append(NftRule(toks, render(toks), f"{source}:{n_at}"))
+                    chain.rules.append(NftRule(toks, rtext, f"{source}:{n_at}"))
                 continue
             if table is not None:
                 if line == "}":
@@ -571,11 +624,12 @@ def split_nft(text: str) -> tuple[str | None, str]:
     inside = False
     for i, line in enumerate(lines):
         s = line.strip()
-        starts = _starts(line)
+        # (asked outside blocks only: inside one every line is nft's, and a 10k-service
+        # ruleset is 300k lines inside blocks)
+        starts = (not inside or depth == 0) and _starts(line)
         if not inside and not starts:
             continue
-        if depth == 0 and not starts and s and not s.startswith("#") and not re.match(
-                r"^(?:add|create|insert|flush|delete|table)\s", s):
+        if depth == 0 and not starts and s and not s.startswith("#") and not _COMMAND.match(s):
             inside = False  # the nft text ended: something else follows
             continue
         inside = True
@@ -609,6 +663,8 @@ def _uncomment(s: str) -> str:
 
 def _braces(s: str) -> int:
     """'{' minus '}' outside quoted strings."""
+    if "{" not in s and "}" not in s:  # (most lines of a listing: one scan each)
+        return 0
     if '"' not in s:
         return s.count("{") - s.count("}")
     # the parts outside quotes are the even ones (after an odd quote, to the end: inside)
