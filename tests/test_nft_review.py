@@ -458,3 +458,33 @@ def test_a_rule_of_many_undecided_matches_is_no_recursion_error() -> None:
     assert len(res) == n + 1 and {r.verdict for r in res} == {"ACCEPT", "DROP"}
     drop = next(r for r in res if r.verdict == "DROP")
     assert len(drop.assumed) == n  # every match taken as true, each said
+
+
+_PORT_RULES = ("table inet t {\n chain f {\n  type filter hook forward priority 0;\n"
+               "  udp dport != 53 drop\n  udp dport 53 accept\n  tcp dport 80 accept\n"
+               "  tcp sport != 1 drop\n }\n}\n")
+
+
+def test_a_protocols_port_match_holds_only_for_that_protocol() -> None:
+    """`udp dport 53` never matched a UDP packet (the walk read every protocol's port but
+    TCP's as -1), and `udp dport != 53` matched a TCP one. nft compiles a protocol's port
+    match with `meta l4proto` before it (its bytecode, read from nft in a namespace made
+    here), so a packet of another protocol matches neither form."""
+    from lab.netns import netns
+    with netns("lbport") as ns:
+        debug = ns.run("nft", "--debug=netlink", "-f", "-", input=_PORT_RULES).stdout
+    # each rule's bytecode: the protocol (0x11 UDP, 0x06 TCP) compared before the port
+    udp_ne, tcp_eq = (next(b for b in debug.split("\n\n") if port in b)
+                      for port in ("cmp neq reg 1 0x00003500", "cmp eq reg 1 0x00005000"))
+    assert udp_ne.index("meta load l4proto") < udp_ne.index("cmp eq reg 1 0x00000011") \
+        < udp_ne.index("transport header"), udp_ne
+    assert "cmp eq reg 1 0x00000006" in tcp_eq, tcp_eq
+    w = NftWalker(read_nft_text(_PORT_RULES, "t"), _View())
+    udp = Packet(src="10.0.1.5", dst="9.9.9.9", proto="udp", dport=53, in_iface="cni0")
+    [r] = w.walk_hook("forward", udp)
+    assert r.verdict == "ACCEPT" and r.steps[-1].text == "udp dport 53 accept", r
+    for dport in (80, 53):  # neither UDP rule holds for TCP, whatever the port
+        tcp = udp._replace(proto="tcp", dport=dport)
+        [r] = w.walk_hook("forward", tcp)
+        want = "tcp dport 80 accept" if dport == 80 else "tcp sport != 1 drop"
+        assert r.steps[-1].text == want, (dport, r)

@@ -362,49 +362,51 @@ class NftWalker:
 
     def _value(self, sel: str, p: Packet) -> tuple[str, object]:
         """(kind, value) of one selector for the packet; value None = not known."""
-        if sel.startswith(("ip ", "icmp ")) if p.v6 else sel.startswith(("ip6 ", "icmpv6 ")):
+        how = _SELECTORS.get(sel)
+        if how is None:
+            how = _SELECTORS[sel] = _selector_kind(sel)
+        family, icmp, proto, code = how
+        if family is not None and family != (":" in p.dst):
             # the other family's header field (inet tables: firewalld's): nft adds `meta
             # nfproto ipv4|ipv6` before it, so the packet never matches, negated or not
-            return "other-family", None
-        if sel.startswith(("icmp ", "icmpv6 ")) and p.proto in ("tcp", "udp", "sctp"):
-            return "other-family", None  # nft adds `meta l4proto icmp`: never a TCP packet
-        if sel in ("ip daddr", "ip6 daddr"):
+            return "never", None
+        if icmp and p.proto in ("tcp", "udp", "sctp"):
+            return "never", None  # nft adds `meta l4proto icmp`: never a TCP packet
+        if proto is not None and proto != p.proto:
+            # `udp dport 53`: nft adds `meta l4proto udp` before it, so a packet of
+            # another protocol never matches, negated or not
+            return "never", None
+        if code == _DADDR:
             return "addr", p.dst
-        if sel in ("ip saddr", "ip6 saddr"):
-            return "addr", p.src if p.src_known else ("pod", p.src_within)
-        if sel in ("meta l4proto", "ip protocol", "ip6 nexthdr"):
+        if code == _PROTO:
             return "proto", p.proto
-        if sel in ("th dport", "tcp dport", "udp dport", "sctp dport"):
-            if sel[0] != "t" or (sel.startswith(("tcp", "udp", "sctp")) and \
-                    not sel.startswith(p.proto)):
-                return "int", -1  # another protocol's port: never matches
+        if code == _DPORT:
             return "int", p.dport
-        if sel in ("th sport", "tcp sport", "udp sport"):
-            return "int", p.sport
-        if sel in ("meta mark", "mark"):
-            return "int", p.mark
-        if sel == "ct state":
+        if code == _CTSTATE:
             return "ctstate", "untracked" if p.untracked else "new"
-        if sel == "meta nfproto":
-            return "word", "ipv6" if p.v6 else "ipv4"
-        if sel == "meta protocol":  # the ethertype, as nft names it
-            return "word", "ip6" if p.v6 else "ip"
-        if sel == "ct status":
+        if code == _SADDR:
+            return "addr", p.src if p.src_known else ("pod", p.src_within)
+        if code == _MARK:
+            return "int", p.mark
+        if code == _SPORT:
+            return "int", p.sport
+        if code == _NFPROTO:
+            return "word", "ipv6" if ":" in p.dst else "ipv4"
+        if code == _ETHERTYPE:  # the ethertype, as nft names it
+            return "word", "ip6" if ":" in p.dst else "ip"
+        if code == _CTSTATUS:
             return "word", "dnat" if p.dnat_to else ""
-        if sel.startswith("fib ") and sel.endswith(" type"):
-            which = sel.split()[1]
-            if which == "saddr":
-                if p.src_is_pod or not p.src_known:
-                    return "word", "unicast"
-                kind = self.view.addr_type(p.src)
-            elif which == "daddr":
-                kind = self.view.addr_type(p.dst)
-            else:
-                return "word", None
+        if code == _FIB_SADDR:
+            if p.src_is_pod or not p.src_known:
+                return "word", "unicast"
+            kind = self.view.addr_type(p.src)
             return "word", kind.lower() if kind else None
-        if sel in ("iifname", "meta iifname", "iif"):
+        if code == _FIB_DADDR:
+            kind = self.view.addr_type(p.dst)
+            return "word", kind.lower() if kind else None
+        if code == _IIF:
             return "word", p.in_iface
-        if sel in ("oifname", "meta oifname", "oif"):
+        if code == _OIF:
             return "word", p.out_iface
         return "word", None
 
@@ -413,7 +415,7 @@ class NftWalker:
         if len(sels) != 1:
             return self._match_concat(t, sels, negate, value, mask, p)
         kind, actual = self._value(sels[0], p)
-        if kind == "other-family":
+        if kind == "never":
             return False
         if mask is not None:
             if not isinstance(actual, int):
@@ -445,7 +447,7 @@ class NftWalker:
         """`a . b . c @set` (kube-proxy's first LoadBalancerSourceRanges rules) or `a . b
         { x . y, ... }`: true when one element matches every part."""
         values = [self._value(sel, p) for sel in sels]
-        if any(k == "other-family" for k, _ in values):
+        if any(k == "never" for k, _ in values):
             return False
         if mask is not None:
             return None
@@ -489,7 +491,7 @@ class NftWalker:
             return [(v, f"any branch: {n} of a random choice, this one {k[0] if k else '?'}",
                      None) for k, v in branches if v] or [(None, "", None)]
         values = [self._value(s, p) for s in sels]
-        if any(k == "other-family" for k, _ in values):
+        if any(k == "never" for k, _ in values):
             return [(None, "", None)]  # the other family's key: never this packet's
         s: NftSet | None = None
         elements: Sequence[tuple[tuple[str, ...], str | None]]
@@ -751,6 +753,53 @@ def _mark(op: Op, mark: int) -> int:
     if how == "and":
         return mark & value
     return value
+
+
+# what a selector reads: (its family: False IPv4, True IPv6, None either; an ICMP field;
+# the one layer-4 protocol it belongs to, if any; which value), worked out once per
+# selector text (_selector_kind)
+(_DADDR, _SADDR, _PROTO, _DPORT, _SPORT, _MARK, _CTSTATE, _NFPROTO, _ETHERTYPE, _CTSTATUS,
+ _FIB_SADDR, _FIB_DADDR, _IIF, _OIF, _UNKNOWN) = range(15)
+_SELECTORS: dict[str, tuple[bool | None, bool, str | None, int]] = {}
+
+
+def _selector_kind(sel: str) -> tuple[bool | None, bool, str | None, int]:
+    family = True if sel.startswith(("ip6 ", "icmpv6 ")) else (
+        False if sel.startswith(("ip ", "icmp ")) else None)
+    icmp = sel.startswith(("icmp ", "icmpv6 "))
+    head = sel.split(" ", 1)[0]
+    proto = head if head in ("tcp", "udp", "sctp") else None
+    if sel in ("ip daddr", "ip6 daddr"):
+        code = _DADDR
+    elif sel in ("ip saddr", "ip6 saddr"):
+        code = _SADDR
+    elif sel in ("meta l4proto", "ip protocol", "ip6 nexthdr"):
+        code = _PROTO
+    elif sel in ("th dport", "tcp dport", "udp dport", "sctp dport"):
+        code = _DPORT
+    elif sel in ("th sport", "tcp sport", "udp sport", "sctp sport"):
+        code = _SPORT
+    elif sel in ("meta mark", "mark"):
+        code = _MARK
+    elif sel == "ct state":
+        code = _CTSTATE
+    elif sel == "meta nfproto":
+        code = _NFPROTO
+    elif sel == "meta protocol":
+        code = _ETHERTYPE
+    elif sel == "ct status":
+        code = _CTSTATUS
+    elif sel.startswith("fib ") and sel.endswith(" type") and sel.split()[1] == "saddr":
+        code = _FIB_SADDR
+    elif sel.startswith("fib ") and sel.endswith(" type") and sel.split()[1] == "daddr":
+        code = _FIB_DADDR
+    elif sel in ("iifname", "meta iifname", "iif"):
+        code = _IIF
+    elif sel in ("oifname", "meta oifname", "oif"):
+        code = _OIF
+    else:
+        code = _UNKNOWN
+    return family, icmp, proto, code
 
 
 # -- compiling a rule's tokens into ops --------------------------------------------------
