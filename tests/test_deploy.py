@@ -768,6 +768,7 @@ def test_env_vars_are_options_the_cli_accepts(rendered: list[Obj], workload: str
     for name, text in ours.items():
         value = getattr(args, accepted[name])
         expected = {tuple: lambda t: tuple(int(x) for x in t.split("-")),
+                    bool: lambda t: {"on": True, "off": False}[t],
                     float: float, int: int, str: str}[type(value)](text)
         assert value == expected, f"{name}={text!r} parsed as {value!r}"
 

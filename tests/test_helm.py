@@ -695,6 +695,22 @@ def test_values_reach_the_pods(monkeypatch: pytest.MonkeyPatch) -> None:
         f"ghcr.io/loopback-agent/loopback-agent@{digest}"
 
 
+def test_log_format_and_access_log_reach_both_pods(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The logs' two settings (issue 37): json lines and an access log by default, as the
+    kustomize base has them; text lines and no access log when asked, read by the agent's
+    and the collector's own option parsing from the variables the pods get."""
+    monkeypatch.setattr("sys.argv", ["loopback-agent"])
+    for sets, fmt, access in (((), "json", True),
+                              (("logFormat=text", "collector.accessLog=false"), "text", False)):
+        objs = template(*sets)
+        run = parsed_with_env("run", container_env(objs, only_container(agent_ds(objs))),
+                              monkeypatch)
+        col = parsed_with_env("collector",
+                              container_env(objs, only_container(collector_dep(objs))),
+                              monkeypatch)
+        assert (run.log_format, col.log_format, col.access_log) == (fmt, fmt, access)
+
+
 def test_postgres_collector_rolls_without_a_volume() -> None:
     objs = template("collector.db=postgresql://lb@db.example/lb", "collector.replicas=2")
     dep = collector_dep(objs)
