@@ -648,6 +648,9 @@ _CT_STATE = {"0x1": "invalid", "0x2": "established", "0x4": "related", "0x8": "n
              "0x00000004": "related", "0x00000008": "new", "0x00000040": "untracked"}
 
 
+_CT_STATE_MATCH: dict[tuple[str, object], bool] = {}
+
+
 def _norm(kind: str, v: object) -> str:
     return str(v)
 
@@ -695,8 +698,14 @@ def _one(kind: str, actual: object, pattern: object) -> bool | None:
     if kind == "proto":
         return _PROTO_NUM.get(pat, pat) == actual
     if kind == "ctstate":
-        # `nft -n` prints the state bits: 0x8 is new
-        return any(_CT_STATE.get(x.lower(), x) == actual for x in pat.split(","))
+        # `nft -n` prints the state bits: 0x8 is new (asked in every walk: remembered)
+        got = _CT_STATE_MATCH.get((pat, actual))
+        if got is None:
+            if len(_CT_STATE_MATCH) > 256:
+                _CT_STATE_MATCH.clear()
+            got = _CT_STATE_MATCH[(pat, actual)] = any(
+                _CT_STATE.get(x.lower(), x) == actual for x in pat.split(","))
+        return got
     if pat.endswith("*") and isinstance(actual, str):
         return actual.startswith(pat[:-1])  # iifname "veth*": nft's prefix wildcard
     # a flag list ("dnat,snat") holds the packet's one value
