@@ -382,6 +382,8 @@ class NftWalker:
         """(kind, value) of one selector for the packet; value None = not known."""
         how = _SELECTORS.get(sel)
         if how is None:
+            if len(_SELECTORS) > 4096:  # (a ruleset's own: a handful; a hostile one's: more)
+                _SELECTORS.clear()
             how = _SELECTORS[sel] = _selector_kind(sel)
         family, icmp, proto, code = how
         if family is not None and family != (":" in p.dst):
@@ -699,13 +701,13 @@ def _one(kind: str, actual: object, pattern: object) -> bool | None:
         return _PROTO_NUM.get(pat, pat) == actual
     if kind == "ctstate":
         # `nft -n` prints the state bits: 0x8 is new (asked in every walk: remembered)
-        got = _CT_STATE_MATCH.get((pat, actual))
-        if got is None:
+        held = _CT_STATE_MATCH.get((pat, actual))
+        if held is None:
             if len(_CT_STATE_MATCH) > 256:
                 _CT_STATE_MATCH.clear()
-            got = _CT_STATE_MATCH[(pat, actual)] = any(
+            held = _CT_STATE_MATCH[(pat, actual)] = any(
                 _CT_STATE.get(x.lower(), x) == actual for x in pat.split(","))
-        return got
+        return held
     if pat.endswith("*") and isinstance(actual, str):
         return actual.startswith(pat[:-1])  # iifname "veth*": nft's prefix wildcard
     # a flag list ("dnat,snat") holds the packet's one value
