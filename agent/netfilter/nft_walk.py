@@ -44,10 +44,6 @@ IPTABLES_PRIORITY = {
     ("filter", "input"): 0, ("filter", "forward"): 0, ("filter", "output"): 0,
 }
 _DNAT_HOOKS = frozenset({"prerouting", "output"})
-# hooks whose walks repeat a packet (walk_hook): an LB IP's packet through prerouting is
-# its own, an endpoint's after DNAT is often another LB IP's too
-_REPEATED_HOOKS = frozenset({"forward", "postrouting"})
-_WALKED_KEPT = 65536
 
 
 class NodeView(Protocol):
@@ -113,10 +109,6 @@ class NftWalker:
         # to save 0.4 s when the rules change
         self._compiled: dict[int, list[Op]] = {}
         self._by_tokens: dict[Tokens, list[Op]] = {}
-        # the paths of a packet through a hook after DNAT, by the packet: the same endpoint
-        # is reached through several Services and LB IPs (a fifth of a 10k-service node's
-        # forward walks repeat one); a walk depends on nothing else
-        self._walked: dict[tuple[str, Packet], tuple[HookResult, ...]] = {}
 
     # -- the hooks ------------------------------------------------------------------
 
@@ -153,16 +145,6 @@ class NftWalker:
         return got
 
     def walk_hook(self, hook: Hook, pkt: Packet) -> list[HookResult]:
-        if hook not in _REPEATED_HOOKS:
-            return self._walk_hook(hook, pkt)
-        got = self._walked.get((hook, pkt))
-        if got is None:
-            if len(self._walked) >= _WALKED_KEPT:
-                self._walked.clear()
-            got = self._walked[(hook, pkt)] = tuple(self._walk_hook(hook, pkt))
-        return list(got)
-
-    def _walk_hook(self, hook: Hook, pkt: Packet) -> list[HookResult]:
         paths: list[tuple[Packet, tuple[NftStep, ...], str | None]] = [(pkt, (), None)]
         finished: list[HookResult] = []
         for _prio, _label, obj in self.stages(hook, pkt.v6):
