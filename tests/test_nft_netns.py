@@ -374,3 +374,28 @@ def test_the_nft_read_is_budgeted_by_the_tables_size_and_says_so_when_stopped() 
                                 "its time "
                                 f"budget for {objects:,} chains and sets in the nft ip and "
                                 "ip6 tables"], reasons
+
+
+@pytest.mark.parametrize("how", ["nft", "iptables-nft"])
+def test_constructed_forward_drop_of_one_endpoint(how: str, tmp_path: Path) -> None:
+    """A forward-hook rule that drops one endpoint's address (10.180.0.2, 1.2.3.4's), in an
+    nftables table of its own or in iptables-nft's filter FORWARD: the kernel drops the
+    pod's SYN to 1.2.3.4 after kube-proxy's DNAT and serves another LB IP's; the agent
+    says the same. (The walk of a DNATed packet through the forward hook is shared among
+    endpoints no rule tells apart, NftWalker.walk_hook; which are told apart is tested
+    rule by rule in test_nft_review.)"""
+    with nft_node((CORPUS / CASES[0] / "nft-transaction.txt").read_text()) as ns:
+        node, pod = ns["node"], ns["pod"]
+        if how == "nft":
+            node.run("nft", "-f", "-", input="table ip block {\n chain dropped {\n  type filter "
+                     "hook forward priority 10; policy accept;\n  ip daddr 10.180.0.2 drop\n"
+                     " }\n}\n")
+        else:
+            node.run("iptables-nft", "-A", "FORWARD", "-d", "10.180.0.2", "-j", "DROP")
+        assert connect(pod, "1.2.3.4", 80) == "timeout"
+        served = connect(pod, "192.168.99.33", 80)
+        got = _live_ids(node, tmp_path)
+    assert served.startswith("peer=") and "local=10.180." in served, served
+    assert "pod-to-lb-dropped" in got["1.2.3.4"] and \
+        "pod-to-lb-captured" not in got["1.2.3.4"], got
+    assert got["192.168.99.33"] == {"pod-to-lb-captured"}, got

@@ -488,3 +488,74 @@ def test_a_protocols_port_match_holds_only_for_that_protocol() -> None:
         [r] = w.walk_hook("forward", tcp)
         want = "tcp dport 80 accept" if dport == 80 else "tcp sport != 1 drop"
         assert r.steps[-1].text == want, (dport, r)
+
+
+# forward-hook rules that tell some endpoint addresses apart (constructed): each is added
+# to kube-proxy's own filter-forward of the overall dump
+_TELLING_APART = [
+    "ip daddr 10.0.1.7 drop",
+    "ip daddr != 10.0.1.7 accept",
+    "ip daddr 10.0.1.0/28 drop",
+    "ip daddr 10.0.1.6-10.0.1.8 reject",
+    "ip daddr { 10.0.1.7, 10.9.9.9 } drop",
+    "ip daddr . tcp dport { 10.0.1.7 . 8080 } drop",
+    "ip daddr @blocked drop",
+    "ip daddr vmap @by-endpoint",
+    "ip daddr & 255.255.255.0 == 10.0.1.0 drop",
+    "fib daddr type local drop",
+    "tcp dport 8080 drop",
+    "meta mark 0x4000 drop",
+    "jump side",
+]
+_SIDE = ("  set blocked {\n   type ipv4_addr\n   elements = { 10.0.1.7 }\n  }\n"
+         "  map by-endpoint {\n   type ipv4_addr : verdict\n"
+         "   elements = { 10.0.1.8 : drop, 10.0.1.9 : goto side }\n  }\n"
+         "  chain side {\n   ip daddr 10.0.1.9 reject\n  }\n")
+
+
+@pytest.mark.parametrize("rule", _TELLING_APART)
+@pytest.mark.parametrize("iptables_forward", [False, True], ids=["no-iptables", "iptables"])
+def test_a_dnated_packets_forward_walk_is_shared_only_where_no_rule_tells_it_apart(
+        rule: str, iptables_forward: bool) -> None:
+    """A pod's packet DNATed to an endpoint crosses the forward hook once per endpoint of
+    every LB IP (40k walks at 10k services); where no rule there can tell one endpoint
+    address from another, the walk is made once and shared (NftWalker.walk_hook). For
+    each rule that tells some apart (an address, prefix, range, anonymous or named set,
+    verdict map, concatenation, mask, fib lookup, an iptables FORWARD rule), every
+    endpoint's paths are what a walk of its own packet gives."""
+    from agent.netfilter.walk import TableWalker
+    from tests.test_walk import View, parse_iptables_save
+
+    text = (OVERALL / "nft-transaction.txt").read_text() + (
+        "table ip extra {\n" + _SIDE + "  chain fwd {\n"
+        "   type filter hook forward priority 10; policy accept;\n"
+        f"   {rule}\n  }}\n}}\n")
+    rs = read_nft_text(text, "t")
+    walkers, quiet = {}, frozenset({("filter", "forward")})
+    if iptables_forward:
+        table = parse_iptables_save("*filter\n:FORWARD ACCEPT [0:0]\n"
+                                    "-A FORWARD -d 10.0.1.8/32 -j DROP\nCOMMIT\n",
+                                    source="ipt").table("filter")
+        assert table is not None
+        walkers["filter"] = TableWalker(table, View()).walk
+        quiet = frozenset()
+    shared = NftWalker(rs, _View(), walkers, quiet)
+    each = NftWalker(rs, _View(), walkers, quiet)
+    for n in range(5, 12):
+        for mark in (0, 0x4000):
+            addr = f"10.0.1.{n}"
+            pkt = Packet(src="10.0.1.5", dst=addr, proto="tcp", dport=8080, in_iface="cni0",
+                         mark=mark, src_is_pod=True, dnat_to=f"{addr}:8080")
+            assert shared.walk_hook("forward", pkt) == each._walk_hook("forward", pkt), \
+                (rule, addr, mark)
+    # the plainest rule shares the walk; one naming an endpoint or any iptables rule
+    # leaves that endpoint its own
+    told = shared._told_apart[False]
+    if iptables_forward or rule.startswith("fib"):
+        assert told is None
+    elif rule.startswith(("tcp dport", "meta mark", "ip daddr &")):
+        # (an address mask is a statement the walk does not evaluate, for any address)
+        assert told is not None and not told.holds("10.0.1.7")
+    else:
+        assert told is not None and any(told.holds(f"10.0.1.{n}") for n in (7, 8, 9))
+        assert not told.holds("10.0.2.11")

@@ -208,7 +208,15 @@ class NftBackend(ModeBackend):
                 walkers["nat"] = ipt.nat.walk
             if ipt.filter is not None:
                 walkers["filter"] = ipt.filter.walk
-        self.walker = NftWalker(self.ruleset, _View(facts, v6_local_known(snap)), walkers)
+        # iptables built-in chains on the hooks that hold no rule: their policy answers
+        # every packet alike (the forward hook's walks are then shared: NftWalker)
+        quiet = frozenset(
+            (name, hook.lower()) for name, w in (("filter", ipt.filter if ipt else None),)
+            if w is not None and name in walkers
+            for hook in ("INPUT", "FORWARD", "OUTPUT")
+            if not ((c := w.table.chain(hook)) is not None and len(c.rules)))
+        self.walker = NftWalker(self.ruleset, _View(facts, v6_local_known(snap)), walkers,
+                                quiet)
         kp = self.ruleset.kube_proxy
         self.cidr = cluster_cidr(kp) if kp else None
         kp6 = self.ruleset.kube_proxy_for(True)

@@ -44,6 +44,9 @@ IPTABLES_PRIORITY = {
     ("filter", "input"): 0, ("filter", "forward"): 0, ("filter", "output"): 0,
 }
 _DNAT_HOOKS = frozenset({"prerouting", "output"})
+# an address no rule tells apart from another (walk_hook's key), as a packet's address
+_ANY4, _ANY6 = "any address", "any address:"
+_FORWARDED_KEPT = 4096
 
 
 class NodeView(Protocol):
@@ -96,10 +99,14 @@ class NftWalker:
     walking one of its built-in chains (agent.netfilter.walk.TableWalker.walk)."""
 
     def __init__(self, ruleset: NftRuleset, view: NodeView,
-                 iptables: Mapping[str, IptablesWalk] | None = None) -> None:
+                 iptables: Mapping[str, IptablesWalk] | None = None,
+                 quiet: frozenset[tuple[str, str]] = frozenset()) -> None:
         self.ruleset = ruleset
         self.view = view
         self.iptables = dict(iptables or {})
+        # the iptables (table, hook)s whose built-in chain holds no rule: its policy
+        # decides, whatever the packet (see walk_hook)
+        self.quiet = quiet
         self._maps: dict[int, dict[tuple[str, ...], str | None]] = {}
         self._stages: dict[tuple[str, bool], list[tuple[int, str, object]]] = {}
         self._sets: dict[int, tuple[NftSet, frozenset[str], list[str]]] = {}
@@ -109,6 +116,11 @@ class NftWalker:
         # to save 0.4 s when the rules change
         self._compiled: dict[int, list[Op]] = {}
         self._by_tokens: dict[Tokens, list[Op]] = {}
+        # a DNATed packet's paths through the forward hook, by the packet with its
+        # endpoint address left out (walk_hook), and per family the addresses the forward
+        # hook's rules tell apart, or None where they may tell any two apart
+        self._forwarded: dict[Packet, tuple[HookResult, ...]] = {}
+        self._told_apart: dict[bool, _Addresses | None] = {}
 
     # -- the hooks ------------------------------------------------------------------
 
@@ -145,6 +157,65 @@ class NftWalker:
         return got
 
     def walk_hook(self, hook: Hook, pkt: Packet) -> list[HookResult]:
+        """Every path of ``pkt`` through the hook's chains, in priority order.
+
+        A pod's packet DNATed to an endpoint crosses the forward hook once per endpoint of
+        every LB IP (40k walks at 10k services). Where no rule on that hook can tell the
+        endpoint's address from another (_told_apart: no match, set or map holds it, no
+        fib lookup, no iptables rule), its paths are those of any other endpoint's packet
+        alike in everything else: walked once, and given this packet's address."""
+        if hook != "forward" or not pkt.dnat_to or \
+                pkt.dnat_to != host_port(pkt.dst, pkt.dport):
+            return self._walk_hook(hook, pkt)
+        v6 = ":" in pkt.dst
+        if v6 not in self._told_apart:
+            self._told_apart[v6] = self._addresses_told_apart(hook, v6)
+        told = self._told_apart[v6]
+        if told is None or told.holds(pkt.dst):
+            return self._walk_hook(hook, pkt)
+        key = pkt._replace(dst=_ANY6 if v6 else _ANY4, dnat_to=_ANY4)
+        got = self._forwarded.get(key)
+        if got is None:
+            if len(self._forwarded) >= _FORWARDED_KEPT:
+                self._forwarded.clear()
+            got = self._forwarded[key] = tuple(self._walk_hook(hook, pkt))
+            return list(got)
+        return [r._replace(packet=r.packet._replace(dst=pkt.dst, dnat_to=pkt.dnat_to))
+                for r in got]
+
+    def _addresses_told_apart(self, hook: str, v6: bool) -> _Addresses | None:
+        """The destination addresses the hook's rules compare a packet's with (literals,
+        prefixes, ranges, set and map elements), or None where they may tell any two
+        apart (a masked or fib lookup of the destination, a NAT, an iptables rule)."""
+        told = _Addresses()
+        seen: set[tuple[int, str]] = set()
+        todo: list[tuple[NftTable, NftChain]] = []
+        for _prio, _label, obj in self.stages(hook, v6):
+            if not isinstance(obj, tuple):
+                if (str(obj), hook) not in self.quiet:
+                    return None  # an iptables table's rules: not read here
+                continue
+            todo.append(obj)
+        while todo:
+            t, c = todo.pop()
+            if (id(t), c.name) in seen:
+                continue
+            seen.add((id(t), c.name))
+            for rule in c.rules:
+                ops = self._by_tokens.get(rule.tokens)
+                if ops is None:
+                    ops = self._by_tokens[rule.tokens] = _compile(rule.tokens)
+                for op in ops:
+                    targets = _told_by_op(t, op, told)
+                    if targets is None:
+                        return None
+                    for name in targets:
+                        target = t.chain(name)
+                        if target is not None:
+                            todo.append((t, target))
+        return told
+
+    def _walk_hook(self, hook: Hook, pkt: Packet) -> list[HookResult]:
         paths: list[tuple[Packet, tuple[NftStep, ...], str | None]] = [(pkt, (), None)]
         finished: list[HookResult] = []
         for _prio, _label, obj in self.stages(hook, pkt.v6):
@@ -555,6 +626,99 @@ class NftWalker:
 
 
 _IPTABLES_CHAINS = frozenset({"PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"})
+
+
+class _Addresses:
+    """Addresses and spans (prefixes, ranges) a hook's rules compare a destination with."""
+
+    def __init__(self) -> None:
+        self.exact: set[tuple[int, int]] = set()
+        self.spans: list[tuple[int, int, int]] = []
+
+    def add(self, pattern: object) -> None:
+        """A pattern as _one reads it: a literal, a prefix, a range, an anonymous set."""
+        if isinstance(pattern, tuple):
+            for x in pattern:
+                self.add(x)
+            return
+        pat = str(pattern).strip('"')
+        if pat.startswith("{") and pat.endswith("}"):
+            for x in pat[1:-1].split(","):
+                self.add(x.strip())
+            return
+        try:
+            version, lo, hi = _span(pat)
+        except ValueError:
+            return  # (not an address: _one answers "not known" for every packet alike)
+        if lo == hi:
+            self.exact.add((version, lo))
+        else:
+            self.spans.append((version, lo, hi))
+
+    def holds(self, addr: str) -> bool:
+        """Whether a rule may treat ``addr`` unlike another address (not one to key on)."""
+        got = _address(addr)
+        if got is None:
+            return True
+        version, n = got
+        return got in self.exact or any(v == version and lo <= n <= hi
+                                        for v, lo, hi in self.spans)
+
+
+_DADDR_SELECTORS = frozenset({"ip daddr", "ip6 daddr"})
+
+
+def _told_by_op(t: NftTable, op: Op, told: _Addresses) -> list[str] | None:
+    """Add the destination addresses ``op`` compares with to ``told``; the chains it may
+    go to; None where it may tell any two destinations apart or change one."""
+    kind = op[0]
+    if kind in ("dnat", "snat", "masquerade"):
+        return None
+    if kind == "verdict":
+        return [op[2]] if op[1] in ("jump", "goto") else []
+    if kind not in ("match", "vmap"):
+        return []
+    sels = op[1]
+    if any(sel.startswith("fib ") and "daddr" in sel for sel in sels):
+        return None
+    at = [k for k, sel in enumerate(sels) if sel in _DADDR_SELECTORS]
+    if kind == "match":
+        _, _, _, value, mask, _ = op
+        if not at:
+            return []
+        if mask is not None:
+            return None
+        if isinstance(value, str) and value.startswith("@"):
+            s = t.set(value[1:])
+            for parts, _v in s.elements if s is not None else ():
+                for k in at:
+                    if k < len(parts):
+                        told.add(parts[k])
+        elif len(sels) == 1:
+            told.add(value)
+        else:  # a concatenation against an anonymous set
+            if not isinstance(value, tuple):
+                return None
+            for parts, _v, _c in split_elements(value):
+                for k in at:
+                    if k < len(parts):
+                        told.add(parts[k])
+        return []
+    ref = op[2]
+    if isinstance(ref, list):
+        elements: Sequence[tuple[tuple[str, ...], str | None]] = ref
+    else:
+        named = t.set(ref[1:])
+        elements = named.elements if named is not None else ()
+    targets = []
+    for parts, verdict in elements:
+        for k in at:
+            if k < len(parts):
+                told.add(parts[k])
+        words = (verdict or "").split()
+        if len(words) > 1 and words[0] in ("jump", "goto"):
+            targets.append(words[1].strip('"'))
+    return targets
 
 
 def iptables_nft_table(t: NftTable) -> bool:
