@@ -185,16 +185,25 @@ class PathFinder:
                          in_iface=pod.iface, src_is_pod=True)
             head = (f"packet: {pkt.describe()}; {pod.how}",)
         results = b.walk_hook("prerouting", pkt)
-        if len(results) > 1 and not b.forward_after_dnat and \
-                all(r.verdict in REWRITTEN and not _assumes(r.steps) for r in results):
-            # kube-proxy's random choice among a service's endpoints, each DNATing, with
-            # no fact assumed: every path is "captured" and the merge would show the
-            # first one (its evidence made once, not once per endpoint)
+        if len(results) > 1 and \
+                all(r.verdict in REWRITTEN and not _assumes(r.steps) for r in results) and \
+                (not b.forward_after_dnat or all(self._forwarded_alike(r) for r in results)):
+            # kube-proxy's random choice among a service's endpoints, each DNATing (and,
+            # where the forward hook follows, accepted there), with no fact assumed: every
+            # path is "captured" and the merge would show the first one (its evidence made
+            # once, not once per endpoint)
             results = results[:1]
         outcomes: list[PathOutcome] = []
         for res in results:
             outcomes.extend(self._after_prerouting(res, head))
         return b.finish(merge(outcomes))
+
+    def _forwarded_alike(self, res: HookResult) -> bool:
+        """Whether a DNATed path crosses the forward hook on one path, neither dropped nor
+        undecided, with no fact assumed: it ends "captured" as _after_prerouting says."""
+        fwd = self.backend.walk_hook("forward", res.packet._replace(out_iface=None))
+        return len(fwd) == 1 and fwd[0].verdict not in DROPPED and \
+            fwd[0].verdict != "UNKNOWN" and not _assumes(fwd[0].steps)
 
     def _after_prerouting(self, res: HookResult, head: tuple[str, ...]) -> list[PathOutcome]:
         b = self.backend
