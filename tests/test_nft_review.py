@@ -465,6 +465,7 @@ _PORT_RULES = ("table inet t {\n chain f {\n  type filter hook forward priority 
                "  tcp sport != 1 drop\n }\n}\n")
 
 
+@pytest.mark.netns
 def test_a_protocols_port_match_holds_only_for_that_protocol() -> None:
     """`udp dport 53` never matched a UDP packet (the walk read every protocol's port but
     TCP's as -1), and `udp dport != 53` matched a TCP one. nft compiles a protocol's port
@@ -559,3 +560,55 @@ def test_a_dnated_packets_forward_walk_is_shared_only_where_no_rule_tells_it_apa
     else:
         assert told is not None and any(told.holds(f"10.0.1.{n}") for n in (7, 8, 9))
         assert not told.holds("10.0.2.11")
+
+
+@pytest.mark.parametrize("forward,quiet", [
+    ("", True),  # filter FORWARD with no rule: its policy answers every packet alike
+    ("-A FORWARD -d 10.0.1.8/32 -j DROP\n", False),
+    ("-A FORWARD -j KUBE-FORWARD\n-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n",
+     False),
+])
+def test_the_forward_walk_is_shared_only_beside_an_empty_iptables_forward(
+        forward: str, quiet: bool) -> None:
+    """The backend tells the walker which iptables stage on the forward hook answers every
+    packet alike (filter FORWARD without a rule); with any rule there, each endpoint's
+    packet is walked on its own, and its verdict is the same either way."""
+    from agent.bundle import load_texts
+    from agent.bundle.sections import name_format
+    from agent.diagnose import prepare
+    from agent.diagnose.nft_paths import NftBackend
+
+    ipt = ("*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n"
+           + (":KUBE-FORWARD - [0:0]\n" if "KUBE-FORWARD" in forward else "") + forward
+           + "COMMIT\n")
+    files = [("nft.txt", (OVERALL / "nft-transaction.txt").read_text()),
+             ("iptables-save.txt", ipt), ("addr.txt", ADDR), ("routes.txt", ROUTES)]
+    snap = load_texts([(n, t, name_format(n)) for n, t in files], origin="bundle:t")
+    walker = NftBackend(prepare(snap).facts).walker
+    assert "filter" in walker.iptables
+    assert walker.quiet == (frozenset({("filter", "forward")}) if quiet else frozenset())
+    pkt = Packet(src="10.0.1.5", dst="10.0.1.8", proto="tcp", dport=80, in_iface="cni0",
+                 src_is_pod=True, dnat_to="10.0.1.8:80")
+    [r] = walker.walk_hook("forward", pkt)
+    assert r == walker._walk_hook("forward", pkt)[0]
+    assert r.verdict == ("DROP" if "10.0.1.8" in forward else "ACCEPT"), r
+    assert (walker._told_apart[False] is None) == (not quiet)
+
+
+def test_a_shared_forward_walk_is_kept_only_when_it_is_small() -> None:
+    """Each undecided match on the forward hook forks the walk (12 of them: 4,096 paths a
+    packet); a walk of more than a few paths is not kept for the next packet (4,096 kept
+    packets of 4,096 paths each would be gigabytes), and is the same all the same."""
+    rules = "".join(f"  ct direction original counter comment \"r{k}\"\n" for k in range(5))
+    rs = read_nft_text("table ip t {\n chain f {\n  type filter hook forward priority 0;\n"
+                       + rules + " }\n}\n", "t")
+    w = NftWalker(rs, _View())
+    pkt = Packet(src="10.0.1.5", dst="10.0.1.8", proto="tcp", dport=80, in_iface="cni0",
+                 src_is_pod=True, dnat_to="10.0.1.8:80")
+    got = w.walk_hook("forward", pkt)
+    assert len(got) == 32 and got == w._walk_hook("forward", pkt)
+    assert w._forwarded == {}
+    small = NftWalker(read_nft_text("table ip t {\n chain f {\n  type filter hook forward "
+                                    "priority 0;\n" + rules.split("\n")[0] + "\n }\n}\n", "t"),
+                      _View())
+    assert len(small.walk_hook("forward", pkt)) == 2 and len(small._forwarded) == 1

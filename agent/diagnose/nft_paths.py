@@ -208,13 +208,12 @@ class NftBackend(ModeBackend):
                 walkers["nat"] = ipt.nat.walk
             if ipt.filter is not None:
                 walkers["filter"] = ipt.filter.walk
-        # iptables built-in chains on the hooks that hold no rule: their policy answers
-        # every packet alike (the forward hook's walks are then shared: NftWalker)
-        quiet = frozenset(
-            (name, hook.lower()) for name, w in (("filter", ipt.filter if ipt else None),)
-            if w is not None and name in walkers
-            for hook in ("INPUT", "FORWARD", "OUTPUT")
-            if not ((c := w.table.chain(hook)) is not None and len(c.rules)))
+        # iptables' filter FORWARD holding no rule: its policy answers every packet alike
+        # (the forward hook's walks of DNATed packets are then shared: NftWalker)
+        fwd = ipt.filter.table.chain("FORWARD") if ipt and ipt.filter and \
+            "filter" in walkers else None
+        quiet = frozenset({("filter", "forward")}) \
+            if "filter" in walkers and not (fwd is not None and len(fwd.rules)) else frozenset()
         self.walker = NftWalker(self.ruleset, _View(facts, v6_local_known(snap)), walkers,
                                 quiet)
         kp = self.ruleset.kube_proxy

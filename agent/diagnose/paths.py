@@ -185,27 +185,30 @@ class PathFinder:
                          in_iface=pod.iface, src_is_pod=True)
             head = (f"packet: {pkt.describe()}; {pod.how}",)
         results = b.walk_hook("prerouting", pkt)
+        # each DNATed path's walk through the forward hook, where it follows (made once)
+        forwarded: list[list[HookResult]] | None = None
         if len(results) > 1 and \
-                all(r.verdict in REWRITTEN and not _assumes(r.steps) for r in results) and \
-                (not b.forward_after_dnat or all(self._forwarded_alike(r) for r in results)):
-            # kube-proxy's random choice among a service's endpoints, each DNATing (and,
-            # where the forward hook follows, accepted there), with no fact assumed: every
-            # path is "captured" and the merge would show the first one (its evidence made
-            # once, not once per endpoint)
-            results = results[:1]
+                all(r.verdict in REWRITTEN and not _assumes(r.steps) for r in results):
+            if b.forward_after_dnat:
+                forwarded = [b.walk_hook("forward", r.packet._replace(out_iface=None))
+                             for r in results]
+            if forwarded is None or all(map(_accepted_alike, forwarded)):
+                # kube-proxy's random choice among a service's endpoints, each DNATing
+                # (and, where the forward hook follows, accepted there), with no fact
+                # assumed: every path is "captured" and the merge would show the first
+                # one (its evidence made once, not once per endpoint)
+                results = results[:1]
+                forwarded = forwarded[:1] if forwarded is not None else None
         outcomes: list[PathOutcome] = []
-        for res in results:
-            outcomes.extend(self._after_prerouting(res, head))
+        for k, res in enumerate(results):
+            outcomes.extend(self._after_prerouting(
+                res, head, forwarded[k] if forwarded is not None else None))
         return b.finish(merge(outcomes))
 
-    def _forwarded_alike(self, res: HookResult) -> bool:
-        """Whether a DNATed path crosses the forward hook on one path, neither dropped nor
-        undecided, with no fact assumed: it ends "captured" as _after_prerouting says."""
-        fwd = self.backend.walk_hook("forward", res.packet._replace(out_iface=None))
-        return len(fwd) == 1 and fwd[0].verdict not in DROPPED and \
-            fwd[0].verdict != "UNKNOWN" and not _assumes(fwd[0].steps)
-
-    def _after_prerouting(self, res: HookResult, head: tuple[str, ...]) -> list[PathOutcome]:
+    def _after_prerouting(self, res: HookResult, head: tuple[str, ...],
+                          forwarded: list[HookResult] | None = None) -> list[PathOutcome]:
+        """The outcomes of one path through prerouting (``forwarded``: its DNATed
+        packet's paths through the forward hook, where they were walked already)."""
         b = self.backend
         verdict, p, steps, detail = res
         ev = head + tuple(map(rendered, steps))
@@ -223,7 +226,8 @@ class PathFinder:
             if not b.forward_after_dnat:
                 return [PathOutcome(Outcome.CAPTURED, how, (*ev, result), took, steps)]
             out = []
-            for fr in b.walk_hook("forward", p._replace(out_iface=None)):
+            for fr in forwarded if forwarded is not None else \
+                    b.walk_hook("forward", p._replace(out_iface=None)):
                 ev2 = ev + tuple(map(rendered, fr.steps))
                 took2 = took + fr.assumed
                 st2 = steps + fr.steps
@@ -415,6 +419,13 @@ def _undecided(res: HookResult) -> str:
                         "uplink or the pods' interface) that the input does not show (`ip "
                         f"addr` and `ip route` show them): {a.subject}")
     return ""
+
+
+def _accepted_alike(forwarded: list[HookResult]) -> bool:
+    """Whether a DNATed packet crosses the forward hook on one path, neither dropped nor
+    undecided, with no fact assumed: it ends "captured" as _after_prerouting says."""
+    return len(forwarded) == 1 and forwarded[0].verdict not in DROPPED and \
+        forwarded[0].verdict != "UNKNOWN" and not _assumes(forwarded[0].steps)
 
 
 def _assumes(steps: tuple[WalkStep, ...]) -> bool:

@@ -45,8 +45,11 @@ IPTABLES_PRIORITY = {
 }
 _DNAT_HOOKS = frozenset({"prerouting", "output"})
 # an address no rule tells apart from another (walk_hook's key), as a packet's address
-_ANY4, _ANY6 = "any address", "any address:"
+_ANY4, _ANY6, _ANY = "any address", "any address:", "any"
+# packets whose forward walks are kept, each of at most so many paths (a walk forks on
+# every match the input does not decide: up to MAX_PATHS paths a packet)
 _FORWARDED_KEPT = 4096
+_FORWARDED_PATHS = 8
 
 
 class NodeView(Protocol):
@@ -167,19 +170,22 @@ class NftWalker:
         if hook != "forward" or not pkt.dnat_to or \
                 pkt.dnat_to != host_port(pkt.dst, pkt.dport):
             return self._walk_hook(hook, pkt)
-        v6 = ":" in pkt.dst
+        v6 = pkt.v6
         if v6 not in self._told_apart:
             self._told_apart[v6] = self._addresses_told_apart(hook, v6)
         told = self._told_apart[v6]
         if told is None or told.holds(pkt.dst):
             return self._walk_hook(hook, pkt)
-        key = pkt._replace(dst=_ANY6 if v6 else _ANY4, dnat_to=_ANY4)
+        key = pkt._replace(dst=_ANY6 if v6 else _ANY4, dnat_to=_ANY)
         got = self._forwarded.get(key)
         if got is None:
+            walked = self._walk_hook(hook, pkt)
+            if len(walked) > _FORWARDED_PATHS:
+                return walked  # (many undecided matches: not worth the memory it holds)
             if len(self._forwarded) >= _FORWARDED_KEPT:
                 self._forwarded.clear()
-            got = self._forwarded[key] = tuple(self._walk_hook(hook, pkt))
-            return list(got)
+            self._forwarded[key] = tuple(walked)
+            return walked
         return [r._replace(packet=r.packet._replace(dst=pkt.dst, dnat_to=pkt.dnat_to))
                 for r in got]
 
