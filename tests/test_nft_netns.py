@@ -394,7 +394,9 @@ def test_constructed_forward_drop_of_one_endpoint(how: str, tmp_path: Path) -> N
             node.run("iptables-nft", "-A", "FORWARD", "-d", "10.180.0.2", "-j", "DROP")
         assert connect(pod, "1.2.3.4", 80) == "timeout"
         served = connect(pod, "192.168.99.33", 80)
+        before = unchanging(capture(node))
         got = _live_ids(node, tmp_path)
+        assert unchanging(capture(node)) == before  # the check wrote nothing on the node
     assert served.startswith("peer=") and "local=10.180." in served, served
     assert "pod-to-lb-dropped" in got["1.2.3.4"] and \
         "pod-to-lb-captured" not in got["1.2.3.4"], got

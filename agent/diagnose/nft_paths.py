@@ -8,7 +8,6 @@ family), by the same finder as the IPv4 ones.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from dataclasses import replace
 
@@ -37,7 +36,7 @@ from agent.netfilter.nft_read import ruleset_of
 from agent.netfilter.nft_walk import NftWalker, iptables_nft_table
 from agent.netfilter.packet import Hook, HookResult, Packet, WalkStep
 from agent.numbers import is_number
-from agent.parse.ip_text import PLAIN_V4
+from agent.parse.ip_text import ip_number
 from agent.snapshot import NodeSnapshot
 
 # kube-proxy's chain names: "external-42NFTM6N-ns2/svc2/tcp/p80"
@@ -130,15 +129,9 @@ def _table_targets(snap: NodeSnapshot, t: NftTable, version: int,
         # Service's other one is in no Service field read here)
         if ip in cluster_ips or (cluster is None and chain.startswith("service-")):
             continue
-        if PLAIN_V4.fullmatch(ip):  # (the regular expression: a tenth of ipaddress's cost)
-            if version != 4:
-                continue
-        else:
-            try:
-                if ipaddress.ip_address(ip).version != version:
-                    continue
-            except ValueError:
-                continue
+        number = ip_number(ip)
+        if number is None or number[0] != version:
+            continue
         m = _CHAIN.match(chain)
         service = f"{m.group(2)}/{m.group(3)}" if m else None
         etp, etp_how = _etp(t, chain)
@@ -210,10 +203,9 @@ class NftBackend(ModeBackend):
                 walkers["filter"] = ipt.filter.walk
         # iptables' filter FORWARD holding no rule: its policy answers every packet alike
         # (the forward hook's walks of DNATed packets are then shared: NftWalker)
-        fwd = ipt.filter.table.chain("FORWARD") if ipt and ipt.filter and \
-            "filter" in walkers else None
-        quiet = frozenset({("filter", "forward")}) \
-            if "filter" in walkers and not (fwd is not None and len(fwd.rules)) else frozenset()
+        fwd = ipt.filter.table.chain("FORWARD") if ipt and ipt.filter else None
+        quiet = frozenset({("filter", "forward")}) if "filter" in walkers and \
+            (fwd is None or not len(fwd.rules)) else frozenset()
         self.walker = NftWalker(self.ruleset, _View(facts, v6_local_known(snap)), walkers,
                                 quiet)
         kp = self.ruleset.kube_proxy

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from agent.diagnose.cloud import provider_of, providers
@@ -14,10 +15,15 @@ PREVENT_LOOPBACK = "service.cloud.tencent.com/prevent-loopback"
 
 
 def is_tke(t: LbTarget) -> bool:
-    """Tencent's controller annotates its Services; that is the evidence we accept (the
-    annotation prefixes of the providers' catalogue, agent/diagnose/data)."""
+    """Tencent's controller annotates its Services; that is the evidence we accept."""
+    return tke_annotated(k for k, _ in t.annotations)
+
+
+def tke_annotated(keys: Iterable[str]) -> bool:
+    """Does one of these annotation keys start with one of Tencent's prefixes (the
+    providers' catalogue, agent/diagnose/data)?"""
     tke = next(p for p in providers() if p.id == "tke")
-    return any(k.startswith(tke.annotation_prefixes) for k, _ in t.annotations)
+    return any(k.startswith(tke.annotation_prefixes) for k in keys)
 
 
 def tke_ipvs_variant(t: LbTarget, ctx: Context) -> bool:

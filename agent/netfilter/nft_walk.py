@@ -27,7 +27,7 @@ from agent.netfilter.packet import MAX_PATHS, MAX_RULES, Hook, HookResult, Packe
 from agent.netfilter.shape import chain_shape, rule_shape
 from agent.netfilter.walk import Step
 from agent.numbers import is_number
-from agent.parse.ip_text import PLAIN_V4, host_port
+from agent.parse.ip_text import PLAIN_V4, host_port, ip_number, quad_number
 
 ASSUMED = ": assumed"
 _MAX_DEPTH = 64
@@ -663,7 +663,7 @@ class _Addresses:
 
     def holds(self, addr: str) -> bool:
         """Whether a rule may treat ``addr`` unlike another address (not one to key on)."""
-        got = _address(addr)
+        got = ip_number(addr)
         if got is None:
             return True
         version, n = got
@@ -836,7 +836,7 @@ def _one(kind: str, actual: object, pattern: object) -> bool | None:
             if lo <= first and last <= hi:
                 return True
             return None if first <= hi and lo <= last else False
-        got = _address(str(actual))
+        got = ip_number(str(actual))
         if got is None:
             return None
         return got[0] == version and lo <= got[1] <= hi
@@ -879,26 +879,6 @@ def _any_of(kind: str, actual: object, patterns: list[Any]) -> bool | None:
     return None if unknown else False
 
 
-@functools.lru_cache(maxsize=65536)
-def _address(text: str) -> tuple[int, int] | None:
-    """(IP version, integer) of an address; None when it is not one (a packet's
-    addresses, asked at every address match of every walk)."""
-    if PLAIN_V4.fullmatch(text):
-        return 4, _quad(text)
-    try:
-        a = ipaddress.ip_address(text)
-    except ValueError:
-        return None
-    return a.version, int(a)
-
-
-def _quad(text: str) -> int:
-    """A PLAIN_V4 address's integer by str.split (ipaddress took 3 us: a tenth of an
-    nftables-mode walk)."""
-    a, b, c, d = text.split(".")
-    return (int(a) << 24) | (int(b) << 16) | (int(c) << 8) | int(d)
-
-
 @functools.lru_cache(maxsize=256)
 def _prefix(text: str) -> tuple[int, int, int]:
     """(IP version, first, last) of a prefix (the pods' CIDR)."""
@@ -918,7 +898,7 @@ def _span(pat: str) -> tuple[int, int, int]:
             raise ValueError(f"not a range: {pat}")
         return a.version, int(a), int(b)
     if PLAIN_V4.fullmatch(pat):  # one address (an endpoint's, a cluster IP)
-        n = _quad(pat)
+        n = quad_number(pat)
         return 4, n, n
     net = ipaddress.ip_network(pat, strict=False)
     return net.version, int(net.network_address), int(net.broadcast_address)

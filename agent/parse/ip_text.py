@@ -4,6 +4,7 @@ is checked with one regex; everything else goes to ``ipaddress``."""
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 
@@ -22,6 +23,26 @@ def host_port(ip: str, port: int | str) -> str:
     """``10.0.0.1:80``, ``[2001:db8::1]:80`` (an IPv6 address before a port is bracketed:
     2001:db8::1:80 is another address)."""
     return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+@functools.lru_cache(maxsize=65536)
+def ip_number(text: str) -> tuple[int, int] | None:
+    """(IP version, integer) of an address; None when it is not one (a walk asks it of a
+    packet's addresses at every address match)."""
+    if PLAIN_V4.fullmatch(text):
+        return 4, quad_number(text)
+    try:
+        a = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    return a.version, int(a)
+
+
+def quad_number(text: str) -> int:
+    """A PLAIN_V4 address's integer by str.split (ipaddress took 3 us: a tenth of an
+    nftables-mode walk)."""
+    a, b, c, d = text.split(".")
+    return (int(a) << 24) | (int(b) << 16) | (int(c) << 8) | int(d)
 
 
 def canonical_ip(text: str) -> str | None:

@@ -396,12 +396,10 @@ def what_if(snap: NodeSnapshot, node: str, target: Target,
 
 
 def _tencents(snap: NodeSnapshot) -> bool:
-    """Does a Service carry Tencent's annotations (the providers' catalogue's)?"""
-    from agent.diagnose.cloud import providers
+    """Does a Service carry Tencent's annotations?"""
+    from agent.diagnose.remedies import tke_annotated
 
-    tke = next(p for p in providers() if p.id == "tke")
-    return any(k.startswith(tke.annotation_prefixes) for svc in snap.services or ()
-               for k in svc.annotations)
+    return any(tke_annotated(svc.annotations) for svc in snap.services or ())
 
 
 def _what_changes(mode: str, target: Target) -> Iterator[str]:

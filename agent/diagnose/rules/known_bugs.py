@@ -8,7 +8,6 @@ fires where kube-proxy's version (its log) or its rules' shape says the fix is i
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import re
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from agent.diagnose.kube_proxy_version import KubeProxyVersion, version_of
 from agent.diagnose.lb_ip import LbTarget
 from agent.diagnose.model import Finding
 from agent.netfilter.nft_read import ruleset_of
-from agent.parse.ip_text import PLAIN_V4, canonical_ip
+from agent.parse.ip_text import canonical_ip, ip_number
 
 ID = "kube-proxy-known-bug"
 Version = tuple[int, int, int]
@@ -267,13 +266,11 @@ def ipvs_localhost_node_ports(ctx: Context) -> list[Hit]:
                   if p.node_port} if snap.services is not None else None
     out: list[Hit] = []
     for vs in snap.ipvs or ():
-        if PLAIN_V4.fullmatch(vs.address):  # (45k virtual servers at 10k services)
-            loopback = vs.address.startswith("127.")
-        else:
-            try:
-                loopback = ipaddress.ip_address(vs.address).is_loopback
-            except ValueError:
-                continue
+        number = ip_number(vs.address)  # (45k virtual servers at 10k services)
+        if number is None:
+            continue
+        version, n = number
+        loopback = n >> 24 == 127 if version == 4 else n == 1  # (127.0.0.0/8, ::1)
         if not loopback or not (vs.port in node_ports if node_ports is not None
                                 else NODE_PORT_RANGE[0] <= vs.port <= NODE_PORT_RANGE[1]):
             continue
