@@ -80,7 +80,7 @@ def timed(ns: netns.Netns, cmd: list[str], out: Path | None = None,
                                    "-f", "%e %U %S %M", *cmd], stdin=i, stdout=o,
                                   stderr=subprocess.PIPE, check=False)
         wall, user, system, rss = tf.read().split()[-4:]
-    if proc.returncode not in (0, 1):
+    if proc.returncode not in (0, 1, 2, 3):  # a verdict (3: unknown)
         print(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-300:]!r}",
               file=sys.stderr)
     return float(wall), float(user) + float(system), int(rss) / 1024, proc.returncode
