@@ -58,6 +58,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the lab (the checkout's)
+
 from lab.netns import Netns, netns, veth
 
 PY = sys.executable
