@@ -58,14 +58,18 @@ def test_strings_made_to_hit_the_edges_shape_as_the_regex_says(seed: int) -> Non
 
 
 def test_kube_proxys_rules_of_two_services_have_one_shape() -> None:
-    # (hashes with a digit, as nearly all are: a chain name holding a digit is one "*")
-    a = ('-A KUBE-SEP-ABCDEFGHIJKLMNO2 -p tcp -m comment --comment "ns/web:http" -m tcp '
+    # kube-proxy's hashes are base32 (A-Z, 2-7): one in 28 holds no digit, and its chain
+    # takes the shape of the others (it took one of its own: "-A KUBE-SEP-* ...")
+    a = ('-A KUBE-SEP-ABCDEFGHIJKLMNOP -p tcp -m comment --comment "ns/web:http" -m tcp '
          "-j DNAT --to-destination 10.1.2.3:8080")
     b = ('-A KUBE-SEP-QRSTUVWXYZ234567 -p tcp -m comment --comment "other/api:http" -m tcp '
          "-j DNAT --to-destination 10.9.8.7:9090")
     assert rule_shape(a) == rule_shape(b) == \
         "-A * -p tcp -m comment --comment * -m tcp -j DNAT --to-destination *"
     assert rule_shape(a.replace("DNAT", "REDIRECT")) != rule_shape(b)
+    assert rule_shape("-A KUBE-SERVICES -d 10.0.0.1/32 -j KUBE-EXT-ABCDEFGHIJKLMNOP") == \
+        rule_shape("-A KUBE-SERVICES -d 10.0.0.2/32 -j KUBE-EXT-ABCDEFGHIJKLMN2P") == \
+        "-A KUBE-SERVICES -d * -j *"
     assert chain_shape("KUBE-SVC-ABCDEFGHIJKLMNOP") == chain_shape("KUBE-SVC-X") == "KUBE-SVC-*"
     assert chain_shape("PREROUTING") == "PREROUTING"
 

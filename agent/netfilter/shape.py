@@ -16,9 +16,11 @@ from collections.abc import Iterable
 
 # a brace set ({ 0 : goto a, 1 : goto b }: one element per endpoint) as one token
 _SET = re.compile(r"\{[^{}]*\}")
-# a token holding a digit or a slash: an address, port, number, mark, ns/name chain name;
-# a quoted string (a comment naming the Service); a 16-character kube-proxy hash
-_VARYING = re.compile(r'"[^"]*"|[^\s\[\](),;:]*[\d/][^\s\[\](),;]*|\b[A-Z0-9]{16}\b')
+# a quoted string (a comment naming the Service); a token holding a digit, a slash or a
+# 16-character kube-proxy hash: an address, port, number, mark, ns/name chain name, a
+# per-Service chain's name (KUBE-SEP-<hash>: one of 28 hashes holds no digit, and its
+# chain must take the same shape as the others)
+_VARYING = re.compile(r'"[^"]*"|[^\s\[\](),;:]*(?:[\d/]|\b[A-Z0-9]{16}\b)[^\s\[\](),;]*')
 # per-Service chain names: KUBE-SVC-<hash>, service-<hash>-ns/name/..., endpoint-...
 _CHAIN = re.compile(r"^(KUBE-[A-Z]+-|(?:service|endpoint|external|firewall)-)\S+$")
 
