@@ -94,9 +94,15 @@ def node_like_synthetic(ns: netns.Netns) -> None:
           " ip addr add 172.16.1.1/24 dev cni0; ip link set cni0 up")
 
 
-def essence(verdict: dict) -> tuple[str, frozenset[str], frozenset[tuple[str, str]]]:
-    return (verdict["kube_proxy_mode"], frozenset(r["ip"] for r in verdict["lb_ips"]),
-            frozenset((f["id"], f["lb_ip"] or "") for f in verdict["findings"]))
+def essence(verdict: dict) -> tuple[str, int, frozenset[tuple[str, str]],
+                                   frozenset[tuple[str, str, int, tuple[str, ...]]], str]:
+    """Mode, LB IPs counted, the findings that are not fine, and the fine ones as the
+    summary groups them (each group's LB IPs named), status. (The summary lists no fine
+    LB IP one by one: `lb_ips` of a healthy node is empty, and two empty lists agreed.)"""
+    return (verdict["kube_proxy_mode"], verdict["lb_ip_counts"]["total"],
+            frozenset((f["id"], f["lb_ip"] or "") for f in verdict["findings"]),
+            frozenset((g["id"], g["shape"] or "", g["count"], tuple(g["targets"]))
+                      for g in verdict.get("ok", ())), verdict["status"])
 
 
 def bench_backend(backend: str, n: int, tmp: Path, chain_sample: int) -> list[tuple]:
@@ -150,7 +156,7 @@ def bench_backend(backend: str, n: int, tmp: Path, chain_sample: int) -> list[tu
             m = timed(ns, [PY, "-c", OVERRUN_CHECK, "5"], out=over_out)
             v = json.loads(over_out.read_text())
             rows.append(("live check, dump stopped at 5 s (excerpt)", *m[:3],
-                         f"mode {v['kube_proxy_mode']}, {len(v['lb_ips'])} LB IPs, "
+                         f"mode {v['kube_proxy_mode']}, {v['lb_ip_counts']['total']} LB IPs, "
                          f"{len(v['findings'])} findings", None))
             why = next(u["reason"] for u in v["unknowns"] if u["source"] == "nat rules")
             print(f"{backend}: overrun check says: {why}", file=sys.stderr)
@@ -166,9 +172,10 @@ def bench_backend(backend: str, n: int, tmp: Path, chain_sample: int) -> list[tu
                              capture_output=True, text=True, check=False)
     a, b = essence(json.loads(live_out.read_text())), essence(json.loads(offline.stdout))
     same = a == b
-    print(f"{backend}: live check mode {a[0]}, {len(a[1])} LB IPs, {len(a[2])} findings; "
-          f"check --from the baseline's dump: mode {b[0]}, {len(b[1])} LB IPs, "
-          f"{len(b[2])} findings: {'SAME' if same else 'DIFFERENT'}", file=sys.stderr)
+    print(f"{backend}: live check mode {a[0]}, {a[1]} LB IPs, {len(a[2])} findings not "
+          f"fine, {len(a[3])} groups of fine ones, {a[4]}; check --from the baseline's dump: "
+          f"mode {b[0]}, {b[1]} LB IPs, {len(b[2])} findings, {len(b[3])} groups, {b[4]}: "
+          f"{'SAME' if same else 'DIFFERENT'}", file=sys.stderr)
     rows.append(("(live verdict == check --from baseline dump)", 0, 0, 0,
                  "SAME" if same else "DIFFERENT", None))
     return rows

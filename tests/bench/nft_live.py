@@ -102,7 +102,7 @@ def main() -> int:
         wall, peak, r = in_cgroup(ns, sys.executable, "-m", "agent", "check", "--json",
                                   "--no-kube-api")
         v = json.loads(r.stdout)
-        lb_ips = len(v["lb_ips"])
+        lb_ips = v["lb_ip_counts"]["total"]  # (the summary names only LB IPs not fine)
         right = v["kube_proxy_mode"] == "nftables" and lb_ips == args.services
         rows.append(("live check (agent and nft)", wall, peak))
         with tempfile.TemporaryDirectory(prefix="lb-nft-live-") as spool:
