@@ -815,12 +815,16 @@ def main() -> int:
 
     eng = pick("engine", "dropped", "ipv4")
     ok_rate = eng.per_cpu >= TARGET_PER_CPU
-    ok_drops = eng.drops == 0 and eng.offered >= 0.95 * TARGET_RATE
+    # (a sender that cannot offer the rate on this machine leaves the drops unmeasured:
+    # said so, not counted as the engine's miss)
+    offered = eng.offered >= 0.95 * TARGET_RATE
+    drops = "met" if offered and eng.drops == 0 else "NOT met" if eng.drops else \
+        f"not measured: the sender offered only {eng.offered:,.0f}/s"
     print(f"\ntarget {TARGET_PER_CPU:,} SYN/CPU-s (dropped): "
           f"{'met' if ok_rate else 'NOT met'} ({eng.per_cpu:,.0f}); zero drops at "
-          f"{TARGET_RATE:,}/s: {'met' if ok_drops else 'NOT met'} "
-          f"({eng.drops} drops at {eng.offered:,.0f}/s offered)")
-    return 0
+          f"{TARGET_RATE:,}/s: {drops} ({eng.drops} drops at {eng.offered:,.0f}/s offered)")
+    # a miss fails `make bench` at its end, as every other bench's does
+    return 0 if ok_rate and drops != "NOT met" else 1
 
 
 if __name__ == "__main__":
