@@ -1,6 +1,7 @@
 """What `make lint` checks, run by `make test` too (CI runs make test): ruff over the code,
 and mypy --strict over the walk engine and the diagnosis (pyproject's [tool.mypy]: the
-types are the contract the backends and the rules keep)."""
+types are the contract the backends and the rules keep); and that every bench `make bench`
+runs can start."""
 
 from __future__ import annotations
 
@@ -49,8 +50,14 @@ def test_every_bench_of_make_bench_starts() -> None:
                                  cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True) for n in names}
     failed = {}
-    for n, p in procs.items():
-        out, err = p.communicate(timeout=120)
-        if p.returncode != 0 or "usage:" not in out:
-            failed[n] = (p.returncode, err[-400:])
+    try:
+        for n, p in procs.items():
+            out, err = p.communicate(timeout=120)
+            if p.returncode != 0 or "usage:" not in out:
+                failed[n] = (p.returncode, err[-400:])
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     assert not failed, failed

@@ -819,7 +819,7 @@ def main() -> int:
     # said so, not counted as the engine's miss)
     offered = eng.offered >= 0.95 * TARGET_RATE
     drops = "met" if offered and eng.drops == 0 else "NOT met" if eng.drops else \
-        f"not measured: the sender offered only {eng.offered:,.0f}/s"
+        f"not measured: the sender offered {eng.offered:,.0f}/s of {TARGET_RATE:,}"
     print(f"\ntarget {TARGET_PER_CPU:,} SYN/CPU-s (dropped): "
           f"{'met' if ok_rate else 'NOT met'} ({eng.per_cpu:,.0f}); zero drops at "
           f"{TARGET_RATE:,}/s: {drops} ({eng.drops} drops at {eng.offered:,.0f}/s offered)")
