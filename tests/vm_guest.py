@@ -49,7 +49,9 @@ GUEST_TESTS = [
 # the guest must have run all of these (a selection that silently shrinks fails)
 MIN_GUEST_TESTS = 5 + len(IPVS_CHECKS) + 1 + 6 + len(LAB_TRAFFIC) + len(DUAL_STACK)
 # a hang's bound; the run itself took 468 s alone and takes longer beside the host's tests
-GUEST_TIMEOUT = 1500.0
+# (on 2026-12-02 a host running at half its usual speed, a bench beside the suite, had
+# not finished it in 1500 s: a slow host is not a hang)
+GUEST_TIMEOUT = 2700.0
 
 
 
