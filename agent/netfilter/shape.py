@@ -10,6 +10,7 @@ rule as the input wrote it (the walk's step), never from evidence text.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Iterable
@@ -26,11 +27,6 @@ _CHAIN = re.compile(r"^(KUBE-[A-Z]+-|(?:service|endpoint|external|firewall)-)\S+
 
 _cache: dict[str, str] = {}
 _CACHE_MAX = 200_000  # distinct rule texts kept (a 10k-service node walks ~60k)
-# words' and chains' shapes: the common ones come again and again; addresses and hashes
-# are new each time and refill the dicts (cleared when full: kept small)
-_words: dict[str, str] = {}
-_chains: dict[str, str] = {}
-_SMALL_MAX = 4096
 
 
 def rule_shape(text: str) -> str:
@@ -63,28 +59,20 @@ def _shape(text: str) -> str:
 
 
 def _word_shapes(text: str) -> str:
-    words = _words
-    if len(words) >= _SMALL_MAX:
-        words.clear()
-    out = []
-    for w in text.split(" "):
-        got = words.get(w)
-        if got is None:
-            got = words[w] = _VARYING.sub("*", w)
-        out.append(got)
-    return " ".join(out)
+    return " ".join(map(_word_shape, text.split(" ")))
 
 
+# (the common words come again and again; addresses and hashes are new each time)
+@functools.lru_cache(maxsize=4096)
+def _word_shape(word: str) -> str:
+    return _VARYING.sub("*", word)
+
+
+@functools.lru_cache(maxsize=4096)
 def chain_shape(name: str) -> str:
     """A chain's name, a per-Service chain's as its kind ("KUBE-SVC-*", "service-*")."""
-    got = _chains.get(name)
-    if got is None:
-        m = _CHAIN.match(name)
-        got = m.group(1) + "*" if m else name
-        if len(_chains) >= _SMALL_MAX:
-            _chains.clear()
-        _chains[name] = got
-    return got
+    m = _CHAIN.match(name)
+    return m.group(1) + "*" if m else name
 
 
 def shape_id(parts: Iterable[str]) -> str:

@@ -80,8 +80,9 @@ def timed(ns: netns.Netns, cmd: list[str], out: Path | None = None,
                                    "-f", "%e %U %S %M", *cmd], stdin=i, stdout=o,
                                   stderr=subprocess.PIPE, check=False)
         wall, user, system, rss = tf.read().split()[-4:]
-    # the agent's exit codes 0-3 are verdicts (3: unknown); anything else's must be 0
-    if proc.returncode not in ((0, 1, 2, 3) if "agent" in cmd else (0,)):
+    # the agent's exit codes 0-3 are verdicts (3: unknown; every Python command here runs
+    # the agent, the overrun check's -c too); anything else's must be 0
+    if proc.returncode not in ((0, 1, 2, 3) if cmd[0] == PY else (0,)):
         print(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-300:]!r}",
               file=sys.stderr)
     return float(wall), float(user) + float(system), int(rss) / 1024, proc.returncode
