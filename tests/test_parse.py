@@ -298,6 +298,57 @@ def test_ipvsadm_listing_read_whole_as_line_by_line() -> None:
     assert parse_ipvsadm(stats + "TCP  10.0.0.10:30080 1 2 3 4 5\n")[0].scheduler == "?"
     with raises_at("ipvsadm.txt", 6):
         parse_ipvsadm(head + body.replace("10.244.1.10:8080", "10.244.1.300:8080", 1))
+    with raises_at("ipvsadm.txt", 4):  # (a real server before any service)
+        parse_ipvsadm(head + body.split("\n", 1)[1])
+    # a real server is told by its address, method and weight, not its counters: the
+    # same endpoints under a Service's NodePort and LB IP are one object
+    assert whole[0].real_servers is whole[3].real_servers
+
+
+def test_ipvsadm_listing_whole_read_equals_line_loop_on_random_listings() -> None:
+    """_whole_listing gives what the line-by-line loop gives, or None (then the loop
+    reads the text), for listings made to hit its edges: counters and flags after the
+    weight, services twice, real servers before any service, blank and stray lines, bad
+    addresses and ports, IPv6, several spacings."""
+    from agent.parse.ipvsadm_text import _BY_PLACE, _services, _whole_listing
+
+    rnd = random.Random(31)
+
+    def pick(good: list[str], bad: list[str], clean: bool) -> str:
+        return rnd.choice(good if clean or rnd.random() < 0.8 else bad)
+
+    lines = []
+    for _ in range(3000):
+        clean = rnd.random() < 0.5  # (half the listings as ipvsadm prints them)
+        text = "IP Virtual Server version 1.2.1 (size=4096)\n" if rnd.random() < 0.5 else ""
+        for k in range(rnd.randrange(8)):
+            r = 0.0 if k == 0 and clean else rnd.random()
+            place = (pick(["10.0.0.10", "203.0.113.10", "[fd00::10]"],
+                          ["10.0.0.300", "01.2.3.4", "fd00::10"], clean)
+                     + ":" + pick(["80", "8080", "65535"], ["65536", "x", ""], clean))
+            if r < 0.35:
+                text += (f"{pick(['TCP', 'UDP', 'SCTP'], ['FWM', 'tcp'], clean)}  {place} "
+                         f"{pick(['rr', 'wrr', 'sh'], ['Rr', '-'], clean)}"
+                         f"{rnd.choice(['', ' persistent 50', ' '])}\n")
+            elif r < 0.9 or clean:
+                text += (f"  -> {place}{' ' * rnd.randrange(1, 4)}"
+                         + pick(["Masq", "Route", "Tunnel", "Local", "Bypass"], ["Nat"], clean)
+                         + " " * rnd.randrange(1, 4) + pick(["1", "0", "10"], ["-1", "x"], clean)
+                         + rnd.choice(["", "      0          0", " 3 4 ", " "]) + "\n")
+            else:
+                text += rnd.choice(["\n", "  -> RemoteAddress:Port Forward Weight\n", "junk\n",
+                                    "\t0\n"])
+        lines.append(text)
+    read_whole = 0
+    for text in lines:
+        whole = _whole_listing(text)
+        if whole is None:
+            continue
+        read_whole += 1
+        loop = _services(text, "ipvsadm.txt")
+        assert whole == {key: (s.scheduler, tuple(sorted(s.reals, key=_BY_PLACE)))
+                         for key, s in loop.items()}, text
+    assert read_whole > 1000  # (the clean half: not only the loop's texts)
 
 
 def test_kube_ipvs0_lines_read_by_regex_as_by_the_loop() -> None:
@@ -403,6 +454,30 @@ def test_addresses_text_and_json_agree() -> None:
     assert any(a.scope == "link" and a.address.startswith("fe80:") for a in text)
     keys = [(a.ifname, 6 if ":" in a.address else 4, a.address) for a in text]
     assert keys == sorted(keys)
+
+
+@pytest.mark.parametrize("local", ["10.0.0.1", "0.0.0.0", "255.255.255.255", "010.0.0.1",
+                                   "10.0.0.256", "1.2.3", "1.2.3.4.5", "fd00::1",
+                                   "FD00:0::1", "::ffff:1.2.3.4", "1.2.3.4 ", "\u0661.2.3.4"])
+@pytest.mark.parametrize("plen", [0, 24, 32, 33, 128, 129])
+def test_json_address_read_as_ipaddress_reads_it(local: str, plen: int) -> None:
+    """`ip -j addr`'s plain IPv4 addresses are taken without ipaddress: what is taken,
+    refused or canonicalised is what ipaddress says."""
+    import ipaddress
+    import json
+
+    doc = json.dumps([{"ifname": "kube-ipvs0", "flags": [], "addr_info": [
+        {"family": "inet", "local": local, "prefixlen": plen, "scope": "global"}]}])
+    try:
+        ip = ipaddress.ip_address(local)
+    except ValueError:
+        ip = None
+    if ip is None or plen > ip.max_prefixlen:
+        with pytest.raises(InputError, match="bad address"):
+            parse_addresses(doc, "addr.json")
+    else:
+        assert parse_addresses(doc, "addr.json") == (
+            Address("kube-ipvs0", str(ip), plen, "global", False),)
 
 
 @pytest.mark.parametrize(("text", "line"), [

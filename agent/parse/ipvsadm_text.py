@@ -64,16 +64,16 @@ _SAVE_SERVICE = re.compile(r"-A -([tu]) (\S+) -s ([a-z][a-z0-9_-]*)(?: -p [0-9]+
                            r"((?:-a -\1 \2 -r \S+ -[mgi] -w [0-9]+\n)*)")
 _REAL_PART = re.compile(r"(\S+) -([mgi]) -w ([0-9]+)")
 # The same for `ipvsadm -Ln` (what `bundle` saves): its header lines (not --stats/--rate
-# ones), then blocks of a service line and the lines of its real servers, as ipvsadm
-# prints them (what follows the scheduler and the weight, as the general loop, passed
-# over: flags, connection counters).
+# ones), then service lines, each followed by its real servers' lines, as ipvsadm
+# prints them.
 _LIST_HEAD = re.compile(r"(?:IP Virtual Server version [^\n]*\n)?"
                         r"(?:Prot LocalAddress:Port Scheduler Flags\n)?"
                         r"(?:  -> RemoteAddress:Port [^\n]*\n)?")
-_LIST_SERVICE = re.compile(r"(TCP|UDP|SCTP)  (\S+) ([a-z][a-z0-9_-]*)(?: [^\n]*)?\n"
-                           r"((?:  -> \S+ +(?:Masq|Route|Tunnel|Local|Bypass) +[0-9]+"
-                           r"(?: [^\n]*)?\n)*)")
-_LIST_REAL = re.compile(r"  -> (\S+) +(\S+) +([0-9]+)")
+# a service line or one of its real servers' (what follows the scheduler and the weight,
+# as the general loop, passed over: flags, connection counters)
+_LIST_LINE = re.compile(r"^(?:(TCP|UDP|SCTP)  (\S+) ([a-z][a-z0-9_-]*)|"
+                        r"  -> (\S+) +(Masq|Route|Tunnel|Local|Bypass) +([0-9]+))"
+                        r"(?: [^\n]*)?\n", re.M)
 # "10.0.0.5:80" as _addr_port reads it (a canonical dotted quad as it is, a port of at
 # most 5 ASCII digits); one fullmatch where _addr_port costs 3x more
 _V4_PORT = re.compile(rf"({ASCII_OCTET}(?:\.{ASCII_OCTET}){{3}}):([0-9]{{1,5}})")
@@ -137,45 +137,78 @@ def _whole_save(text: str) -> _Servers | None:
 
 def _whole_listing(text: str) -> _Servers | None:
     """What _whole_save is to `ipvsadm -S -n`, for `ipvsadm -Ln`: (scheduler, sorted
-    real servers) of each service of a text of _LIST_HEAD and _LIST_SERVICE blocks only,
-    each service once, every address valid; None for any other text."""
+    real servers) of each service of a text of _LIST_HEAD and then _LIST_LINE lines only,
+    each service once, every address valid; None for any other text.
+
+    The lines are taken apart by one findall (each match is one whole line: as many
+    matches as lines means every line is in shape), and a real server is told by its
+    address, method and weight, not its connection counters: a node lists each endpoint
+    set under a Service's ClusterIP, LB IP and NodePort, and counters differ on a busy
+    node (matching block by block and line by line cost 4x more at 10k services)."""
     text = text.rstrip("\n") + "\n"
-    servers: _Servers = {}
-    places: dict[str, tuple[str, int | None] | None] = {}
-    reals: dict[str, IpvsRealServer] = {}
-    # a block's real server lines, read and sorted once (the same endpoints under a
-    # Service's ClusterIP, LB IP and NodePort print the same lines while their
-    # connection counters agree, as on an idle node)
-    blocks: dict[str, tuple[IpvsRealServer, ...]] = {}
     head = _LIST_HEAD.match(text)
     assert head is not None  # (every part of it optional: it matches any text)
     pos = head.end()
-    for m in _LIST_SERVICE.finditer(text, pos):
-        if m.start() != pos:
-            return None  # a line that is not of a block (the general loop reads it)
-        pos = m.end()
-        prot, service, scheduler, block = m.groups()
+    lines = _LIST_LINE.findall(text, pos)
+    if len(lines) != text.count("\n", pos):
+        return None  # a line that is not of a block (the general loop reads it)
+    servers: _Servers = {}
+    places: dict[str, tuple[str, int | None] | None] = {}
+    reals: dict[tuple[str, ...], IpvsRealServer] = {}
+    # a service's real servers, sorted once per set of them (the same endpoints under
+    # a Service's ClusterIP, LB IP and NodePort)
+    blocks: dict[tuple[tuple[str, ...], ...], tuple[IpvsRealServer, ...]] = {}
+    block: list[tuple[str, ...]] = []
+    key: tuple[str, str, int] | None = None
+    scheduler = ""
+    # (a line of no service after the last: the last service's end, as any other's)
+    for line in (*lines, ("",) * 6):
+        if not line[0] and line[3]:
+            if key is None:
+                return None  # a real server before any service
+            block.append(line[3:])
+            continue
+        if key is not None:
+            got = _sorted_block(block, blocks, reals, places)
+            if got is None:
+                return None
+            servers[key] = (scheduler, got)
+        prot, service, scheduler = line[:3]
+        if not prot:
+            return servers
         key = _service_key(prot, service, places)
         if key is None or key in servers:
             return None  # (a service twice: its real servers add up, the general loop's)
-        got = blocks.get(block)
-        if got is None:
-            out = []
-            for line in block.split("\n")[:-1]:
-                rs = reals.get(line)
-                if rs is None:
-                    real = _LIST_REAL.match(line)
-                    assert real is not None  # (_LIST_SERVICE matched the line as one)
-                    addr, forward, weight = real.groups()
-                    where = _service_key("", addr, places)  # (ADDR:PORT, as a service's)
-                    if where is None:
-                        return None
-                    rs = reals[line] = IpvsRealServer(intern(where[1]), where[2], forward,
-                                                      int(weight))
-                out.append(rs)
-            got = blocks[block] = tuple(sorted(out, key=_BY_PLACE))
-        servers[key] = (scheduler, got)
-    return servers if pos == len(text) else None
+        block = []
+    raise AssertionError("unreachable: the loop returns at its last line")
+
+
+def _sorted_block(block: list[tuple[str, ...]],
+                  blocks: dict[tuple[tuple[str, ...], ...], tuple[IpvsRealServer, ...]],
+                  reals: dict[tuple[str, ...], IpvsRealServer],
+                  places: dict[str, tuple[str, int | None] | None]
+                  ) -> tuple[IpvsRealServer, ...] | None:
+    """The real servers of (ADDR:PORT, method, weight) listing lines, sorted (each set
+    once); None where an address is not valid."""
+    if not block:
+        return ()
+    lines = tuple(block)
+    got = blocks.get(lines)
+    if got is not None:
+        return got
+    out = []
+    for line in lines:
+        rs = reals.get(line)
+        if rs is None:
+            addr, forward, weight = line
+            where = _service_key("", addr, places)  # (ADDR:PORT, as a service's)
+            if where is None:
+                return None
+            rs = reals[line] = IpvsRealServer(intern(where[1]), where[2], forward,
+                                              int(weight))
+        out.append(rs)
+    got = blocks[lines] = tuple(sorted(out, key=_BY_PLACE))
+    return got
 
 
 def _service_key(protocol: str, place: str, places: dict[str, tuple[str, int | None] | None]
