@@ -46,6 +46,8 @@ IPTABLES_PRIORITY = {
 _DNAT_HOOKS = frozenset({"prerouting", "output"})
 # an address no rule tells apart from another (walk_hook's key), as a packet's address
 _ANY4, _ANY6, _ANY = "any address", "any address:", "any"
+_DST, _DNAT_TO = Packet._fields.index("dst"), Packet._fields.index("dnat_to")
+_new = tuple.__new__
 # packets whose forward walks are kept, each of at most so many paths (a walk forks on
 # every match the input does not decide: up to MAX_PATHS paths a packet)
 _FORWARDED_KEPT = 4096
@@ -122,7 +124,7 @@ class NftWalker:
         # a DNATed packet's paths through the forward hook, by the packet with its
         # endpoint address left out (walk_hook), and per family the addresses the forward
         # hook's rules tell apart, or None where they may tell any two apart
-        self._forwarded: dict[Packet, tuple[HookResult, ...]] = {}
+        self._forwarded: dict[tuple[object, ...], tuple[HookResult, ...]] = {}
         self._told_apart: dict[bool, _Addresses | None] = {}
 
     # -- the hooks ------------------------------------------------------------------
@@ -176,7 +178,10 @@ class NftWalker:
         told = self._told_apart[v6]
         if told is None or told.holds(pkt.dst):
             return self._walk_hook(hook, pkt)
-        key = pkt._replace(dst=_ANY6 if v6 else _ANY4, dnat_to=_ANY)
+        # (the packet's fields but these two, by position: _replace costs ~4x this, and
+        # this runs for every endpoint of every LB IP)
+        key = (*pkt[:_DST], _ANY6 if v6 else _ANY4, *pkt[_DST + 1:_DNAT_TO], _ANY,
+               *pkt[_DNAT_TO + 1:])
         got = self._forwarded.get(key)
         if got is None:
             walked = self._walk_hook(hook, pkt)
@@ -186,8 +191,10 @@ class NftWalker:
                 self._forwarded.clear()
             self._forwarded[key] = tuple(walked)
             return walked
-        return [r._replace(packet=r.packet._replace(dst=pkt.dst, dnat_to=pkt.dnat_to))
-                for r in got]
+        dst, dnat_to = pkt.dst, pkt.dnat_to
+        return [_new(HookResult, (r[0], _new(Packet, (
+            *r[1][:_DST], dst, *r[1][_DST + 1:_DNAT_TO], dnat_to, *r[1][_DNAT_TO + 1:])),
+            *r[2:])) for r in got]
 
     def _addresses_told_apart(self, hook: str, v6: bool) -> _Addresses | None:
         """The destination addresses the hook's rules compare a packet's with (literals,
