@@ -397,3 +397,103 @@ def test_a_hash_net_set_is_looked_up_by_prefix_length() -> None:
         (res,) = w.walk("PREROUTING", POD._replace(dst=dst))
         assert res.verdict == want, dst
     assert time.process_time() - start < 10  # (450 lookups: were about 4 minutes)
+
+
+# Rules on the chains a DNATed packet crosses once per endpoint (constructed): each tells
+# some endpoint addresses apart, or reads what the shared walk leaves out, or neither
+_FILTER_BASE = (
+    "*filter\n:FORWARD ACCEPT [0:0]\n:KUBE-FORWARD - [0:0]\n:KUBE-EXTERNAL-SERVICES - [0:0]\n"
+    ":SIDE - [0:0]\n"
+    "-A FORWARD -m conntrack --ctstate NEW -j KUBE-EXTERNAL-SERVICES\n"
+    "{rule}\n"
+    "-A FORWARD -j KUBE-FORWARD\n"
+    "-A KUBE-FORWARD -m mark --mark 0x4000/0x4000 -j ACCEPT\n"
+    '-A KUBE-EXTERNAL-SERVICES -d 203.0.113.10/32 -p tcp -m comment --comment "ns/a:http '
+    'has no local endpoints" -m tcp --dport 80 -j DROP\n'
+    '-A KUBE-EXTERNAL-SERVICES -p tcp -m comment --comment "ns/a:http has no local '
+    'endpoints" -m addrtype --dst-type LOCAL -m tcp --dport 30080 -j DROP\n'
+    "-A SIDE -d 10.0.1.9/32 -j REJECT\nCOMMIT\n")
+_FORWARD_RULES = [
+    ("-A FORWARD -d 10.0.1.7/32 -j DROP", True),
+    ("-A FORWARD ! -d 10.0.1.7 -j DROP", True),
+    ("-A FORWARD -d 10.0.1.0/29 -j DROP", True),
+    ("-A FORWARD -m iprange --dst-range 10.0.1.6-10.0.1.8 -j REJECT", True),
+    ("-A FORWARD -m set --match-set blocked dst -j DROP", True),
+    ("-A FORWARD -m conntrack --ctorigdst 203.0.113.10 -j DROP", True),
+    ("-A FORWARD -m conntrack --ctorigdstport 80 -j DROP", True),
+    ("-A FORWARD -m addrtype --dst-type LOCAL -j DROP", True),
+    ("-A FORWARD -j SIDE", True),
+    ("-A FORWARD -p tcp -m tcp --dport 8080 -j DROP", False),
+    ("-A FORWARD -m mark --mark 0x4000 -j DROP", False),
+    ("-A FORWARD -m statistic --mode random --probability 0.5 -j DROP", False),
+    ("-A FORWARD -m recent --rcheck --name x -j DROP", False),
+]
+_NAT_BASE = ("*nat\n:POSTROUTING ACCEPT [0:0]\n:KUBE-POSTROUTING - [0:0]\n"
+             "-A POSTROUTING -j KUBE-POSTROUTING\n{rule}\n"
+             "-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n"
+             "-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0\n"
+             "-A KUBE-POSTROUTING -j MASQUERADE --random-fully\nCOMMIT\n")
+_POSTROUTING_RULES = [
+    ("-A POSTROUTING -d 10.0.1.7/32 -j SNAT --to-source 192.0.2.1", True),
+    ("-A POSTROUTING -d fd00::7 -j ACCEPT", False),
+    ("-A POSTROUTING -j DNAT --to-destination 10.0.1.5", True),
+    ("-A POSTROUTING -s 10.0.1.0/24 ! -d 10.0.0.0/8 -j FLANNEL-POSTRTG", True),
+    ("-A POSTROUTING -s 10.0.1.0/24 -j MASQUERADE", False),
+]
+
+
+def _endpoint_packets() -> list[Packet]:
+    """A pod's or a client's packet after kube-proxy's DNAT, to endpoints 10.0.1.5-11."""
+    out = []
+    for n in range(5, 12):
+        for mark in (0, 0x4000):
+            for orig, orig_port in (("203.0.113.10", 80), ("10.0.0.10", 30080)):
+                out.append(Packet(src="198.51.100.7", dst=f"10.0.1.{n}", dport=8080,
+                                  in_iface="eth0", out_iface="cni0", mark=mark,
+                                  orig_dst=orig, orig_dport=orig_port))
+    return out
+
+
+@pytest.mark.parametrize("table,chain,rule,tells", [
+    *(("filter", "FORWARD", r, t) for r, t in _FORWARD_RULES),
+    *(("nat", "POSTROUTING", r, t) for r, t in _POSTROUTING_RULES)])
+def test_a_dnated_packets_walk_is_shared_only_where_no_rule_tells_it_apart(
+        table: str, chain: str, rule: str, tells: bool) -> None:
+    """A packet DNATed to an endpoint crosses filter FORWARD and nat POSTROUTING once per
+    endpoint of every NodePort or LB IP walked; where no rule reachable there can tell one
+    endpoint's address from another (an address, prefix, range, ipset, conntrack's
+    original destination, the address type, a chain jumped to, a NAT, a CNI chain the
+    input lacks), the walk is made once and shared (TableWalker.walk). Every packet's
+    paths are what a walk of its own gives, asked once and again; where a rule tells
+    addresses apart, some two endpoints' own walks differ (the comparison can fail)."""
+    text = (_FILTER_BASE if table == "filter" else _NAT_BASE).format(rule=rule)
+    t = parse_iptables_save(text, source="t").table(table)
+    assert t is not None
+    view = View(local={"10.0.1.10"},
+                sets={"blocked": ("hash:ip", frozenset({"10.0.1.7"}))})
+    shared = TableWalker(t, view)
+    packets = _endpoint_packets()
+    for _ in range(2):  # (the second time from what the first kept)
+        for pkt in packets:
+            own = TableWalker(t, view)._walk(chain, pkt)
+            assert shared.walk(chain, pkt) == own, (rule, pkt)
+
+    def alike(p: Packet) -> Packet:
+        return p._replace(dst="x", orig_dst="x", orig_dport=0)
+
+    by_rest: dict[tuple[int, str | None], set[str]] = {}
+    for pkt in packets:
+        walked = [(r.verdict, alike(r.packet), r.steps, r.detail)
+                  for r in TableWalker(t, view)._walk(chain, pkt)]
+        by_rest.setdefault((pkt.mark, pkt.orig_dst), set()).add(repr(walked))
+    differs = any(len(walks) > 1 for walks in by_rest.values())
+    told = shared._told[chain]
+    if tells:
+        assert told is None or any(told.holds(f"10.0.1.{n}") for n in range(5, 12)) or \
+            told.dst_type, rule
+        assert differs or told is None, rule  # (NAT, CNI: not walked alike, by design)
+    else:
+        assert told is not None and not told.holds("10.0.1.5") and not differs, rule
+        # one walk per mark (and address type, where a rule asks it: 10.0.1.10 is
+        # local), not one per endpoint
+        assert len(shared._shared) == (4 if told.dst_type else 2) < len(packets)

@@ -33,7 +33,7 @@ from agent.netfilter.rules import (
 )
 from agent.netfilter.shape import chain_shape, rule_shape
 from agent.numbers import is_number
-from agent.parse.ip_text import host_port
+from agent.parse.ip_text import host_port, ip_number
 from agent.snapshot import Chain, Rules, Table
 
 TRUE, FALSE, MAYBE = 1, 0, 2
@@ -94,6 +94,18 @@ _DST_RE = re.compile(r"(?<!! )-d (\d+\.\d+\.\d+\.\d+|[0-9a-f:]*:[0-9a-f:.]*)(?:/
 _DPORT_RE = re.compile(r"(?<!! )--dport (\d+)(?=\s)")
 _QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
 SMALL_CHAIN = 16  # rules: a scan is cheaper than indexing them
+# A packet DNATed to an endpoint crosses these chains once per endpoint of every NodePort
+# or LB IP walked (20k walks each at 10k services): where no rule reachable from them can
+# tell its address from another's, the walk is made once and shared (TableWalker.walk)
+SHARED_CHAINS = frozenset({"FORWARD", "POSTROUTING"})
+_SHARED_KEPT = 4096  # packets whose shared walks are kept (by what else they hold)
+_SHARED_PATHS = 8  # a walk of more paths is not kept (many undecided matches)
+_MAX_TOLD_NETS = 64  # prefixes a shared chain's rules may name (each asked per packet)
+# the packet fields a shared walk is keyed without: its destination and where it was
+# DNATed from (what the rules of a shared chain never read: _told_apart)
+_DST, _ORIG_DST, _ORIG_DPORT = (Packet._fields.index(f) for f in ("dst", "orig_dst",
+                                                                  "orig_dport"))
+_ANY_ADDRESS = "any address"
 # small chains whose parsed rules a walker keeps (kube-proxy writes one to four rules per
 # service and endpoint chain: 47k chains for 10k services, each walked once or twice)
 KEPT_SMALL_CHAINS = 1024
@@ -183,6 +195,46 @@ def _outside_quotes(search: Callable[..., re.Match[str] | None], text: str
     return search(text, 0, first) or search(text, last + 1)
 
 
+# matches that read a packet's destination (or where it was DNATed from) other than by
+# an address or prefix (_told_apart)
+_READ_DST = frozenset({"conntrack--ctorigdst", "conntrack--ctorigdstport",
+                       "iprange--dst-range"})
+
+
+class _Told:
+    """The destinations a chain's rules compare a packet's with: IPv4 hosts as the walk
+    compares them (the text), IPv6 hosts by number, anything else (a prefix) by _in_net."""
+
+    __slots__ = ("dst_type", "hosts", "hosts6", "nets")
+
+    def __init__(self) -> None:
+        self.hosts: set[str] = set()
+        self.hosts6: set[int] = set()
+        self.nets: list[str] = []
+        self.dst_type = False  # an addrtype --dst-type match: the address type decides
+
+    def add(self, net: str) -> None:
+        host = net[:-3] if net.endswith("/32") else net[:-4] if net.endswith("/128") else net
+        if "/" not in host and host.count(".") == 3:
+            self.hosts.add(host)
+            return
+        got = ip_number(host) if "/" not in host and "%" not in host else None
+        if got is not None and got[0] == 6:
+            self.hosts6.add(got[1])
+        elif net not in self.nets:
+            self.nets.append(net)
+
+    def holds(self, addr: str) -> bool:
+        """Whether a rule may treat ``addr`` unlike another address (not one to share)."""
+        if addr in self.hosts:
+            return True
+        if ":" in addr and self.hosts6:
+            got = ip_number(addr)
+            if got is None or got[1] in self.hosts6:
+                return True
+        return any(_in_net(addr, n) != FALSE for n in self.nets)
+
+
 class TableWalker:
     def __init__(self, table: Table, view: NodeView, partial: bool = False) -> None:
         self.table = table
@@ -205,6 +257,10 @@ class TableWalker:
         # a net set's members indexed for lookup, by (set, net dimensions, dimensions):
         # the walker's own (a module-wide LRU kept 64 sets' members past their snapshot)
         self._net_indexes: dict[tuple[str, tuple[int, ...], int], _NetIndex] = {}
+        # SHARED_CHAINS: per chain the destinations its rules tell apart (None: any two
+        # may be), and the shared walks by chain and packet (less its destination)
+        self._told: dict[str, _Told | None] = {}
+        self._shared: dict[tuple[object, ...], tuple[HookResult, ...]] = {}
 
     def _index(self, name: str) -> _ChainIndex | None:
         ix = self._young.get(name) or self._big.get(name)
@@ -227,7 +283,82 @@ class TableWalker:
         return ix
 
     def walk(self, chain: str, pkt: Packet) -> list[HookResult]:
-        """All paths of ``pkt`` through built-in ``chain``; a fall-through takes the policy."""
+        """All paths of ``pkt`` through built-in ``chain``; a fall-through takes the policy.
+
+        A packet DNATed to an endpoint (SHARED_CHAINS) whose address no rule reachable
+        from ``chain`` tells apart from another's (_told_apart: no address or prefix
+        there holds it, no ipset, range or conntrack match reads it, no DNAT, no CNI chain
+        standing in) has the paths of any other such packet alike in everything else,
+        and of the same address type where a rule asks it: walked once, and given this
+        packet's destination."""
+        if pkt.orig_dst is None or chain not in SHARED_CHAINS:
+            return self._walk(chain, pkt)
+        if chain in self._told:
+            told = self._told[chain]
+        else:
+            told = self._told[chain] = self._told_apart(chain)
+        if told is None or told.holds(pkt.dst):
+            return self._walk(chain, pkt)
+        kind = self.view.addr_type(pkt.dst) if told.dst_type else ""
+        if kind is None:
+            return self._walk(chain, pkt)
+        # (by position: _replace costs ~4x this, for every endpoint of every target)
+        key = (chain, kind, *pkt[:_DST], _ANY_ADDRESS, *pkt[_DST + 1:_ORIG_DST],
+               _ANY_ADDRESS, None, *pkt[_ORIG_DPORT + 1:])
+        got = self._shared.get(key)
+        if got is None:
+            walked = self._walk(chain, pkt)
+            if len(walked) <= _SHARED_PATHS:
+                if len(self._shared) >= _SHARED_KEPT:
+                    self._shared.clear()
+                self._shared[key] = tuple(walked)
+            return walked
+        dst, orig_dst, orig_dport = pkt.dst, pkt.orig_dst, pkt.orig_dport
+        return [_new_step(HookResult, (r[0], _new_step(Packet, (
+            *r[1][:_DST], dst, *r[1][_DST + 1:_ORIG_DST], orig_dst, orig_dport,
+            *r[1][_ORIG_DPORT + 1:])), *r[2:])) for r in got]
+
+    def _told_apart(self, chain: str) -> _Told | None:
+        """The destinations the rules reachable from ``chain`` compare a packet's with, or
+        None where they may tell any two apart or change one: a destination read by an
+        ipset, range or conntrack match, a NAT to a destination, a CNI chain the input
+        does not hold (what it does depends on the destination), too many prefixes."""
+        told = _Told()
+        seen: set[str] = set()
+        todo = [chain]
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            c = self._chains.get(name)
+            rules = c.rules if c is not None else Rules()
+            for i, text in enumerate(rules.texts):
+                r = parse_rule_text(text, rules.source(i))
+                for k, _, a in r.conds:
+                    if k == "dst":
+                        told.add(a[0])
+                    elif k == "addrtype--dst-type":
+                        told.dst_type = True
+                    elif k in _READ_DST or (k == "set--match-set" and (
+                            len(a) < 2 or "dst" in a[1].split(","))):
+                        return None
+                tgt = r.target
+                if tgt is None:
+                    continue
+                kind = _TARGET_KIND.get(tgt)
+                if kind in (_TO, _NETMAP):
+                    return None
+                if kind is None:
+                    if tgt in self._chains:
+                        todo.append(tgt)
+                    elif known_chain(self.tname, tgt) is not None:
+                        return None
+            if len(told.nets) > _MAX_TOLD_NETS:
+                return None
+        return told
+
+    def _walk(self, chain: str, pkt: Packet) -> list[HookResult]:
         self._budget = MAX_PATHS - 1  # forks: each adds one path
         self._rules = MAX_RULES
         self._walked = {}
