@@ -104,3 +104,43 @@ def test_the_ipv6_uplinks_subnet_is_never_the_pod_network() -> None:
     f = build_facts(NodeSnapshot(addresses=(*addrs, Address("ens5", "10.0.0.5", 24))))
     assert f.uplink == "ens5" and f.pod6 is None, f.pod6
     assert ipv6_facts(f).uplink == "eth0"
+
+
+def test_local_and_address_types_of_ipv4_addresses_as_ipaddress_says() -> None:
+    """A walk asks whether an address is local (and of what type) for every endpoint of
+    every LB IP; IPv4 addresses are answered by number, not by ipaddress: the answers are
+    ipaddress's, the first matching `local` route's, for addresses drawn around the edges
+    of the node's local prefixes, broadcast and multicast ones and text ipaddress refuses."""
+    import ipaddress
+    import random
+
+    routes = (LocalRoute("local", "10.0.0.10", "eth0", "10.0.0.10", "l1"),
+              LocalRoute("local", "127.0.0.0/8", "lo", "127.0.0.1", "l2"),
+              LocalRoute("local", "10.96.0.0/12", "lo", None, "l3"),
+              LocalRoute("local", "10.96.0.0/16", "kube-ipvs0", None, "l4"),
+              LocalRoute("local", "fd00::/64", "lo", None, "l5"),
+              LocalRoute("broadcast", "10.0.0.255", "eth0", "10.0.0.10", "l6"))
+    f = build_facts(NodeSnapshot(local_routes=routes))
+    nets = [(ipaddress.ip_network(r.dst), r) for r in routes
+            if r.type == "local" and "/" in r.dst]
+
+    def expected(addr: str) -> tuple[LocalRoute | None, str]:
+        if addr == "10.0.0.10":
+            return routes[0], "LOCAL"
+        a = ipaddress.ip_address(addr)
+        route = next((r for net, r in nets if a.version == net.version and a in net), None)
+        kind = "LOCAL" if route else "BROADCAST" if addr == "10.0.0.255" else \
+            "MULTICAST" if a.is_multicast else "UNICAST"
+        return route, kind
+
+    rnd = random.Random(7)
+    edges = [0x0A600000, 0x0A60FFFF, 0x0A610000, 0x0AAFFFFF, 0x0AB00000, 0x7F000000,
+             0x7FFFFFFF, 0x80000000, 0xDFFFFFFF, 0xE0000000, 0xEFFFFFFF, 0xF0000000, 0,
+             0xFFFFFFFF, 0x0A0000FF]
+    numbers = [e + d for e in edges for d in (-1, 0, 1)] + \
+        [rnd.getrandbits(32) for _ in range(3000)]
+    for n in numbers:
+        addr = str(ipaddress.IPv4Address(n % 2**32))
+        assert (f.local_route(addr), f.addr_type(addr)) == expected(addr), addr
+    for addr in ("fd00::5", "fd00:0:0:1::5", "::ffff:10.96.0.1"):
+        assert (f.local_route(addr), f.addr_type(addr)) == expected(addr), addr
