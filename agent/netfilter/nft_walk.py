@@ -46,6 +46,10 @@ IPTABLES_PRIORITY = {
 _DNAT_HOOKS = frozenset({"prerouting", "output"})
 # an address no rule tells apart from another (walk_hook's key), as a packet's address
 _ANY4, _ANY6, _ANY = "any address", "any address:", "any"
+# rules whose compiled ops a walker keeps: kube-proxy's shared chains' rules come back in
+# every walk, a Service's own are walked once or twice (all 126k of a 10k-service node
+# kept were 66 MB, a quarter of its check's peak)
+_COMPILED_KEPT = 16384
 _DST, _DNAT_TO = Packet._fields.index("dst"), Packet._fields.index("dnat_to")
 _new = tuple.__new__
 # packets whose forward walks are kept, each of at most so many paths (a walk forks on
@@ -116,9 +120,9 @@ class NftWalker:
         self._stages: dict[tuple[str, bool], list[tuple[int, str, object]]] = {}
         self._sets: dict[int, tuple[NftSet, frozenset[str], list[str]]] = {}
         # each rule's ops by id(): the rules live as long as the ruleset this walker holds;
-        # and by tokens, so that rules written alike compile once. The walker's own: a
-        # module-wide cache kept 100k compiled rules (35 MB) in a daemon between cycles,
-        # to save 0.4 s when the rules change
+        # and by tokens, so that rules written alike compile once; both bounded
+        # (_COMPILED_KEPT). The walker's own: a module-wide cache kept 100k compiled rules
+        # (35 MB) in a daemon between cycles, to save 0.4 s when the rules change
         self._compiled: dict[int, list[Op]] = {}
         self._by_tokens: dict[Tokens, list[Op]] = {}
         # a DNATed packet's paths through the forward hook, by the packet with its
@@ -375,6 +379,9 @@ class NftWalker:
         random."""
         ops = self._compiled.get(id(rule))
         if ops is None:  # (by the rule's identity: its tokens' hash is a walk of them)
+            if len(self._compiled) >= _COMPILED_KEPT:
+                self._compiled.clear()
+                self._by_tokens.clear()
             ops = self._by_tokens.get(rule.tokens)
             if ops is None:
                 ops = self._by_tokens[rule.tokens] = _compile(rule.tokens)
