@@ -423,11 +423,21 @@ _FORWARD_RULES = [
     ("-A FORWARD -m conntrack --ctorigdstport 80 -j DROP", True),
     ("-A FORWARD -m addrtype --dst-type LOCAL -j DROP", True),
     ("-A FORWARD -j SIDE", True),
+    ("-A FORWARD -d 2001:db8::/32 -j DROP", True),  # (an IPv6 /32: a prefix, no host)
+    ("-A FORWARD -d ::ffff:10.0.1.7/128 -j DROP", True),  # (::ffff:a00:107 by value)
+    ("-A FORWARD -d fd00::7/128 -j DROP", True),
     ("-A FORWARD -p tcp -m tcp --dport 8080 -j DROP", False),
     ("-A FORWARD -m mark --mark 0x4000 -j DROP", False),
     ("-A FORWARD -m statistic --mode random --probability 0.5 -j DROP", False),
     ("-A FORWARD -m recent --rcheck --name x -j DROP", False),
+    ("-A FORWARD -d 192.0.2.0/24 -j DROP", False),
+    ("-A FORWARD -m conntrack --ctstate DNAT -j DROP", False),  # (an empty orig_dst: not)
 ]
+# more than SMALL_CHAIN rules: the chain is indexed by each rule's "-d" text, also where
+# the rest of the rule cannot be read
+_BIG_FORWARD = "\n".join([f"-A FORWARD -p tcp -m tcp --dport {9000 + n} -j DROP"
+                          for n in range(20)] + ["-A FORWARD -p tcp -m tcp junk -d "
+                                                 "10.0.1.7 -j DROP"])
 _NAT_BASE = ("*nat\n:POSTROUTING ACCEPT [0:0]\n:KUBE-POSTROUTING - [0:0]\n"
              "-A POSTROUTING -j KUBE-POSTROUTING\n{rule}\n"
              "-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n"
@@ -435,65 +445,126 @@ _NAT_BASE = ("*nat\n:POSTROUTING ACCEPT [0:0]\n:KUBE-POSTROUTING - [0:0]\n"
              "-A KUBE-POSTROUTING -j MASQUERADE --random-fully\nCOMMIT\n")
 _POSTROUTING_RULES = [
     ("-A POSTROUTING -d 10.0.1.7/32 -j SNAT --to-source 192.0.2.1", True),
-    ("-A POSTROUTING -d fd00::7 -j ACCEPT", False),
+    ("-A POSTROUTING -d fd00::7 -j ACCEPT", True),
     ("-A POSTROUTING -j DNAT --to-destination 10.0.1.5", True),
     ("-A POSTROUTING -s 10.0.1.0/24 ! -d 10.0.0.0/8 -j FLANNEL-POSTRTG", True),
     ("-A POSTROUTING -s 10.0.1.0/24 -j MASQUERADE", False),
 ]
+# the endpoints a DNAT may give: IPv4 and IPv6 ones around what the rules name, and
+# destinations that are no address (a NAT target's text as written)
+_ENDPOINTS = [*(f"10.0.1.{n}" for n in range(5, 12)), "2001:db8::5", "2001:db9::5",
+              "::ffff:a00:107", "::ffff:a00:108", "fd00::7", "fd00::8", "bogus",
+              "10.0.1.x"]
+
+
+class _SomeUnknown(View):
+    """A view that does not know whether some addresses are local."""
+
+    def addr_type(self, addr: str) -> str | None:
+        return None if addr in ("10.0.1.11", "fd00::8") else super().addr_type(addr)
 
 
 def _endpoint_packets() -> list[Packet]:
-    """A pod's or a client's packet after kube-proxy's DNAT, to endpoints 10.0.1.5-11."""
+    """A pod's or a client's packet after kube-proxy's DNAT, to each of _ENDPOINTS (and,
+    made up, one whose original destination is empty: not DNATed for conntrack)."""
     out = []
-    for n in range(5, 12):
+    for dst in _ENDPOINTS:
         for mark in (0, 0x4000):
-            for orig, orig_port in (("203.0.113.10", 80), ("10.0.0.10", 30080)):
-                out.append(Packet(src="198.51.100.7", dst=f"10.0.1.{n}", dport=8080,
+            for orig, orig_port in (("203.0.113.10", 80), ("10.0.0.10", 30080), ("", 80)):
+                out.append(Packet(src="198.51.100.7", dst=dst, dport=8080,
                                   in_iface="eth0", out_iface="cni0", mark=mark,
                                   orig_dst=orig, orig_dport=orig_port))
     return out
 
 
+@pytest.mark.parametrize("kept,paths", [(4096, 8), (1, 1)], ids=["kept", "few-kept"])
 @pytest.mark.parametrize("table,chain,rule,tells", [
     *(("filter", "FORWARD", r, t) for r, t in _FORWARD_RULES),
+    ("filter", "FORWARD", _BIG_FORWARD, True),
     *(("nat", "POSTROUTING", r, t) for r, t in _POSTROUTING_RULES)])
 def test_a_dnated_packets_walk_is_shared_only_where_no_rule_tells_it_apart(
-        table: str, chain: str, rule: str, tells: bool) -> None:
+        table: str, chain: str, rule: str, tells: bool, kept: int, paths: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A packet DNATed to an endpoint crosses filter FORWARD and nat POSTROUTING once per
     endpoint of every NodePort or LB IP walked; where no rule reachable there can tell one
     endpoint's address from another (an address, prefix, range, ipset, conntrack's
     original destination, the address type, a chain jumped to, a NAT, a CNI chain the
-    input lacks), the walk is made once and shared (TableWalker.walk). Every packet's
-    paths are what a walk of its own gives, asked once and again; where a rule tells
+    input lacks, a rule the index offers to one address), the walk is made once and
+    shared (TableWalker.walk). Every packet's paths are what a walk of its own gives,
+    asked once and again, with room for every shared walk or for one; where a rule tells
     addresses apart, some two endpoints' own walks differ (the comparison can fail)."""
+    import agent.netfilter.walk as walk
+
+    monkeypatch.setattr(walk, "_SHARED_KEPT", kept)
+    monkeypatch.setattr(walk, "_SHARED_PATHS", paths)
     text = (_FILTER_BASE if table == "filter" else _NAT_BASE).format(rule=rule)
     t = parse_iptables_save(text, source="t").table(table)
     assert t is not None
-    view = View(local={"10.0.1.10"},
-                sets={"blocked": ("hash:ip", frozenset({"10.0.1.7"}))})
+    view = _SomeUnknown(local={"10.0.1.10"},
+                        sets={"blocked": ("hash:ip", frozenset({"10.0.1.7"}))})
     shared = TableWalker(t, view)
     packets = _endpoint_packets()
     for _ in range(2):  # (the second time from what the first kept)
         for pkt in packets:
             own = TableWalker(t, view)._walk(chain, pkt)
             assert shared.walk(chain, pkt) == own, (rule, pkt)
+    if kept == 1:
+        assert len(shared._shared) <= 1
+        return
 
     def alike(p: Packet) -> Packet:
         return p._replace(dst="x", orig_dst="x", orig_dport=0)
 
-    by_rest: dict[tuple[int, str | None], set[str]] = {}
+    # each packet's own walk, less where it goes and went, by its mark and family; for a
+    # rule that tells none apart, only endpoints whose walk can be shared are compared
+    # (not a destination that is no address, nor one whose address type is unknown)
+    plain = {*_ENDPOINTS[:6], *_ENDPOINTS[7:12]} - {"10.0.1.11", "fd00::8"}
+    by_rest: dict[tuple[int, bool], set[str]] = {}
     for pkt in packets:
+        if not tells and (pkt.dst not in plain or not pkt.orig_dst):
+            continue
         walked = [(r.verdict, alike(r.packet), r.steps, r.detail)
                   for r in TableWalker(t, view)._walk(chain, pkt)]
-        by_rest.setdefault((pkt.mark, pkt.orig_dst), set()).add(repr(walked))
+        by_rest.setdefault((pkt.mark, ":" in pkt.dst), set()).add(repr(walked))
     differs = any(len(walks) > 1 for walks in by_rest.values())
     told = shared._told[chain]
     if tells:
-        assert told is None or any(told.holds(f"10.0.1.{n}") for n in range(5, 12)) or \
-            told.dst_type, rule
-        assert differs or told is None, rule  # (NAT, CNI: not walked alike, by design)
+        # (a NAT or a CNI chain the input lacks: never shared, whether or not it tells)
+        assert differs or told is None, rule
+        assert told is None or told.dst_type or any(told.holds(a) for a in plain), rule
     else:
-        assert told is not None and not told.holds("10.0.1.5") and not differs, rule
-        # one walk per mark (and address type, where a rule asks it: 10.0.1.10 is
-        # local), not one per endpoint
-        assert len(shared._shared) == (4 if told.dst_type else 2) < len(packets)
+        assert told is not None and not any(told.holds(a) for a in plain), rule
+        assert not differs, rule
+        # walks shared: one per mark, family and address type (where a rule asks it),
+        # not one per endpoint
+        assert len(shared._shared) < len(packets) // 4
+
+
+def test_a_big_chains_index_offers_each_packet_every_rule_that_may_match_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chain of more than SMALL_CHAIN rules is indexed by each rule's exact destination
+    ("-d IP/32", "-d IPv6/128"): a packet is offered the rules of its own address and
+    those naming none. An IPv6 "/32" is a prefix, not a host, and an IPv6 address written
+    with a dotted tail is compared by value: both are offered to every packet. Walked
+    indexed, each packet meets what a scan of every rule gives it."""
+    import agent.netfilter.walk as walk
+
+    rules = [f"-A FORWARD -p tcp -m tcp --dport {9000 + n} -j DROP" for n in range(20)]
+    rules += ["-A FORWARD -d 2001:db8::/32 -j DROP",
+              "-A FORWARD -d ::ffff:10.0.1.7/128 -j REJECT",
+              "-A FORWARD -d 10.0.1.8/32 -j DROP",
+              "-A FORWARD -d fd00::9/128 -j DROP",
+              "-A FORWARD -d 10.1.0.0/16 -j REJECT"]
+    t = parse_iptables_save("*filter\n:FORWARD ACCEPT [0:0]\n" + "\n".join(rules)
+                            + "\nCOMMIT\n", source="t").table("filter")
+    assert t is not None
+    dsts = ["2001:db8::5", "2001:db9::5", "::ffff:a00:107", "::ffff:10.0.1.7", "10.0.1.7",
+            "10.0.1.8", "fd00::9", "fd00::a", "10.1.2.3", "10.2.0.1"]
+    packets = [Packet(src="198.51.100.7", dst=d, dport=8080) for d in dsts]
+    indexed = [TableWalker(t, View()).walk("FORWARD", p) for p in packets]
+    monkeypatch.setattr(walk, "SMALL_CHAIN", 10_000)
+    scanned = [TableWalker(t, View()).walk("FORWARD", p) for p in packets]
+    assert indexed == scanned
+    assert [r[0].verdict for r in indexed] == [
+        "DROP", "ACCEPT", "REJECT", "REJECT", "ACCEPT", "DROP", "DROP", "ACCEPT", "REJECT",
+        "ACCEPT"]

@@ -89,8 +89,11 @@ _TARGET_KIND = {"ACCEPT": _VERDICT, "DROP": _VERDICT, "REJECT": _VERDICT, "RETUR
                 "QUEUE": _QUEUE, "NFQUEUE": _QUEUE,
                 **{t: _PASSIVE for t in PASSIVE_TARGETS}}
 
-# (an IPv6 host as ip6tables-save prints it: compressed, lower case, "/128")
-_DST_RE = re.compile(r"(?<!! )-d (\d+\.\d+\.\d+\.\d+|[0-9a-f:]*:[0-9a-f:.]*)(?:/32|/128)?(?=\s)")
+# (an IPv6 host as ip6tables-save prints it: compressed, lower case, "/128"; each
+# family's host length only: an IPv6 "/32" is a prefix; an IPv6 address with a dotted
+# tail is not indexed, the walk compares it by value)
+_DST_RE = re.compile(r"(?<!! )-d (\d+\.\d+\.\d+\.\d+(?=(?:/32)?\s)|[0-9a-f:]*:[0-9a-f:]*"
+                     r"(?=(?:/128)?\s))(?:/32|/128)?(?=\s)")
 _DPORT_RE = re.compile(r"(?<!! )--dport (\d+)(?=\s)")
 _QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
 SMALL_CHAIN = 16  # rules: a scan is cheaper than indexing them
@@ -214,11 +217,13 @@ class _Told:
         self.dst_type = False  # an addrtype --dst-type match: the address type decides
 
     def add(self, net: str) -> None:
-        host = net[:-3] if net.endswith("/32") else net[:-4] if net.endswith("/128") else net
-        if "/" not in host and host.count(".") == 3:
-            self.hosts.add(host)
+        v6 = ":" in net
+        host = net[:-4] if v6 and net.endswith("/128") else \
+            net[:-3] if not v6 and net.endswith("/32") else net
+        if not v6 and "/" not in host and host.count(".") == 3:
+            self.hosts.add(host)  # (_in_net compares an IPv4 host as text)
             return
-        got = ip_number(host) if "/" not in host and "%" not in host else None
+        got = ip_number(host) if v6 and "/" not in host and "%" not in host else None
         if got is not None and got[0] == 6:
             self.hosts6.add(got[1])
         elif net not in self.nets:
@@ -291,7 +296,9 @@ class TableWalker:
         standing in) has the paths of any other such packet alike in everything else,
         and of the same address type where a rule asks it: walked once, and given this
         packet's destination."""
-        if pkt.orig_dst is None or chain not in SHARED_CHAINS:
+        # (an orig_dst as conntrack's DNAT state reads it; a destination that is no
+        # address, from a NAT target's text, walked on its own: the rules say so)
+        if not pkt.orig_dst or chain not in SHARED_CHAINS or ip_number(pkt.dst) is None:
             return self._walk(chain, pkt)
         if chain in self._told:
             told = self._told[chain]
@@ -299,11 +306,11 @@ class TableWalker:
             told = self._told[chain] = self._told_apart(chain)
         if told is None or told.holds(pkt.dst):
             return self._walk(chain, pkt)
-        kind = self.view.addr_type(pkt.dst) if told.dst_type else ""
-        if kind is None:
+        addr_type = self.view.addr_type(pkt.dst) if told.dst_type else ""
+        if addr_type is None:
             return self._walk(chain, pkt)
         # (by position: _replace costs ~4x this, for every endpoint of every target)
-        key = (chain, kind, *pkt[:_DST], _ANY_ADDRESS, *pkt[_DST + 1:_ORIG_DST],
+        key = (chain, addr_type, *pkt[:_DST], _ANY_ADDRESS, *pkt[_DST + 1:_ORIG_DST],
                _ANY_ADDRESS, None, *pkt[_ORIG_DPORT + 1:])
         got = self._shared.get(key)
         if got is None:
@@ -333,6 +340,9 @@ class TableWalker:
             seen.add(name)
             c = self._chains.get(name)
             rules = c.rules if c is not None else Rules()
+            ix = self._index(name) if len(rules.texts) > SMALL_CHAIN else None
+            for host in ix.by_dst if ix is not None and ix.generic is not None else ():
+                told.add(host)  # (what the index offers a rule to, parsed or not)
             for i, text in enumerate(rules.texts):
                 r = parse_rule_text(text, rules.source(i))
                 for k, _, a in r.conds:
