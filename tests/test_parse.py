@@ -323,7 +323,7 @@ def test_ipvsadm_listing_whole_read_equals_line_loop_on_random_listings() -> Non
         text = "IP Virtual Server version 1.2.1 (size=4096)\n" if rnd.random() < 0.5 else ""
         for k in range(rnd.randrange(8)):
             r = 0.0 if k == 0 and clean else rnd.random()
-            place = (pick(["10.0.0.10", "203.0.113.10", "[fd00::10]"],
+            place = (pick(["10.0.0.10", "203.0.113.10", "[fd00::10]", "[fd00:0::10]"],
                           ["10.0.0.300", "01.2.3.4", "fd00::10"], clean)
                      + ":" + pick(["80", "8080", "65535"], ["65536", "x", ""], clean))
             if r < 0.35:
@@ -337,7 +337,9 @@ def test_ipvsadm_listing_whole_read_equals_line_loop_on_random_listings() -> Non
                          + rnd.choice(["", "      0          0", " 3 4 ", " "]) + "\n")
             else:
                 text += rnd.choice(["\n", "  -> RemoteAddress:Port Forward Weight\n", "junk\n",
-                                    "\t0\n"])
+                                    "\t0\n", "TCP\t 10.0.0.10:80 rr\n", "TCP  10.0.0.10:80 rr\r\n",
+                                    "  ->\u00a010.0.0.10:80 Masq 1\n", "UDP  10.0.0.10:53 rr\x85\n",
+                                    "Prot LocalAddress:Port  Conns  InPkts\n"])
         lines.append(text)
     read_whole = 0
     for text in lines:

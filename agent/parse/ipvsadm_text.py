@@ -158,29 +158,33 @@ def _whole_listing(text: str) -> _Servers | None:
     # a service's real servers, sorted once per set of them (the same endpoints under
     # a Service's ClusterIP, LB IP and NodePort)
     blocks: dict[tuple[tuple[str, ...], ...], tuple[IpvsRealServer, ...]] = {}
-    block: list[tuple[str, ...]] = []
-    key: tuple[str, str, int] | None = None
+    key: tuple[str, str, int] | None = None  # the service being read
     scheduler = ""
-    # (a line of no service after the last: the last service's end, as any other's)
-    for line in (*lines, ("",) * 6):
-        if not line[0] and line[3]:
+    block: list[tuple[str, ...]] = []  # its real servers' lines so far
+
+    def close() -> bool:
+        """The service being read, with its real servers, into ``servers``; False where
+        an address is not valid."""
+        if key is None:
+            return True
+        got = _sorted_block(block, blocks, reals, places)
+        if got is not None:
+            servers[key] = (scheduler, got)
+        return got is not None
+
+    for line in lines:
+        if not line[0]:
             if key is None:
                 return None  # a real server before any service
             block.append(line[3:])
             continue
-        if key is not None:
-            got = _sorted_block(block, blocks, reals, places)
-            if got is None:
-                return None
-            servers[key] = (scheduler, got)
-        prot, service, scheduler = line[:3]
-        if not prot:
-            return servers
-        key = _service_key(prot, service, places)
+        if not close():
+            return None
+        key = _service_key(line[0], line[1], places)
         if key is None or key in servers:
             return None  # (a service twice: its real servers add up, the general loop's)
-        block = []
-    raise AssertionError("unreachable: the loop returns at its last line")
+        scheduler, block = line[2], []
+    return servers if close() else None
 
 
 def _sorted_block(block: list[tuple[str, ...]],
