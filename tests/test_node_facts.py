@@ -3,6 +3,8 @@ node's IPv6 pod prefix, found from the same sources as the IPv4 ones."""
 
 from __future__ import annotations
 
+import pytest
+
 from agent.diagnose.node_facts import build_facts
 from agent.snapshot import Address, KubeProxy, LocalRoute, NodeInfo, NodeSnapshot
 
@@ -144,3 +146,11 @@ def test_local_and_address_types_of_ipv4_addresses_as_ipaddress_says() -> None:
         assert (f.local_route(addr), f.addr_type(addr)) == expected(addr), addr
     for addr in ("fd00::5", "fd00:0:0:1::5", "::ffff:10.96.0.1"):
         assert (f.local_route(addr), f.addr_type(addr)) == expected(addr), addr
+    for bad in ("010.96.0.1", "10.96.0.256", "10.96.0"):  # (not addresses: refused alike)
+        with pytest.raises(ValueError):
+            ipaddress.ip_address(bad)
+        with pytest.raises(ValueError):
+            f.local_route(bad)
+    # a local prefix added after a question is in the next answer
+    f.local_nets.append((ipaddress.ip_network("192.0.2.0/24"), routes[2]))
+    assert f.local_route("192.0.2.9") is routes[2] and f.addr_type("192.0.2.9") == "LOCAL"
