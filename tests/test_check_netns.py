@@ -197,3 +197,55 @@ def test_unreadable_probes_become_unknowns_not_tracebacks() -> None:
     assert "iptables" in reasons["nat rules"]
     assert {f["id"] for f in v["findings"]} == {"pod-to-lb-undetermined"}
     assert v["context"]["uplink"] == "eth0"  # addresses still came through netlink
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_load_balancers_walk_meets_a_forward_drop_as_the_kernel_does(
+        backend: str) -> None:
+    """demo/web, externalTrafficPolicy=Local, two endpoints on this node, 172.16.1.10 and
+    .11 (the client pod takes both addresses and serves 8080). The load balancer's SYN to
+    NodeIP:30080, DNATed to either, crosses filter FORWARD, whose walk is shared among
+    endpoints no rule there tells apart (TableWalker.walk). With a FORWARD rule dropping
+    another address, the kernel answers every connection and the agent says nothing of
+    the policy; dropping one endpoint (either: a walk shared between the two would say
+    both dropped for one of them), the kernel still answers some (kube-proxy's random
+    choice) and the agent says the NodePort is served; dropping both, every connection
+    times out and the agent says the health checks fail here. The checks change nothing
+    on the node."""
+    import dataclasses
+
+    from lab.clb import connect, serve
+    from lab.scenarios import KUBERNETES, LB_IP, web
+
+    two = dataclasses.replace(web("Local"), local_endpoints=("172.16.1.10", "172.16.1.11"))
+    scenario = dataclasses.replace(SCENARIOS["iptables-new-no-cluster-cidr"],
+                                   services=(KUBERNETES, two))
+    with build_lab(scenario, backend) as lab:
+        kube = str(lab.kube_dir)
+        for ep in two.local_endpoints:
+            lab.client_pod.run("ip", "addr", "add", f"{ep}/24", "dev", "eth0")
+        with serve(lab.client_pod, [8080]):
+            seen = {}
+            for dropped in (("172.16.1.99",), ("172.16.1.10",), ("172.16.1.11",),
+                            ("172.16.1.10", "172.16.1.11")):
+                for addr in dropped:
+                    lab.node.run(f"iptables-{backend}", "-A", "FORWARD", "-d", addr,
+                                 "-j", "DROP")
+                # (16 connections: each endpoint is chosen by one in two)
+                reached = {connect(lab.vpc, scenario.node_ip, 30080, timeout=0.5).outcome
+                           for _ in range(16)}
+                before = capture(lab.node)
+                live = agent_in(lab.node, "check", "--json", "--all", "--node-name",
+                                "lab-node", "--kube-json", kube)
+                assert capture(lab.node) == before
+                assert live.returncode in (0, 1), live.stderr
+                seen[dropped] = (reached, ids_by_ip(json.loads(live.stdout))[LB_IP])
+                for addr in dropped:
+                    lab.node.run(f"iptables-{backend}", "-D", "FORWARD", "-d", addr,
+                                 "-j", "DROP")
+    etp = "etp-local-no-local-endpoint"
+    other, both = ("172.16.1.99",), ("172.16.1.10", "172.16.1.11")
+    assert seen[other][0] == {"connected"} and etp not in seen[other][1], seen
+    for one in (("172.16.1.10",), ("172.16.1.11",)):
+        assert seen[one][0] == {"connected", "timeout"} and etp not in seen[one][1], seen
+    assert seen[both][0] == {"timeout"} and etp in seen[both][1], seen

@@ -636,3 +636,19 @@ def test_a_walker_keeps_a_bounded_number_of_compiled_rules(
         assert [bounded.walk_hook(hook, p) for hook in ("prerouting", "output")
                 for p in packets] == expected
         assert len(bounded._compiled) <= 4 and len(bounded._by_tokens) <= 4
+
+
+def test_a_forward_hook_naming_many_prefixes_is_walked_for_each_packet() -> None:
+    """Past MAX_TOLD_SPANS prefixes on the forward hook (each tested against every
+    packet), a DNATed packet's forward walk is its own, and what a walk of it gives."""
+    from agent.netfilter.packet import MAX_TOLD_SPANS
+
+    rules = "".join(f"  ip daddr 10.{n}.0.0/16 drop\n" for n in range(MAX_TOLD_SPANS + 1))
+    rs = read_nft_text("table ip t {\n chain f {\n  type filter hook forward priority 0;\n"
+                       f"{rules} }}\n}}\n", "t")
+    w = NftWalker(rs, _View())
+    for dst in ("10.0.1.5", "10.64.0.9", "10.200.0.1", "192.0.2.4"):
+        pkt = Packet(src="10.0.1.5", dst=dst, dport=8080, in_iface="cni0",
+                     dnat_to=f"{dst}:8080")
+        assert w.walk_hook("forward", pkt) == NftWalker(rs, _View())._walk_hook("forward", pkt)
+    assert w._told_apart[False] is None and not w._forwarded

@@ -531,7 +531,7 @@ def test_a_dnated_packets_walk_is_shared_only_where_no_rule_tells_it_apart(
     if tells:
         # (a NAT or a CNI chain the input lacks: never shared, whether or not it tells)
         assert differs or told is None, rule
-        assert told is None or told.dst_type or any(told.holds(a) for a in plain), rule
+        assert told is None or told.by_type or any(told.holds(a) for a in plain), rule
     else:
         assert told is not None and not any(told.holds(a) for a in plain), rule
         assert not differs, rule
@@ -568,3 +568,29 @@ def test_a_big_chains_index_offers_each_packet_every_rule_that_may_match_it(
     assert [r[0].verdict for r in indexed] == [
         "DROP", "ACCEPT", "REJECT", "REJECT", "ACCEPT", "DROP", "DROP", "ACCEPT", "REJECT",
         "ACCEPT"]
+
+
+def test_a_chain_naming_many_prefixes_is_walked_for_each_packet() -> None:
+    """Each prefix a shared chain's rules name is tested against every packet
+    (ToldApart.holds): past MAX_TOLD_SPANS the walks are not shared, and each packet's
+    paths are still its own walk's."""
+    from agent.netfilter.packet import MAX_TOLD_SPANS
+
+    rules = "\n".join(f"-A FORWARD -d 10.{n}.0.0/16 -j DROP" for n in range(MAX_TOLD_SPANS + 1))
+    t = parse_iptables_save(f"*filter\n:FORWARD ACCEPT [0:0]\n{rules}\nCOMMIT\n",
+                            source="t").table("filter")
+    assert t is not None
+    shared = TableWalker(t, View())
+    for dst in ("10.0.1.5", "10.64.0.9", "10.200.0.1", "192.0.2.4"):
+        pkt = Packet(src="198.51.100.7", dst=dst, dport=8080, orig_dst="10.0.0.10",
+                     orig_dport=30080)
+        assert shared.walk("FORWARD", pkt) == TableWalker(t, View())._walk("FORWARD", pkt)
+    assert shared._told["FORWARD"] is None and not shared._shared
+    fewer = parse_iptables_save(f"*filter\n:FORWARD ACCEPT [0:0]\n"
+                                f"{rules.rsplit(chr(10), 1)[0]}\nCOMMIT\n",
+                                source="t").table("filter")
+    assert fewer is not None
+    w = TableWalker(fewer, View())
+    w.walk("FORWARD", Packet(src="198.51.100.7", dst="192.0.2.4", dport=8080,
+                             orig_dst="10.0.0.10", orig_dport=30080))
+    assert w._told["FORWARD"] is not None and len(w._shared) == 1

@@ -23,11 +23,11 @@ from agent.netfilter import assumption
 from agent.netfilter.assumption import Assumption
 from agent.netfilter.nft_model import NftChain, NftRule, NftRuleset, NftSet, NftTable
 from agent.netfilter.nft_text import render, split_elements
-from agent.netfilter.packet import MAX_PATHS, MAX_RULES, Hook, HookResult, Packet
+from agent.netfilter.packet import MAX_PATHS, MAX_RULES, Hook, HookResult, Packet, ToldApart
 from agent.netfilter.shape import chain_shape, rule_shape
 from agent.netfilter.walk import Step
 from agent.numbers import is_number
-from agent.parse.ip_text import PLAIN_V4, host_port, ip_number, quad_number
+from agent.parse.ip_text import host_port, ip_number, ip_span
 
 ASSUMED = ": assumed"
 _MAX_DEPTH = 64
@@ -129,7 +129,7 @@ class NftWalker:
         # endpoint address left out (walk_hook), and per family the addresses the forward
         # hook's rules tell apart, or None where they may tell any two apart
         self._forwarded: dict[tuple[object, ...], tuple[HookResult, ...]] = {}
-        self._told_apart: dict[bool, _Addresses | None] = {}
+        self._told_apart: dict[bool, ToldApart | None] = {}
 
     # -- the hooks ------------------------------------------------------------------
 
@@ -200,11 +200,12 @@ class NftWalker:
             *r[1][:_DST], dst, *r[1][_DST + 1:_DNAT_TO], dnat_to, *r[1][_DNAT_TO + 1:])),
             *r[2:])) for r in got]
 
-    def _addresses_told_apart(self, hook: str, v6: bool) -> _Addresses | None:
+    def _addresses_told_apart(self, hook: str, v6: bool) -> ToldApart | None:
         """The destination addresses the hook's rules compare a packet's with (literals,
         prefixes, ranges, set and map elements), or None where they may tell any two
-        apart (a masked or fib lookup of the destination, a NAT, an iptables rule)."""
-        told = _Addresses()
+        apart (a masked or fib lookup of the destination, a NAT, an iptables rule, more
+        spans than a packet is worth testing against)."""
+        told = ToldApart()
         seen: set[tuple[int, str]] = set()
         todo: list[tuple[NftTable, NftChain]] = []
         for _prio, _label, obj in self.stages(hook, v6):
@@ -230,7 +231,7 @@ class NftWalker:
                         target = t.chain(name)
                         if target is not None:
                             todo.append((t, target))
-        return told
+        return None if told.crowded else told
 
     def _walk_hook(self, hook: Hook, pkt: Packet) -> list[HookResult]:
         paths: list[tuple[Packet, tuple[NftStep, ...], str | None]] = [(pkt, (), None)]
@@ -648,47 +649,24 @@ class NftWalker:
 _IPTABLES_CHAINS = frozenset({"PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"})
 
 
-class _Addresses:
-    """Addresses and spans (prefixes, ranges) a hook's rules compare a destination with."""
-
-    def __init__(self) -> None:
-        self.exact: set[tuple[int, int]] = set()
-        self.spans: list[tuple[int, int, int]] = []
-
-    def add(self, pattern: object) -> None:
-        """A pattern as _one reads it: a literal, a prefix, a range, an anonymous set."""
-        if isinstance(pattern, tuple):
-            for x in pattern:
-                self.add(x)
-            return
-        pat = str(pattern).strip('"')
-        if pat.startswith("{") and pat.endswith("}"):
-            for x in pat[1:-1].split(","):
-                self.add(x.strip())
-            return
-        try:
-            version, lo, hi = _span(pat)
-        except ValueError:
-            return  # (not an address: _one answers "not known" for every packet alike)
-        if lo == hi:
-            self.exact.add((version, lo))
-        else:
-            self.spans.append((version, lo, hi))
-
-    def holds(self, addr: str) -> bool:
-        """Whether a rule may treat ``addr`` unlike another address (not one to key on)."""
-        got = ip_number(addr)
-        if got is None:
-            return True
-        version, n = got
-        return got in self.exact or any(v == version and lo <= n <= hi
-                                        for v, lo, hi in self.spans)
+def _tell_apart(told: ToldApart, pattern: object) -> None:
+    """Add a pattern as _one reads it (a literal, a prefix, a range, an anonymous set)."""
+    if isinstance(pattern, tuple):
+        for x in pattern:
+            _tell_apart(told, x)
+        return
+    pat = str(pattern).strip('"')
+    if pat.startswith("{") and pat.endswith("}"):
+        for x in pat[1:-1].split(","):
+            _tell_apart(told, x.strip())
+        return
+    told.add(pat)  # (not an address: _one answers "not known" for every packet alike)
 
 
 _DADDR_SELECTORS = frozenset({"ip daddr", "ip6 daddr"})
 
 
-def _told_by_op(t: NftTable, op: Op, told: _Addresses) -> list[str] | None:
+def _told_by_op(t: NftTable, op: Op, told: ToldApart) -> list[str] | None:
     """Add the destination addresses ``op`` compares with to ``told``; the chains it may
     go to; None where it may tell any two destinations apart or change one."""
     kind = op[0]
@@ -713,16 +691,16 @@ def _told_by_op(t: NftTable, op: Op, told: _Addresses) -> list[str] | None:
             for parts, _v in s.elements if s is not None else ():
                 for k in at:
                     if k < len(parts):
-                        told.add(parts[k])
+                        _tell_apart(told, parts[k])
         elif len(sels) == 1:
-            told.add(value)
+            _tell_apart(told, value)
         else:  # a concatenation against an anonymous set
             if not isinstance(value, tuple):
                 return None
             for parts, _v, _c in split_elements(value):
                 for k in at:
                     if k < len(parts):
-                        told.add(parts[k])
+                        _tell_apart(told, parts[k])
         return []
     ref = op[2]
     if isinstance(ref, list):
@@ -734,7 +712,7 @@ def _told_by_op(t: NftTable, op: Op, told: _Addresses) -> list[str] | None:
     for parts, verdict in elements:
         for k in at:
             if k < len(parts):
-                told.add(parts[k])
+                _tell_apart(told, parts[k])
         words = (verdict or "").split()
         if len(words) > 1 and words[0] in ("jump", "goto"):
             targets.append(words[1].strip('"'))
@@ -834,7 +812,7 @@ def _one(kind: str, actual: object, pattern: object) -> bool | None:
         return None
     if kind == "addr":
         try:
-            version, lo, hi = _span(pat)
+            version, lo, hi = ip_span(pat)
         except ValueError:
             return None
         if isinstance(actual, tuple):  # a pod whose address lies in a known prefix
@@ -897,24 +875,6 @@ def _any_of(kind: str, actual: object, patterns: list[Any]) -> bool | None:
 def _prefix(text: str) -> tuple[int, int, int]:
     """(IP version, first, last) of a prefix (the pods' CIDR)."""
     net = ipaddress.ip_network(text, strict=False)
-    return net.version, int(net.network_address), int(net.broadcast_address)
-
-
-# 64k: kube-proxy names each endpoint's address in its endpoint chain (25k at 10k
-# services), and an LRU smaller than what a walk asks evicts every entry before reuse
-@functools.lru_cache(maxsize=65536)
-def _span(pat: str) -> tuple[int, int, int]:
-    """(IP version, first, last) of an address, a prefix or a range: nft lists an
-    interval set's merged prefixes as a range ("203.0.113.0-203.0.113.191")."""
-    if "-" in pat:
-        a, b = (ipaddress.ip_address(x.strip()) for x in pat.split("-", 1))
-        if a.version != b.version or int(a) > int(b):
-            raise ValueError(f"not a range: {pat}")
-        return a.version, int(a), int(b)
-    if PLAIN_V4.fullmatch(pat):  # one address (an endpoint's, a cluster IP)
-        n = quad_number(pat)
-        return 4, n, n
-    net = ipaddress.ip_network(pat, strict=False)
     return net.version, int(net.network_address), int(net.broadcast_address)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Literal, NamedTuple, Protocol
 
 from agent.netfilter.assumption import Assumption
+from agent.parse.ip_text import ip_number, ip_span
 
 # the netfilter hooks a walk passes, by nftables' names
 Hook = Literal["prerouting", "input", "forward", "output", "postrouting"]
@@ -24,6 +25,9 @@ MAX_PATHS = 4096
 # At most this many rules evaluated in one walk of one hook: chains that jump twice each to
 # the next visit 2**depth rules without forking (a 1.6 KB paste of 16 levels).
 MAX_RULES = 200_000
+# prefixes and ranges a hook's rules may name for its walks to be shared (ToldApart: each
+# is tested against every packet)
+MAX_TOLD_SPANS = 64
 REWRITTEN = ("DNAT", "REDIRECT")
 SOURCE_NAT = ("MASQUERADE", "SNAT")
 
@@ -107,3 +111,43 @@ class Backend(Protocol):
     def walk_hook(self, hook: Hook, pkt: Packet) -> list[HookResult]:
         """Every path of ``pkt`` through ``hook``."""
         ...
+
+
+class ToldApart:
+    """The destinations a hook's rules compare a packet's with (addresses, prefixes,
+    ranges), as a walker reads them: a DNATed packet to an address none of them holds
+    is treated as any other such packet is, and each walker shares its walk (the
+    nftables forward hook, iptables FORWARD and POSTROUTING)."""
+
+    __slots__ = ("by_type", "exact", "spans")
+
+    def __init__(self) -> None:
+        self.exact: set[tuple[int, int]] = set()
+        self.spans: list[tuple[int, int, int]] = []
+        self.by_type = False  # a rule asks the address's type (local, ...): it splits too
+
+    def add(self, pattern: str) -> None:
+        """An address, prefix or range a rule names; text that is none is left out (a
+        rule answers it alike for every address)."""
+        try:
+            version, lo, hi = ip_span(pattern)
+        except ValueError:
+            return
+        if lo == hi:
+            self.exact.add((version, lo))
+        else:
+            self.spans.append((version, lo, hi))
+
+    @property
+    def crowded(self) -> bool:
+        """More spans than MAX_TOLD_SPANS (each asked of every packet): not worth it."""
+        return len(self.spans) > MAX_TOLD_SPANS
+
+    def holds(self, addr: str) -> bool:
+        """Whether a rule may treat ``addr`` unlike another address (not one to key on)."""
+        got = ip_number(addr)
+        if got is None:
+            return True
+        version, n = got
+        return got in self.exact or any(v == version and lo <= n <= hi
+                                        for v, lo, hi in self.spans)

@@ -20,7 +20,7 @@ from typing import NamedTuple, Protocol
 from agent.netfilter import assumption
 from agent.netfilter.assumption import Assumption
 from agent.netfilter.cni_chains import CniChain, known_chain
-from agent.netfilter.packet import MAX_PATHS, MAX_RULES, HookResult, Packet
+from agent.netfilter.packet import MAX_PATHS, MAX_RULES, HookResult, Packet, ToldApart
 from agent.netfilter.rules import (
     BUILTIN_TARGETS,
     PASSIVE_TARGETS,
@@ -103,7 +103,6 @@ SMALL_CHAIN = 16  # rules: a scan is cheaper than indexing them
 SHARED_CHAINS = frozenset({"FORWARD", "POSTROUTING"})
 _SHARED_KEPT = 4096  # packets whose shared walks are kept (by what else they hold)
 _SHARED_PATHS = 8  # a walk of more paths is not kept (many undecided matches)
-_MAX_TOLD_NETS = 64  # prefixes a shared chain's rules may name (each asked per packet)
 # the packet fields a shared walk is keyed without: its destination and where it was
 # DNATed from (what the rules of a shared chain never read: _told_apart)
 _DST, _ORIG_DST, _ORIG_DPORT = (Packet._fields.index(f) for f in ("dst", "orig_dst",
@@ -204,42 +203,6 @@ _READ_DST = frozenset({"conntrack--ctorigdst", "conntrack--ctorigdstport",
                        "iprange--dst-range"})
 
 
-class _Told:
-    """The destinations a chain's rules compare a packet's with: IPv4 hosts as the walk
-    compares them (the text), IPv6 hosts by number, anything else (a prefix) by _in_net."""
-
-    __slots__ = ("dst_type", "hosts", "hosts6", "nets")
-
-    def __init__(self) -> None:
-        self.hosts: set[str] = set()
-        self.hosts6: set[int] = set()
-        self.nets: list[str] = []
-        self.dst_type = False  # an addrtype --dst-type match: the address type decides
-
-    def add(self, net: str) -> None:
-        v6 = ":" in net
-        host = net[:-4] if v6 and net.endswith("/128") else \
-            net[:-3] if not v6 and net.endswith("/32") else net
-        if not v6 and "/" not in host and host.count(".") == 3:
-            self.hosts.add(host)  # (_in_net compares an IPv4 host as text)
-            return
-        got = ip_number(host) if v6 and "/" not in host and "%" not in host else None
-        if got is not None and got[0] == 6:
-            self.hosts6.add(got[1])
-        elif net not in self.nets:
-            self.nets.append(net)
-
-    def holds(self, addr: str) -> bool:
-        """Whether a rule may treat ``addr`` unlike another address (not one to share)."""
-        if addr in self.hosts:
-            return True
-        if ":" in addr and self.hosts6:
-            got = ip_number(addr)
-            if got is None or got[1] in self.hosts6:
-                return True
-        return any(_in_net(addr, n) != FALSE for n in self.nets)
-
-
 class TableWalker:
     def __init__(self, table: Table, view: NodeView, partial: bool = False) -> None:
         self.table = table
@@ -264,7 +227,7 @@ class TableWalker:
         self._net_indexes: dict[tuple[str, tuple[int, ...], int], _NetIndex] = {}
         # SHARED_CHAINS: per chain the destinations its rules tell apart (None: any two
         # may be), and the shared walks by chain and packet (less its destination)
-        self._told: dict[str, _Told | None] = {}
+        self._told: dict[str, ToldApart | None] = {}
         self._shared: dict[tuple[object, ...], tuple[HookResult, ...]] = {}
 
     def _index(self, name: str) -> _ChainIndex | None:
@@ -306,7 +269,7 @@ class TableWalker:
             told = self._told[chain] = self._told_apart(chain)
         if told is None or told.holds(pkt.dst):
             return self._walk(chain, pkt)
-        addr_type = self.view.addr_type(pkt.dst) if told.dst_type else ""
+        addr_type = self.view.addr_type(pkt.dst) if told.by_type else ""
         if addr_type is None:
             return self._walk(chain, pkt)
         # (by position: _replace costs ~4x this, for every endpoint of every target)
@@ -325,12 +288,12 @@ class TableWalker:
             *r[1][:_DST], dst, *r[1][_DST + 1:_ORIG_DST], orig_dst, orig_dport,
             *r[1][_ORIG_DPORT + 1:])), *r[2:])) for r in got]
 
-    def _told_apart(self, chain: str) -> _Told | None:
+    def _told_apart(self, chain: str) -> ToldApart | None:
         """The destinations the rules reachable from ``chain`` compare a packet's with, or
         None where they may tell any two apart or change one: a destination read by an
         ipset, range or conntrack match, a NAT to a destination, a CNI chain the input
         does not hold (what it does depends on the destination), too many prefixes."""
-        told = _Told()
+        told = ToldApart()
         seen: set[str] = set()
         todo = [chain]
         while todo:
@@ -349,7 +312,7 @@ class TableWalker:
                     if k == "dst":
                         told.add(a[0])
                     elif k == "addrtype--dst-type":
-                        told.dst_type = True
+                        told.by_type = True
                     elif k in _READ_DST or (k == "set--match-set" and (
                             len(a) < 2 or "dst" in a[1].split(","))):
                         return None
@@ -364,7 +327,7 @@ class TableWalker:
                         todo.append(tgt)
                     elif known_chain(self.tname, tgt) is not None:
                         return None
-            if len(told.nets) > _MAX_TOLD_NETS:
+            if told.crowded:
                 return None
         return told
 

@@ -38,6 +38,25 @@ def ip_number(text: str) -> tuple[int, int] | None:
     return a.version, int(a)
 
 
+# 64k: kube-proxy names each endpoint's address in its endpoint chain (25k at 10k
+# services), and an LRU smaller than what a walk asks evicts every entry before reuse
+@functools.lru_cache(maxsize=65536)
+def ip_span(pat: str) -> tuple[int, int, int]:
+    """(IP version, first, last) of an address, a prefix or a range (nft lists an
+    interval set's merged prefixes as "203.0.113.0-203.0.113.191"); ValueError for
+    anything else."""
+    if "-" in pat:
+        a, b = (ipaddress.ip_address(x.strip()) for x in pat.split("-", 1))
+        if a.version != b.version or int(a) > int(b):
+            raise ValueError(f"not a range: {pat}")
+        return a.version, int(a), int(b)
+    if PLAIN_V4.fullmatch(pat):  # one address (an endpoint's, a cluster IP)
+        n = quad_number(pat)
+        return 4, n, n
+    net = ipaddress.ip_network(pat, strict=False)
+    return net.version, int(net.network_address), int(net.broadcast_address)
+
+
 def quad_number(text: str) -> int:
     """A PLAIN_V4 address's integer by str.split (ipaddress took 3 us: a tenth of an
     nftables-mode walk)."""
